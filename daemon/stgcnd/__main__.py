@@ -1,0 +1,3 @@
+from stgcnd.cli import main
+
+raise SystemExit(main())

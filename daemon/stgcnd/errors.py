@@ -1,0 +1,28 @@
+"""Errors that reach the user as one line.
+
+A `UserError` means the user can fix it (a wrong path, a flag, a checkpoint for another
+architecture); its message says how. The CLI prints it without a traceback and exits non-zero.
+Anything else is a bug in stgcnd and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem the user can fix; the message says what to do."""
+
+    exit_code = 2
+
+
+class CheckpointError(UserError):
+    """The checkpoint cannot be loaded into the model it claims to be."""
+
+
+class ValidationError(UserError):
+    """An exported or built artefact does not compute what the PyTorch reference computes."""
+
+    exit_code = 3
+
+
+class BackendUnavailable(UserError):
+    """The requested backend or precision cannot run on this machine."""

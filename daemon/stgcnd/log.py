@@ -1,0 +1,61 @@
+"""Structured logging for every part of stgcnd.
+
+One JSON object per line (ISO-8601 UTC timestamps, a stable `event` name) when the stream is
+not a terminal, e.g. under systemd where journald collects stdout; a readable console format on
+a terminal. Request-scoped fields (camera, model, request id) are bound with
+`structlog.contextvars.bind_contextvars` and appear on every line logged inside that scope.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Literal, TextIO
+
+import structlog
+
+LogFormat = Literal["auto", "json", "console"]
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "error": logging.ERROR, "critical": logging.CRITICAL}
+
+
+def parse_level(level: str | int) -> int:
+    if isinstance(level, int):
+        return level
+    try:
+        return _LEVELS[level.lower()]
+    except KeyError:
+        raise ValueError(f"unknown log level {level!r}; use one of {', '.join(_LEVELS)}") from None
+
+
+def configure_logging(level: str | int = "info", fmt: LogFormat = "auto",
+                      stream: TextIO | None = None) -> None:
+    """Configure structlog once per process. Safe to call again (e.g. on reload)."""
+    stream = stream or sys.stderr
+    if fmt == "auto":
+        fmt = "console" if getattr(stream, "isatty", lambda: False)() else "json"
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
+    ]
+    if fmt == "json":
+        renderer: Any = structlog.processors.JSONRenderer(sort_keys=False)
+        shared.append(structlog.processors.format_exc_info)
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(
+        processors=[*shared, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(parse_level(level)),
+        logger_factory=structlog.WriteLoggerFactory(file=stream),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get_logger(name: str | None = None, **initial: Any) -> Any:
+    """A bound structlog logger; `name` becomes the `logger` field."""
+    log = structlog.get_logger()
+    if name:
+        initial = {"logger": name, **initial}
+    return log.bind(**initial) if initial else log
