@@ -54,8 +54,8 @@ def configure_logging(level: str | int = "info", fmt: LogFormat = "auto",
 
 
 def get_logger(name: str | None = None, **initial: Any) -> Any:
-    """A bound structlog logger; `name` becomes the `logger` field."""
-    log = structlog.get_logger()
+    """A structlog logger; `name` becomes the `module` field."""
     if name:
-        initial = {"logger": name, **initial}
-    return log.bind(**initial) if initial else log
+        initial = {"module": name, **initial}
+    # A lazy proxy: modules create loggers at import time, before configure_logging() runs.
+    return structlog.get_logger(**initial)

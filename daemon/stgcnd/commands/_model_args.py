@@ -1,0 +1,41 @@
+"""The model flags shared by export, build, validate and bench."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from stgcnd.errors import UserError
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    from stgcnd.model.graph import LAYOUTS
+    GRAPH_OPS = ("einsum", "matmul")
+    MOTION_FORMULAS = ("first-difference", "second-difference")
+
+    g = p.add_argument_group("model")
+    g.add_argument("--checkpoint", type=Path, default=None,
+                   help="st-gcn checkpoint (.pt/.pth state_dict); omitted: the demo model, "
+                        "whose predictions mean nothing")
+    g.add_argument("--layout", default="mediapipe", choices=sorted(LAYOUTS),
+                   help="skeleton layout (default: mediapipe, 33 joints)")
+    g.add_argument("--persons", type=int, default=1, help="person slots M (default: 1)")
+    g.add_argument("--frames", type=int, default=150, help="window length T (default: 150)")
+    g.add_argument("--motion", default="first-difference", choices=MOTION_FORMULAS,
+                   help="motion stream formula the model was trained with "
+                        "(default: first-difference)")
+    g.add_argument("--labels", nargs="+", default=None, help="class names, in class order")
+    g.add_argument("--graph-op", default="matmul", choices=GRAPH_OPS,
+                   help="how the graph step is written in exported graphs (default: matmul, "
+                        "measured faster; see docs/benchmarks.md)")
+
+
+def spec_from_args(args: argparse.Namespace):  # -> ModelSpec
+    from stgcnd.model.spec import ModelSpec
+
+    try:
+        return ModelSpec(checkpoint=args.checkpoint, layout=args.layout, persons=args.persons,
+                         frames=args.frames, motion=args.motion, labels=tuple(args.labels or ()),
+                         graph_op=args.graph_op)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None

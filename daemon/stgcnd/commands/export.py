@@ -1,0 +1,49 @@
+"""`stgcnd export`: checkpoint -> validated ONNX model with a JSON sidecar."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from stgcnd.commands._model_args import add_model_arguments, spec_from_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="export a checkpoint to a validated ONNX model",
+                       description="Export an st-gcn checkpoint (or the demo model) to ONNX "
+                                   "(opset 17), check it with onnx.checker and validate it "
+                                   "against PyTorch with ONNX Runtime.")
+    add_model_arguments(p)
+    p.add_argument("--output", "-o", type=Path, required=True, help="output .onnx path")
+    p.add_argument("--dynamic-batch", action="store_true",
+                   help="make the batch dimension N dynamic (for batching)")
+    p.add_argument("--optimized", action="store_true",
+                   help="export the inference-optimized graph (BatchNorm folded)")
+    p.add_argument("--tolerance", type=float, default=1e-4,
+                   help="max abs difference allowed against PyTorch (default: 1e-4)")
+    p.add_argument("--skip-validation", action="store_true",
+                   help="do not run ONNX Runtime against PyTorch (not recommended)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stgcnd.export.onnx_export import export_model
+    from stgcnd.model import load_model
+
+    model = load_model(spec_from_args(args))
+    module, variant = None, "plain"
+    if args.optimized:
+        from stgcnd.model.optimized import optimize_for_export
+
+        module, variant = optimize_for_export(model), "optimized"
+    res = export_model(model, args.output, dynamic_batch=args.dynamic_batch,
+                       validate=not args.skip_validation, tolerance=args.tolerance,
+                       module=module, variant=variant)
+    for note in model.notes:
+        print(f"note: {note}")
+    check = ("not validated (--skip-validation)" if res.max_abs_diff is None
+             else f"validated with ONNX Runtime: max abs diff {res.max_abs_diff:.2e} "
+                  f"<= {args.tolerance:g}")
+    print(f"wrote {res.onnx_path} (sha256 {res.onnx_sha256[:12]}), {check}")
+    print(f"sidecar: {res.sidecar_path}")
+    return 0

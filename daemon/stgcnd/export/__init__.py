@@ -1,0 +1,1 @@
+"""PyTorch -> ONNX export and its validation."""

@@ -1,0 +1,27 @@
+"""The ST-GCN network, its graphs, checkpoints and the demo model.
+
+Names are imported lazily so that light users (CLI argument parsing, the graph module) do not
+pay for importing torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stgcnd.model.loader import LoadedModel, load_model, reference_logits
+    from stgcnd.model.spec import ModelSpec
+
+__all__ = ["LoadedModel", "ModelSpec", "load_model", "reference_logits"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("LoadedModel", "load_model", "reference_logits"):
+        from stgcnd.model import loader
+
+        return getattr(loader, name)
+    if name == "ModelSpec":
+        from stgcnd.model.spec import ModelSpec
+
+        return ModelSpec
+    raise AttributeError(name)

@@ -1,0 +1,167 @@
+"""Loading st-gcn checkpoints strictly, with errors that say what went wrong.
+
+Accepted: a plain state_dict as the original code saves it; the same with a `module.` prefix
+(DataParallel); either wrapped under a `state_dict` or `model` key; two-stream
+(`origin_stream.*`, `motion_stream.*`) or single-stream (`A`, `data_bn.*`, ...) networks.
+num_class, the partitions K and the joints V come from the checkpoint, and so does A.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stgcnd.errors import CheckpointError
+from stgcnd.model.graph import LAYOUTS
+
+STREAMS = ("origin_stream", "motion_stream")
+_OPTIONAL_SUFFIX = "num_batches_tracked"  # absent from checkpoints saved by torch < 0.4.1
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint says about its network."""
+
+    two_stream: bool
+    num_class: int
+    partitions: int
+    num_node: int
+    in_channels: int
+    edge_importance: bool
+    adjacency: dict[str, torch.Tensor]  # stream prefix ("" for single stream) -> A
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors, unwrapped and without a DataParallel prefix."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path} (check the path in --checkpoint or "
+                              "the model's `checkpoint` setting)")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for bad files; all mean "unreadable"
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "Weights only load failed" in str(exc):
+            raise CheckpointError(
+                f"{path} holds Python objects other than tensors (e.g. a whole pickled model); "
+                "re-save it as a plain state_dict: torch.save(model.state_dict(), path)") from None
+        raise CheckpointError(f"cannot read {path}: it is truncated, corrupt or not a PyTorch "
+                              f"checkpoint ({type(exc).__name__}: {first})") from None
+    for wrapper in ("state_dict", "model", "model_state_dict"):
+        if isinstance(obj, Mapping) and isinstance(obj.get(wrapper), Mapping):
+            obj = obj[wrapper]
+            break
+    if not isinstance(obj, Mapping) or not obj:
+        raise CheckpointError(f"{path} does not contain a state_dict (found {type(obj).__name__})")
+    state = {str(k): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    if state and all(k.startswith("module.") for k in state):
+        state = {k[len("module."):]: v for k, v in state.items()}
+    return state
+
+
+def inspect_state_dict(state: Mapping[str, torch.Tensor], source: str = "checkpoint"
+                       ) -> CheckpointInfo:
+    """Recognise the architecture and read num_class, K, V and A from the tensors."""
+    if all(f"{s}.A" in state for s in STREAMS):
+        prefixes = [f"{s}." for s in STREAMS]
+    elif "A" in state and "fcn.weight" in state:
+        prefixes = [""]
+    else:
+        sample = ", ".join(sorted(state)[:5])
+        hint = ""
+        if any(k.startswith("origin_stream.") for k in state) != any(
+                k.startswith("motion_stream.") for k in state):
+            hint = " One of the two streams is missing."
+        raise CheckpointError(
+            f"{source} is not an st-gcn model: expected keys 'origin_stream.A' and "
+            f"'motion_stream.A' (two-stream) or 'A' and 'fcn.weight' (single stream), found "
+            f"{sample}, ...{hint} Another architecture (e.g. 2s-AGCN, CTR-GCN, MS-G3D) needs "
+            "its own model code.")
+    p0 = prefixes[0]
+    a = state[f"{p0}A"]
+    if a.dim() != 3 or a.shape[1] != a.shape[2]:
+        raise CheckpointError(f"{source}: {p0}A has shape {tuple(a.shape)}, expected (K, V, V)")
+    fcn = state.get(f"{p0}fcn.weight")
+    bn = state.get(f"{p0}data_bn.weight")
+    if fcn is None or bn is None:
+        raise CheckpointError(f"{source}: missing {p0}fcn.weight or {p0}data_bn.weight")
+    k, v = int(a.shape[0]), int(a.shape[1])
+    if bn.numel() % v:
+        raise CheckpointError(f"{source}: data_bn has {bn.numel()} channels, not a multiple of "
+                              f"V={v} joints")
+    return CheckpointInfo(
+        two_stream=len(prefixes) == 2,
+        num_class=int(fcn.shape[0]),
+        partitions=k,
+        num_node=v,
+        in_channels=bn.numel() // v,
+        edge_importance=f"{p0}edge_importance.0" in state,
+        adjacency={p: state[f"{p}A"] for p in prefixes},
+    )
+
+
+def layouts_with(num_node: int) -> list[str]:
+    return [name for name, lay in LAYOUTS.items() if lay.num_node == num_node]
+
+
+def load_strict(module: torch.nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
+    """load_state_dict, with one error naming every missing, unexpected or mis-shaped key."""
+    expected = module.state_dict()
+    missing = [k for k in expected if k not in state and not k.endswith(_OPTIONAL_SUFFIX)]
+    unexpected = [k for k in state if k not in expected]
+    shapes = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(v.shape)}"
+              for k, v in expected.items() if k in state and state[k].shape != v.shape]
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} keys ({', '.join(missing[:6])}"
+                         f"{', ...' if len(missing) > 6 else ''})")
+        if unexpected:
+            parts.append(f"unexpected {len(unexpected)} keys ({', '.join(unexpected[:6])}"
+                         f"{', ...' if len(unexpected) > 6 else ''})")
+        if shapes:
+            parts.append("shape mismatch: " + "; ".join(shapes[:4]))
+        raise CheckpointError(
+            f"{source} does not match the st-gcn architecture: " + "; ".join(parts) +
+            ". Likely causes: a model with another number of blocks or channels, edge "
+            "importance off, or another architecture.")
+    full = dict(state)
+    for k, v in expected.items():
+        full.setdefault(k, v)  # only num_batches_tracked can be absent here
+    module.load_state_dict(full, strict=True)
+
+
+def check_against_spec(info: CheckpointInfo, layout: str, labels: tuple[str, ...],
+                       source: str) -> None:
+    want_v = LAYOUTS[layout].num_node
+    if info.num_node != want_v:
+        fits = layouts_with(info.num_node)
+        fix = (f"use --layout {' or '.join(fits)}" if fits
+               else f"no built-in layout has {info.num_node} joints")
+        raise CheckpointError(f"{source} was trained on {info.num_node} joints but layout "
+                              f"{layout!r} has {want_v}: {fix}")
+    if labels and len(labels) != info.num_class:
+        raise CheckpointError(f"{source} has {info.num_class} classes but {len(labels)} labels "
+                              f"were given ({', '.join(labels)}); give exactly {info.num_class}")
+    if info.in_channels != 3:
+        raise CheckpointError(f"{source} expects {info.in_channels} input channels; stgcnd feeds "
+                              "3 (x, y, visibility)")
+
+
+def describe(info: CheckpointInfo) -> dict[str, Any]:
+    return {"two_stream": info.two_stream, "num_class": info.num_class,
+            "partitions": info.partitions, "num_node": info.num_node,
+            "edge_importance": info.edge_importance}

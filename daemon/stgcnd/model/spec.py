@@ -1,0 +1,72 @@
+"""What a model is, as the user configures it: everything needed to rebuild it exactly."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stgcnd.model.graph import LAYOUTS, STRATEGIES
+from stgcnd.model.stgcn import GRAPH_OPS, MOTION_FORMULAS
+
+DEMO_SEED = 20261122
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model's identity. `checkpoint=None` means the seeded demo model (meaningless output)."""
+
+    checkpoint: Path | None = None
+    layout: str = "mediapipe"
+    persons: int = 1
+    frames: int = 150
+    motion: str = "first-difference"
+    labels: tuple[str, ...] = ()
+    # Only used when there is no checkpoint (the demo model); a checkpoint decides these.
+    strategy: str = "spatial"
+    num_class: int = 2
+    two_stream: bool = True
+    seed: int = DEMO_SEED
+    # How the graph step is written in the exported graph (see docs/benchmarks.md).
+    graph_op: str = "matmul"
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {self.layout!r}; choose one of {', '.join(LAYOUTS)}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {self.strategy!r}; choose one of "
+                             f"{', '.join(STRATEGIES)}")
+        if self.motion not in MOTION_FORMULAS:
+            raise ValueError(f"unknown motion formula {self.motion!r}; choose one of "
+                             f"{', '.join(MOTION_FORMULAS)}")
+        if self.graph_op not in GRAPH_OPS:
+            raise ValueError(f"unknown graph op {self.graph_op!r}; choose one of "
+                             f"{', '.join(GRAPH_OPS)}")
+        if self.persons < 1:
+            raise ValueError(f"persons must be >= 1, got {self.persons}")
+        if self.frames < 3:
+            raise ValueError(f"frames must be >= 3, got {self.frames}")
+        if self.checkpoint is not None and not isinstance(self.checkpoint, Path):
+            object.__setattr__(self, "checkpoint", Path(self.checkpoint))
+        object.__setattr__(self, "labels", tuple(self.labels))
+
+    @property
+    def is_demo(self) -> bool:
+        return self.checkpoint is None
+
+    @property
+    def num_node(self) -> int:
+        return LAYOUTS[self.layout].num_node
+
+    @property
+    def input_shape(self) -> tuple[int, int, int, int]:
+        """One window, without the batch dimension: (C, T, V, M)."""
+        return (3, self.frames, self.num_node, self.persons)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("extra")
+        d["checkpoint"] = str(self.checkpoint) if self.checkpoint else None
+        d["labels"] = list(self.labels)
+        return d
