@@ -54,7 +54,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for bad files; all mean "unreadable"
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "Weights only load failed" in str(exc):
+        if "Unsupported global" in str(exc):  # a pickled object, not tensors
             raise CheckpointError(
                 f"{path} holds Python objects other than tensors (e.g. a whole pickled model); "
                 "re-save it as a plain state_dict: torch.save(model.state_dict(), path)") from None

@@ -1,0 +1,309 @@
+"""The stgcnd client: one DEALER socket per camera thread, Lazy Pirate retries within a deadline.
+
+A Client is NOT thread-safe, by design: ZeroMQ sockets must not be shared between threads, and a
+camera thread wants its own socket anyway so a slow camera never waits on another. Create one
+Client per camera thread. The first thread that makes a call owns the Client; a call from any
+other thread raises `CrossThreadUse`. `close()` may come from any thread while no call runs.
+
+Reliability (the "Lazy Pirate" pattern): after sending, the client polls for the reply. When an
+attempt's share of the deadline passes with no reply, the socket is closed (dropping whatever it
+still queues), a fresh DEALER connects and the same request (same id) is sent again, as long as
+the caller's overall deadline and the retry budget allow. Replies that do not carry the
+outstanding request's id are discarded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket as _socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import zmq
+
+from .errors import (
+    BadReply,
+    ClientClosed,
+    CrossThreadUse,
+    Timeout,
+    server_error,
+)
+from .protocol import ErrorCode, Op, ProtocolError, Reply, decode_reply, encode_request
+from .results import Result, ServerInfo
+
+# An attempt shorter than this cannot tell a slow server from a lost message, so short deadlines
+# get fewer, longer attempts instead of many tiny ones.
+MIN_ATTEMPT_S = 0.25
+
+_camera_counter = itertools.count(1)
+
+
+class Client:
+    """Talks to one stgcnd daemon for one camera.
+
+    >>> with Client("ipc:///run/stgcnd/stgcnd.sock", camera_id="aisle-3") as client:
+    ...     result = client.infer(window)          # window: (3, T, V, M) float32
+    ...     print(result.label_name, result.probs)
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        camera_id: str | None = None,
+        *,
+        timeout: float = 5.0,
+        retries: int = 3,
+        context: zmq.Context | None = None,
+        hwm: int = 64,
+        max_reply_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
+        if not isinstance(endpoint, str) or "://" not in endpoint:
+            raise ValueError(
+                f"endpoint must look like ipc:///path or tcp://host:port, got {endpoint!r}"
+            )
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        self.endpoint = endpoint
+        self.camera_id = camera_id or (
+            f"{_socket.gethostname()}-{os.getpid()}-{next(_camera_counter)}"
+        )
+        self.timeout = float(timeout)
+        self.retries = int(retries)
+        # Counts fresh sockets made after a lost reply; useful for a camera's health metrics.
+        self.reconnects = 0
+        self._lost_reply = False
+        self._context = context if context is not None else zmq.Context.instance()
+        self._hwm = hwm
+        self._max_reply_bytes = max_reply_bytes
+        self._socket: zmq.Socket | None = None
+        self._ids = itertools.count(1)
+        self._owner: int | None = None
+        self._guard = threading.Lock()
+        self._closed = False
+
+    # ------------------------------------------------------------------ public API
+
+    def hello(self, timeout: float | None = None) -> ServerInfo:
+        """Introduce this camera; returns the server version and the models it serves."""
+        result, _ = self._call(Op.HELLO, timeout=timeout)
+        return ServerInfo.from_result(result)
+
+    def infer(
+        self, window: Any, model: str | None = None, timeout: float | None = None
+    ) -> Result:
+        """Classify one full window (3, T, V, M), float32 or float16."""
+        array = _as_payload(window, ndim=4, what="window", shape_hint="(3, T, V, M)")
+        result, client_ms = self._call(Op.INFER, model=model, arrays=(array,), timeout=timeout)
+        return Result.from_result(result, client_ms)
+
+    def push(
+        self, frame: Any, model: str | None = None, timeout: float | None = None
+    ) -> Result | None:
+        """Append one frame (3, V, M) to this camera's window on the server.
+
+        Returns None until the server's window is full, then a Result every ``stride`` frames.
+        """
+        array = _as_payload(frame, ndim=3, what="frame", shape_hint="(3, V, M)")
+        result, client_ms = self._call(Op.PUSH, model=model, arrays=(array,), timeout=timeout)
+        if not result.get("ready"):
+            return None
+        return Result.from_result(result, client_ms)
+
+    def reset(self, model: str | None = None, timeout: float | None = None) -> list[str]:
+        """Clear this camera's push buffers (one model, or all); returns the models reset."""
+        result, _ = self._call(Op.RESET, model=model, timeout=timeout)
+        return [str(name) for name in result.get("reset", [])]
+
+    def ping(self, timeout: float | None = None) -> float:
+        """Round trip to the server in milliseconds."""
+        _, client_ms = self._call(Op.PING, timeout=timeout)
+        return client_ms
+
+    def stats(self, timeout: float | None = None) -> dict[str, Any]:
+        """The server's statistics map (its content is the server's business)."""
+        result, _ = self._call(Op.STATS, timeout=timeout)
+        return result
+
+    def close(self) -> None:
+        """Close the socket. Idempotent; the shared ZeroMQ context is left alone."""
+        if not self._guard.acquire(blocking=False):
+            raise CrossThreadUse(
+                "close() was called while another thread is inside a call on this Client; "
+                "stop the camera thread first, or close from that thread"
+            )
+        try:
+            self._closed = True
+            self._drop_socket()
+        finally:
+            self._guard.release()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return f"Client({self.endpoint!r}, camera_id={self.camera_id!r}, {state})"
+
+    # ------------------------------------------------------------------ request/reply
+
+    def _call(
+        self,
+        op: Op,
+        model: str | None = None,
+        arrays: tuple[np.ndarray, ...] = (),
+        timeout: float | None = None,
+        **fields: Any,
+    ) -> tuple[dict[str, Any], float]:
+        with self._exclusive():
+            budget = self.timeout if timeout is None else float(timeout)
+            if budget <= 0:
+                raise ValueError(f"timeout must be > 0 seconds, got {budget}")
+            start = time.monotonic()
+            deadline = start + budget
+            req_id = next(self._ids)
+            attempts = self.retries + 1
+            connected = False
+            made = 0
+            for attempt in range(attempts):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                wait = max(remaining / (attempts - attempt), min(remaining, MIN_ATTEMPT_S))
+                attempt_deadline = time.monotonic() + wait
+                made += 1
+                # The server gets this attempt's budget: once it passes, nobody reads the reply
+                # (this socket is about to be replaced), so the server may as well not run it.
+                frames = encode_request(
+                    op, req_id, self.camera_id, model, arrays, timeout_ms=wait * 1000.0, **fields
+                )
+                sent, reply = self._attempt(frames, req_id, attempt_deadline)
+                connected = connected or sent
+                if reply is not None:
+                    client_ms = (time.monotonic() - start) * 1000.0
+                    if not reply.ok:
+                        assert reply.error is not None
+                        raise server_error(reply.error.code, reply.error.message)
+                    return reply.result, client_ms
+                self._drop_socket()
+                self._lost_reply = True
+            elapsed = time.monotonic() - start
+            if not connected:
+                raise Timeout(
+                    f"could not reach stgcnd at {self.endpoint} within {elapsed:.2f} s; "
+                    "is the daemon running, and may this process open its socket?"
+                )
+            raise Timeout(
+                f"no reply from stgcnd at {self.endpoint} to {op.value} within {elapsed:.2f} s "
+                f"({made} attempt(s)); the daemon may be overloaded or restarting"
+            )
+
+    def _attempt(
+        self, frames: list[bytes], req_id: int, deadline: float
+    ) -> tuple[bool, Reply | None]:
+        sock = self._ensure_socket()
+        if not self._send(sock, frames, deadline):
+            return False, None
+        while True:
+            ms = _ms_until(deadline)
+            if ms <= 0:
+                return True, None
+            if not sock.poll(ms, zmq.POLLIN):
+                continue
+            try:
+                reply = decode_reply(sock.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                continue
+            except ProtocolError as exc:
+                if exc.code == ErrorCode.UNSUPPORTED_VERSION:
+                    raise BadReply(exc.message) from None
+                # Garbage cannot be matched to a request; keep waiting for the real reply.
+                continue
+            # A nil id is the server saying it could not read our request's id; with one request
+            # outstanding per socket it can only be about this one.
+            if reply.id == req_id or (reply.id is None and not reply.ok):
+                return True, reply
+            # Anything else is a late reply to an earlier request: drop it.
+
+    def _send(self, sock: zmq.Socket, frames: list[bytes], deadline: float) -> bool:
+        # IMMEDIATE=1 makes send fail (instead of queueing) until a connection exists, so a
+        # missing daemon shows up as "not writable" rather than as a silently queued request.
+        while True:
+            try:
+                sock.send_multipart(frames, zmq.NOBLOCK)
+                return True
+            except zmq.Again:
+                ms = _ms_until(deadline)
+                if ms <= 0:
+                    return False
+                sock.poll(min(ms, 50), zmq.POLLOUT)
+
+    def _ensure_socket(self) -> zmq.Socket:
+        if self._socket is None:
+            sock = self._context.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, self._hwm)
+            sock.setsockopt(zmq.RCVHWM, self._hwm)
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.setsockopt(zmq.MAXMSGSIZE, self._max_reply_bytes)
+            sock.connect(self.endpoint)
+            self._socket = sock
+            if self._lost_reply:
+                self.reconnects += 1
+                self._lost_reply = False
+        return self._socket
+
+    def _drop_socket(self) -> None:
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        me = threading.get_ident()
+        if not self._guard.acquire(blocking=False):
+            raise CrossThreadUse(
+                "this Client is in use by another thread; ZeroMQ sockets are not thread-safe, "
+                "so create one Client per camera thread"
+            )
+        try:
+            if self._closed:
+                raise ClientClosed(f"{self!r} is closed; create a new Client")
+            if self._owner is None:
+                self._owner = me
+            elif self._owner != me:
+                raise CrossThreadUse(
+                    f"this Client belongs to thread {self._owner} and was called from thread "
+                    f"{me}; ZeroMQ sockets are not thread-safe, so create one Client per "
+                    "camera thread"
+                )
+            yield
+        finally:
+            self._guard.release()
+
+
+def _ms_until(deadline: float) -> int:
+    # Round up so a positive remainder never turns into a 0 ms (non-blocking) poll.
+    remaining = deadline - time.monotonic()
+    return 0 if remaining <= 0 else max(1, int(remaining * 1000.0 + 0.999))
+
+
+def _as_payload(value: Any, ndim: int, what: str, shape_hint: str) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype not in (np.float32, np.float16):
+        if array.dtype.kind not in "fiub":
+            raise TypeError(f"{what} must be numeric (float32 preferred), got {array.dtype}")
+        # float64 is what numpy makes by default; the wire carries float32.
+        array = array.astype(np.float32)
+    if array.ndim != ndim:
+        raise ValueError(f"{what} must have shape {shape_hint}, got {array.shape}")
+    return array

@@ -1,0 +1,63 @@
+"""Exceptions the client raises. Catch `ClientError` for all of them.
+
+Server-side failures are `ServerError` (with the protocol's stable ``.code``); the common ones a
+camera loop reacts to differently have their own subclasses: `Busy` (drop this frame),
+`Expired` (the answer would have come too late) and `ShuttingDown` (back off and reconnect later).
+"""
+
+from __future__ import annotations
+
+from .protocol import ErrorCode
+
+
+class ClientError(Exception):
+    """Base class of everything stgcnd_client raises on purpose."""
+
+
+class Timeout(ClientError):
+    """No reply within the call's deadline, after reconnecting and resending."""
+
+
+class ClientClosed(ClientError):
+    """The client was closed; create a new one."""
+
+
+class CrossThreadUse(ClientError):
+    """A Client was used from two threads; ZeroMQ sockets are not thread-safe."""
+
+
+class BadReply(ClientError):
+    """The server's reply does not follow the protocol this client speaks."""
+
+
+class ServerError(ClientError):
+    """The server answered with an error. ``code`` is one of `ErrorCode`'s values."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class Busy(ServerError):
+    """The camera's queue on the server is full; the request was not run."""
+
+
+class Expired(ServerError):
+    """The request could no longer meet its deadline and was not run."""
+
+
+class ShuttingDown(ServerError):
+    """The server is stopping and no longer takes requests."""
+
+
+_BY_CODE: dict[str, type[ServerError]] = {
+    ErrorCode.BUSY.value: Busy,
+    ErrorCode.EXPIRED.value: Expired,
+    ErrorCode.SHUTTING_DOWN.value: ShuttingDown,
+}
+
+
+def server_error(code: str, message: str) -> ServerError:
+    """The exception instance for an error reply with this code."""
+    return _BY_CODE.get(code, ServerError)(code, message)

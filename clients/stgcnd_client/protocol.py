@@ -1,0 +1,535 @@
+"""Wire protocol v1 between stgcnd and its clients: the single source of truth for both sides.
+
+A message is a ZeroMQ multipart message: frame 0 is a msgpack map (the header), frames 1..n are
+raw C-contiguous little-endian array bytes described by ``header["arrays"]``. The daemon's ROUTER
+sees ``[identity, header, *arrays]`` and strips the identity before calling `decode_request`.
+docs/protocol.md describes the same thing for people writing clients in other languages.
+
+Everything here is pure (no sockets, no clocks) so the daemon and the client can both use it and
+tests can feed it hand-built frames. Only numpy and msgpack are needed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import msgpack
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+# A window (3, 150, 33, M) float32 is 59,400 bytes per person; 4 MiB leaves room for long
+# windows of many people while still bounding what one hostile message can make us allocate.
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+class ErrorCode(str, Enum):
+    """Stable error codes carried in ``reply["error"]["code"]``; clients may switch on them."""
+
+    MALFORMED = "malformed"
+    UNSUPPORTED_VERSION = "unsupported-version"
+    UNKNOWN_OP = "unknown-op"
+    UNKNOWN_MODEL = "unknown-model"
+    BAD_SHAPE = "bad-shape"
+    BAD_DTYPE = "bad-dtype"
+    BAD_SIZE = "bad-size"
+    NON_FINITE = "non-finite"
+    TOO_LARGE = "too-large"
+    BUSY = "busy"
+    EXPIRED = "expired"
+    SHUTTING_DOWN = "shutting-down"
+    INTERNAL = "internal"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Op(str, Enum):
+    """Operations a request may name in ``header["op"]``."""
+
+    HELLO = "hello"
+    INFER = "infer"
+    PUSH = "push"
+    RESET = "reset"
+    PING = "ping"
+    STATS = "stats"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# Keyed by plain strings: a str-valued Enum hashes by member name, so Op keys would not match
+# the strings that come off the wire.
+OPS: frozenset[str] = frozenset(op.value for op in Op)
+ARRAYS_PER_OP: Mapping[str, int] = {
+    Op.HELLO.value: 0,
+    Op.INFER.value: 1,
+    Op.PUSH.value: 1,
+    Op.RESET.value: 0,
+    Op.PING.value: 0,
+    Op.STATS.value: 0,
+}
+
+# Wire dtype names -> numpy dtypes. The byte order is fixed to little-endian on the wire.
+DTYPES: Mapping[str, np.dtype] = {
+    "float32": np.dtype("<f4"),
+    "float16": np.dtype("<f2"),
+}
+
+# Header keys every request has; everything else in a request header is an op-specific field.
+COMMON_REQUEST_KEYS: frozenset[str] = frozenset(
+    {"v", "op", "id", "camera", "model", "timeout_ms", "arrays"}
+)
+
+
+class ProtocolError(Exception):
+    """A message does not follow the protocol. ``code`` is an `ErrorCode` value.
+
+    ``req_id`` is the request id when the header got far enough to read one, so the daemon can
+    echo it in the error reply; None when the message could not be decoded at all.
+    """
+
+    def __init__(self, code: ErrorCode | str, message: str, req_id: int | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = ErrorCode(code)
+        self.message = message
+        self.req_id = req_id
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds the decoder enforces so one hostile message cannot make the daemon allocate much."""
+
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_header_bytes: int = 16 * 1024
+    max_str_len: int = 1024
+    # Headers carry no binary blobs; arrays travel as their own frames.
+    max_bin_len: int = 0
+    max_array_len: int = 64
+    max_map_len: int = 64
+    max_arrays: int = 4
+    max_ndim: int = 8
+    max_camera_len: int = 128
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass(frozen=True)
+class Request:
+    """A decoded, validated request. ``arrays`` are read-only views on the received frames."""
+
+    op: str
+    id: int
+    camera: str
+    model: str | None
+    timeout_ms: float | None
+    arrays: tuple[np.ndarray, ...] = ()
+    fields: dict[str, Any] = field(default_factory=dict)
+    version: int = PROTOCOL_VERSION
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Reply:
+    id: int | None
+    ok: bool
+    result: dict[str, Any] = field(default_factory=dict)
+    error: ErrorInfo | None = None
+    version: int = PROTOCOL_VERSION
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def encode_request(
+    op: Op | str,
+    req_id: int,
+    camera: str,
+    model: str | None = None,
+    arrays: Iterable[np.ndarray] = (),
+    timeout_ms: float | None = None,
+    **fields: Any,
+) -> list[bytes]:
+    """Build the frames of one request: [header, *array bytes] (no identity frame)."""
+    clash = COMMON_REQUEST_KEYS.intersection(fields)
+    if clash:
+        raise ValueError(f"op fields {sorted(clash)} clash with the common request header keys")
+    wire_arrays = [_to_wire(a) for a in arrays]
+    header: dict[str, Any] = {
+        "v": PROTOCOL_VERSION,
+        "op": _enum_value(op),
+        "id": int(req_id),
+        "camera": camera,
+        "model": model,
+        "timeout_ms": None if timeout_ms is None else float(timeout_ms),
+        "arrays": [{"dtype": name, "shape": list(a.shape)} for name, a in wire_arrays],
+    }
+    header.update(fields)
+    return [_pack(header)] + [a.tobytes() for _, a in wire_arrays]
+
+
+def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Request:
+    """Validate and decode a request's frames (identity already stripped).
+
+    Frames may be bytes, bytearray, memoryview or zmq.Frame. Raises `ProtocolError` with the code
+    that names the first problem found.
+    """
+    limits = limits or DEFAULT_LIMITS
+    if not frames:
+        raise ProtocolError(
+            ErrorCode.MALFORMED,
+            "empty message; expected a msgpack header frame followed by one frame per array",
+        )
+    buffers = [_as_bytes_view(f) for f in frames]
+    header_buf = buffers[0]
+    if header_buf.nbytes > limits.max_header_bytes:
+        raise ProtocolError(
+            ErrorCode.TOO_LARGE,
+            f"header frame is {header_buf.nbytes} bytes; the limit is {limits.max_header_bytes}",
+        )
+    header = _unpack(header_buf, limits)
+    if not isinstance(header, dict):
+        raise ProtocolError(
+            ErrorCode.MALFORMED,
+            f"header must be a msgpack map, got {type(header).__name__}",
+        )
+    raw_id = header.get("id")
+    req_id = raw_id if _is_int(raw_id) else None
+
+    def fail(code: ErrorCode, message: str) -> ProtocolError:
+        return ProtocolError(code, message, req_id)
+
+    total = sum(b.nbytes for b in buffers)
+    if total > limits.max_message_bytes:
+        raise fail(
+            ErrorCode.TOO_LARGE,
+            f"message is {total} bytes; the limit is {limits.max_message_bytes}",
+        )
+
+    version = header.get("v")
+    if not _is_int(version):
+        raise fail(ErrorCode.MALFORMED, 'header needs "v": the protocol version as an integer')
+    if version != PROTOCOL_VERSION:
+        raise fail(
+            ErrorCode.UNSUPPORTED_VERSION,
+            f"protocol version {version} is not supported; this server speaks {PROTOCOL_VERSION}",
+        )
+    if req_id is None:
+        raise fail(ErrorCode.MALFORMED, 'header needs "id": an integer request id')
+
+    op = header.get("op")
+    if not isinstance(op, str):
+        raise fail(ErrorCode.MALFORMED, 'header needs "op": a string naming the operation')
+    if op not in OPS:
+        raise fail(ErrorCode.UNKNOWN_OP, f"unknown op {op!r}; expected one of {sorted(OPS)}")
+
+    camera = header.get("camera")
+    if not isinstance(camera, str) or not camera:
+        raise fail(ErrorCode.MALFORMED, 'header needs "camera": a non-empty string')
+    if len(camera) > limits.max_camera_len:
+        raise fail(
+            ErrorCode.MALFORMED,
+            f"camera id is {len(camera)} characters; the limit is {limits.max_camera_len}",
+        )
+
+    model = header.get("model")
+    if model is not None and not isinstance(model, str):
+        raise fail(ErrorCode.MALFORMED, '"model" must be a string or nil (nil = default model)')
+
+    timeout_ms = header.get("timeout_ms")
+    if timeout_ms is not None:
+        if not (_is_int(timeout_ms) or isinstance(timeout_ms, float)) or not (
+            math.isfinite(timeout_ms) and timeout_ms >= 0
+        ):
+            raise fail(
+                ErrorCode.MALFORMED,
+                f'"timeout_ms" must be a finite number >= 0 or nil, got {timeout_ms!r}',
+            )
+        timeout_ms = float(timeout_ms)
+
+    specs = _array_specs(header.get("arrays", []), limits, fail)
+    if len(specs) != len(buffers) - 1:
+        raise fail(
+            ErrorCode.MALFORMED,
+            f"header describes {len(specs)} array(s) but {len(buffers) - 1} array frame(s) "
+            "followed it",
+        )
+    expected_count = ARRAYS_PER_OP[op]
+    if len(specs) != expected_count:
+        raise fail(
+            ErrorCode.MALFORMED,
+            f"op {op!r} takes exactly {expected_count} array(s), got {len(specs)}",
+        )
+
+    arrays = []
+    for index, ((dtype, shape), buf) in enumerate(zip(specs, buffers[1:])):
+        expected_bytes = math.prod(shape) * dtype.itemsize
+        if buf.nbytes != expected_bytes:
+            raise fail(
+                ErrorCode.BAD_SIZE,
+                f"array {index}: shape {tuple(shape)} of {dtype.name} needs {expected_bytes} "
+                f"bytes, the frame has {buf.nbytes}",
+            )
+        array = np.frombuffer(buf, dtype=dtype).reshape(shape)
+        # Frames may be writable (bytearray); the daemon must never modify a client's data.
+        array.flags.writeable = False
+        arrays.append(array)
+
+    fields = {k: v for k, v in header.items() if k not in COMMON_REQUEST_KEYS}
+    return Request(
+        op=op,
+        id=req_id,
+        camera=camera,
+        model=model,
+        timeout_ms=timeout_ms,
+        arrays=tuple(arrays),
+        fields=fields,
+        version=version,
+        nbytes=total,
+    )
+
+
+# --------------------------------------------------------------------------- replies
+
+
+def encode_reply(
+    req_id: int | None,
+    result: Mapping[str, Any] | None = None,
+    error: ProtocolError | ErrorInfo | Mapping[str, Any] | tuple[str, str] | None = None,
+) -> list[bytes]:
+    """Build the frames of one reply (no identity frame; the ROUTER prepends it).
+
+    ``error`` may be a ProtocolError, an ErrorInfo, a {"code", "message"} map or a (code, message)
+    pair. numpy scalars and arrays in ``result`` are sent as plain numbers and lists.
+    """
+    if result is not None and error is not None:
+        raise ValueError("a reply carries either a result or an error, not both")
+    header: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": req_id}
+    if error is None:
+        header["ok"] = True
+        header["result"] = dict(result or {})
+    else:
+        code, message = _error_parts(error)
+        header["ok"] = False
+        header["error"] = {"code": code, "message": message}
+    return [_pack(header)]
+
+
+def decode_reply(frames: Sequence[Any]) -> Reply:
+    """Decode a reply's frames (as a DEALER receives them). Raises `ProtocolError`."""
+    if not frames:
+        raise ProtocolError(ErrorCode.MALFORMED, "empty reply")
+    try:
+        # The client trusts its daemon more than the daemon trusts clients, but a reply is still
+        # bounded: v1 replies are small maps.
+        header = msgpack.unpackb(
+            _as_bytes_view(frames[0]), raw=False, strict_map_key=False, max_ext_len=0
+        )
+    except Exception as exc:
+        raise ProtocolError(ErrorCode.MALFORMED, f"reply header is not msgpack: {exc}") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(ErrorCode.MALFORMED, "reply header is not a map")
+    version = header.get("v")
+    if not _is_int(version):
+        raise ProtocolError(ErrorCode.MALFORMED, 'reply header lacks an integer "v"')
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            ErrorCode.UNSUPPORTED_VERSION,
+            f"server replied with protocol version {version}; this client speaks "
+            f"{PROTOCOL_VERSION}",
+        )
+    req_id = header.get("id")
+    if req_id is not None and not _is_int(req_id):
+        raise ProtocolError(ErrorCode.MALFORMED, 'reply "id" must be an integer or nil')
+    ok = header.get("ok")
+    if not isinstance(ok, bool):
+        raise ProtocolError(ErrorCode.MALFORMED, 'reply lacks a boolean "ok"', req_id)
+    if ok:
+        result = header.get("result", {})
+        if not isinstance(result, dict):
+            raise ProtocolError(ErrorCode.MALFORMED, 'reply "result" must be a map', req_id)
+        return Reply(id=req_id, ok=True, result=result, version=version)
+    error = header.get("error")
+    if (
+        not isinstance(error, dict)
+        or not isinstance(error.get("code"), str)
+        or not isinstance(error.get("message", ""), str)
+    ):
+        raise ProtocolError(
+            ErrorCode.MALFORMED, 'error reply needs "error": {"code": str, "message": str}', req_id
+        )
+    info = ErrorInfo(code=error["code"], message=error.get("message", ""))
+    return Reply(id=req_id, ok=False, error=info, version=version)
+
+
+# --------------------------------------------------------------------------- payload checks
+
+
+def check_window(array: np.ndarray, expected_shape: Sequence[int]) -> None:
+    """Raise ProtocolError unless ``array`` is a finite float window of ``expected_shape``.
+
+    ``expected_shape`` is a model's input shape (3, T, V, M) without the batch axis.
+    """
+    _check_payload(array, tuple(expected_shape), "window", _WINDOW_AXES)
+
+
+def check_frame(array: np.ndarray, expected_shape: Sequence[int]) -> None:
+    """Raise ProtocolError unless ``array`` is a finite float frame (3, V, M).
+
+    ``expected_shape`` may be the frame shape (3, V, M) or the model's window shape (3, T, V, M),
+    from which the frame shape is derived.
+    """
+    shape = tuple(expected_shape)
+    if len(shape) == 4:
+        shape = (shape[0], shape[2], shape[3])
+    _check_payload(array, shape, "frame", _FRAME_AXES)
+
+
+_WINDOW_AXES = ("channel (x, y, visibility)", "frame", "keypoint", "person")
+_FRAME_AXES = ("channel (x, y, visibility)", "keypoint", "person")
+
+
+def _check_payload(
+    array: np.ndarray, expected: tuple[int, ...], what: str, axes: tuple[str, ...]
+) -> None:
+    if array.dtype.kind != "f" or array.dtype.itemsize not in (2, 4):
+        raise ProtocolError(
+            ErrorCode.BAD_DTYPE,
+            f"{what} must be float32 or float16, got {array.dtype.name}",
+        )
+    if tuple(array.shape) != expected:
+        names = ", ".join(axes)
+        raise ProtocolError(
+            ErrorCode.BAD_SHAPE,
+            f"expected a {what} of shape {expected} ({names}), got {tuple(array.shape)}",
+        )
+    finite = np.isfinite(array)
+    if not finite.all():
+        bad = np.argwhere(~finite)
+        where = ", ".join(f"{axis.split(' ')[0]} {i}" for axis, i in zip(axes, bad[0]))
+        raise ProtocolError(
+            ErrorCode.NON_FINITE,
+            f"{what} has {len(bad)} NaN/Inf value(s), the first at {where}; "
+            "send 0 for keypoints that were not detected",
+        )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _is_int(value: Any) -> bool:
+    # msgpack booleans decode to bool, which Python counts as int.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _enum_value(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else value
+
+
+def _as_bytes_view(frame: Any) -> memoryview:
+    # zmq.Frame, bytes, bytearray and memoryview all expose the buffer protocol.
+    view = memoryview(frame)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+def _to_wire(array: Any) -> tuple[str, np.ndarray]:
+    arr = np.asarray(array)
+    for name, dtype in DTYPES.items():
+        if arr.dtype.kind == dtype.kind and arr.dtype.itemsize == dtype.itemsize:
+            # Fixes byte order and memory layout in one copy at most.
+            return name, np.ascontiguousarray(arr, dtype=dtype)
+    raise ProtocolError(
+        ErrorCode.BAD_DTYPE,
+        f"arrays travel as float32 or float16, got {arr.dtype.name}; convert with "
+        ".astype(numpy.float32)",
+    )
+
+
+def _msgpack_default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, Enum):
+        return obj.value
+    raise TypeError(f"cannot send {type(obj).__name__} in a message header")
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True, default=_msgpack_default)
+
+
+def _unpack(buf: memoryview, limits: Limits) -> Any:
+    try:
+        return msgpack.unpackb(
+            buf,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=limits.max_str_len,
+            max_bin_len=limits.max_bin_len,
+            max_array_len=limits.max_array_len,
+            max_map_len=limits.max_map_len,
+            max_ext_len=0,
+        )
+    except Exception as exc:
+        # msgpack raises several types (ValueError, FormatError, StackError, ExtraData, ...);
+        # every one of them means the same thing to the peer.
+        raise ProtocolError(
+            ErrorCode.MALFORMED, f"header is not a valid msgpack map within limits: {exc}"
+        ) from None
+
+
+def _array_specs(raw: Any, limits: Limits, fail: Any) -> list[tuple[np.dtype, list[int]]]:
+    if not isinstance(raw, list):
+        raise fail(ErrorCode.MALFORMED, '"arrays" must be a list of {"dtype", "shape"} maps')
+    if len(raw) > limits.max_arrays:
+        raise fail(
+            ErrorCode.MALFORMED,
+            f"{len(raw)} arrays in one message; the limit is {limits.max_arrays}",
+        )
+    specs = []
+    for index, spec in enumerate(raw):
+        if not isinstance(spec, dict):
+            raise fail(ErrorCode.MALFORMED, f'arrays[{index}] must be a {{"dtype", "shape"}} map')
+        dtype_name = spec.get("dtype")
+        shape = spec.get("shape")
+        if not isinstance(dtype_name, str):
+            raise fail(ErrorCode.MALFORMED, f'arrays[{index}] needs "dtype": a string')
+        if dtype_name not in DTYPES:
+            raise fail(
+                ErrorCode.BAD_DTYPE,
+                f"arrays[{index}]: dtype {dtype_name!r} is not supported; use one of "
+                f"{sorted(DTYPES)} (little-endian)",
+            )
+        if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
+            raise fail(ErrorCode.MALFORMED, f'arrays[{index}] needs "shape": a list of integers')
+        if len(shape) > limits.max_ndim or any(d < 0 for d in shape):
+            raise fail(
+                ErrorCode.BAD_SHAPE,
+                f"arrays[{index}]: shape {shape} is not a valid array shape "
+                f"(at most {limits.max_ndim} non-negative dimensions)",
+            )
+        specs.append((DTYPES[dtype_name], shape))
+    return specs
+
+
+def _error_parts(error: Any) -> tuple[str, str]:
+    if isinstance(error, (ProtocolError, ErrorInfo)):
+        return str(_enum_value(error.code)), error.message
+    if isinstance(error, Mapping):
+        return str(_enum_value(error["code"])), str(error.get("message", ""))
+    code, message = error
+    return str(_enum_value(code)), str(message)

@@ -1,0 +1,79 @@
+"""`stgcnd logs summarize`: per-camera latency and GPU state from the daemon's JSON logs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from stgcnd.errors import UserError
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "logs", help="read the daemon's structured logs",
+        description="Read the daemon's JSON log lines (e.g. `journalctl -u stgcnd -o cat`).")
+    sub = parser.add_subparsers(dest="logs_command", metavar="ACTION", required=True)
+    summ = sub.add_parser(
+        "summarize", help="latency per camera and model, with GPU load/clock/temperature/power",
+        description="Summarize `latency`, `system` and `request` events: request counts, "
+                    "latency percentiles over the whole span and per interval, error/busy/"
+                    "expired rates, and GPU load, frequency, temperature and power ranges. "
+                    "Lines that are not stgcnd JSON are skipped and counted. Example: "
+                    "journalctl -u stgcnd -o cat | stgcnd logs summarize --camera cam3 "
+                    "--since 30m --plot cam3.png")
+    summ.add_argument("file", nargs="?", default="-", metavar="FILE",
+                      help="log file to read; - (default) reads stdin")
+    summ.add_argument("--camera", metavar="ID", help="only this camera's latency/request events")
+    summ.add_argument("--since", metavar="TIME",
+                      help="start: ISO-8601 (UTC when no zone) or an age like 10m, 2h, 1d")
+    summ.add_argument("--until", metavar="TIME", help="end: same forms as --since")
+    summ.add_argument("--plot", metavar="OUT.png",
+                      help="also draw latency percentiles over time with GPU load and "
+                           "temperature (needs matplotlib: pip install 'stgcnd[plots]')")
+    summ.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    summ.set_defaults(func=run_summarize)
+
+
+def _time(value: str | None, flag: str) -> Any:
+    if value is None:
+        return None
+    from stgcnd.telemetry.summarize import parse_time
+
+    try:
+        return parse_time(value)
+    except ValueError:
+        raise UserError(f"{flag} {value!r} is not a time; use ISO-8601 such as "
+                        "2025-06-01T14:00:00Z or an age such as 10m, 2h, 1d") from None
+
+
+def run_summarize(args: argparse.Namespace) -> int:
+    from stgcnd.telemetry.summarize import render_text, scan, summarize
+
+    since = _time(args.since, "--since")
+    until = _time(args.until, "--until")
+    if since and until and since > until:
+        raise UserError("--since is after --until; swap them")
+    if args.file == "-":
+        log = scan(sys.stdin, args.camera, since, until)
+    else:
+        try:
+            with open(args.file, encoding="utf-8", errors="replace") as fh:
+                log = scan(fh, args.camera, since, until)
+        except OSError as exc:
+            raise UserError(f"cannot read {args.file}: {exc.strerror or exc}; pass a log file "
+                            "or pipe `journalctl -u stgcnd -o cat` into it") from None
+    summary = summarize(log)
+    if args.plot:
+        from stgcnd.telemetry.plot import plot
+
+        title = f"stgcnd: camera {args.camera}" if args.camera else None
+        summary["plot"] = str(plot(log, args.plot, title))
+    if args.json:
+        sys.stdout.write(json.dumps(summary) + "\n")
+    else:
+        sys.stdout.write(render_text(summary))
+        if args.plot:
+            sys.stdout.write(f"plot written to {summary['plot']}\n")
+    return 0

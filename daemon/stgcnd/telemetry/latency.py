@@ -1,0 +1,181 @@
+"""Per-(camera, model) latency aggregation in bounded memory.
+
+Each (camera, model) keeps a log-bucketed histogram: a value x > 0 falls in bucket
+``ceil(log(x) / log(gamma))`` with ``gamma = (1 + a) / (1 - a)``; the bucket is reported as
+``2 * gamma**i / (gamma + 1)``, which is within relative error ``a`` of every value in it. A
+percentile is therefore within ``a`` (default 1%) of the sample at the same rank, whatever the
+distribution, and the memory per histogram is bounded by the clamped range, not by the number of
+requests: values are clamped to [MIN_MS, MAX_MS], so at most ``bucket_limit()`` buckets exist
+(about 1,400 for a = 1%). ``max_ms`` is exact.
+
+Percentile rank: the p-th percentile of n samples is the sample of rank ``floor(p/100 * (n-1))``
+(0-based) in sorted order, i.e. numpy's ``method="lower"``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+OUTCOMES = ("ok", "error", "busy", "expired")
+PERCENTILES = (50, 90, 95, 99)
+STAGE_PERCENTILES = (50, 99)
+
+DEFAULT_RELATIVE_ERROR = 0.01
+MIN_MS = 1e-3  # 1 us: anything faster is reported as 1 us
+MAX_MS = 1e7  # ~2.8 h: a request slower than that is a hang, not a latency
+# Stage names are caller-chosen; cap them so a bug upstream cannot grow memory without bound.
+MAX_STAGES_PER_KEY = 16
+
+
+class LogHistogram:
+    """Bounded-memory quantile sketch with a guaranteed relative error."""
+
+    __slots__ = ("_buckets", "_log_gamma", "count", "gamma", "max", "min", "relative_error")
+
+    def __init__(self, relative_error: float = DEFAULT_RELATIVE_ERROR) -> None:
+        if not 0 < relative_error < 1:
+            raise ValueError("relative_error must be in (0, 1)")
+        self.relative_error = relative_error
+        self.gamma = (1 + relative_error) / (1 - relative_error)
+        self._log_gamma = math.log(self.gamma)
+        self._buckets: dict[int, int] = {}
+        self.count = 0
+        self.max = -math.inf
+        self.min = math.inf
+
+    def bucket_limit(self) -> int:
+        """Most buckets this histogram can ever hold."""
+        return self._index(MAX_MS) - self._index(MIN_MS) + 1
+
+    def _index(self, value_ms: float) -> int:
+        return math.ceil(math.log(value_ms) / self._log_gamma)
+
+    def add(self, value_ms: float) -> None:
+        if not math.isfinite(value_ms):
+            return
+        clamped = min(max(value_ms, MIN_MS), MAX_MS)
+        index = self._index(clamped)
+        self._buckets[index] = self._buckets.get(index, 0) + 1
+        self.count += 1
+        self.max = max(self.max, value_ms)
+        self.min = min(self.min, value_ms)
+
+    @property
+    def bucket_count(self) -> int:
+        return len(self._buckets)
+
+    def quantiles(self, percents: Iterable[float]) -> list[float | None]:
+        """Percentiles (0-100) in one pass over the sorted buckets."""
+        wanted = sorted((p, i) for i, p in enumerate(percents))
+        out: list[float | None] = [None] * len(wanted)
+        if self.count == 0:
+            return out
+        ranks = [(math.floor(p / 100 * (self.count - 1)), i) for p, i in wanted]
+        seen = 0
+        pos = 0
+        for index in sorted(self._buckets):
+            seen += self._buckets[index]
+            while pos < len(ranks) and ranks[pos][0] < seen:
+                value = 2 * self.gamma**index / (self.gamma + 1)
+                # The exact extremes are known; never report beyond them.
+                out[ranks[pos][1]] = min(max(value, self.min), self.max)
+                pos += 1
+            if pos == len(ranks):
+                break
+        return out
+
+
+@dataclass
+class _KeyStats:
+    relative_error: float
+    total: LogHistogram = field(init=False)
+    stages: dict[str, LogHistogram] = field(default_factory=dict)
+    outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+
+    def __post_init__(self) -> None:
+        self.total = LogHistogram(self.relative_error)
+
+
+class LatencyAggregator:
+    """Thread-safe per-(camera, model) latency statistics, drained once per stats interval.
+
+    ``record`` is O(1) and holds a lock for microseconds; ``drain`` returns one record per
+    (camera, model) seen since the previous drain and starts a new interval.
+    Percentiles cover ``ok`` replies only (error/busy/expired replies are counted, not timed:
+    a fast rejection would otherwise make a saturated camera look quick).
+    """
+
+    def __init__(self, relative_error: float = DEFAULT_RELATIVE_ERROR) -> None:
+        self.relative_error = relative_error
+        self._lock = threading.Lock()
+        self._stats: dict[tuple[str, str], _KeyStats] = {}
+
+    def record(self, camera: str, model: str, total_ms: float, outcome: str = "ok",
+               timings: dict[str, float] | None = None) -> None:
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
+        key = (str(camera), str(model))
+        with self._lock:
+            stats = self._stats.get(key)
+            if stats is None:
+                stats = self._stats[key] = _KeyStats(self.relative_error)
+            stats.outcomes[outcome] += 1
+            if outcome != "ok":
+                return
+            stats.total.add(total_ms)
+            for name, value in (timings or {}).items():
+                hist = stats.stages.get(name)
+                if hist is None:
+                    if len(stats.stages) >= MAX_STAGES_PER_KEY:
+                        continue
+                    hist = stats.stages[name] = LogHistogram(self.relative_error)
+                hist.add(value)
+
+    def drain(self, interval_s: float) -> list[dict[str, Any]]:
+        """One dict per active (camera, model), ready for ``log.info("latency", **record)``."""
+        with self._lock:
+            drained, self._stats = self._stats, {}
+        records = []
+        for (camera, model), stats in sorted(drained.items()):
+            records.append(_to_record(camera, model, stats, interval_s))
+        return records
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def _stage_prefix(name: str) -> str:
+    return name[:-3] if name.endswith("_ms") else name
+
+
+def _to_record(camera: str, model: str, stats: _KeyStats, interval_s: float) -> dict[str, Any]:
+    count = sum(stats.outcomes.values())
+    hist = stats.total
+    p50, p90, p95, p99 = hist.quantiles(PERCENTILES)
+    record: dict[str, Any] = {
+        "camera": camera,
+        "model": model,
+        "count": count,
+        "ok": stats.outcomes["ok"],
+        "rate_hz": round(count / interval_s, 3) if interval_s > 0 else None,
+        "p50_ms": _round(p50),
+        "p90_ms": _round(p90),
+        "p95_ms": _round(p95),
+        "p99_ms": _round(p99),
+        "max_ms": _round(hist.max) if hist.count else None,
+        "errors": stats.outcomes["error"],
+        "busy": stats.outcomes["busy"],
+        "expired": stats.outcomes["expired"],
+        "interval_s": round(interval_s, 3),
+    }
+    for name in sorted(stats.stages):
+        s50, s99 = stats.stages[name].quantiles(STAGE_PERCENTILES)
+        prefix = _stage_prefix(name)
+        record[f"{prefix}_p50_ms"] = _round(s50)
+        record[f"{prefix}_p99_ms"] = _round(s99)
+    return record

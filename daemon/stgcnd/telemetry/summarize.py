@@ -1,0 +1,334 @@
+"""Turn the daemon's JSON log lines into per-camera latency and system summaries.
+
+Input is what `journalctl -u stgcnd -o cat` prints: one JSON object per line. Lines that are
+not JSON objects with an ``event`` field (other programs, a journald prefix we cannot strip,
+tracebacks) are skipped and counted. A ``syslog``-style prefix before the JSON (``journalctl``
+without ``-o cat``) is tolerated.
+
+Whole-span latency: when per-request ``request`` events are in the log the percentiles are exact.
+Otherwise they are combined from the per-interval ``latency`` events: each span percentile is the
+count-weighted percentile of the interval values (an approximation: percentiles do not combine
+exactly), reported next to the worst interval's p99 and the exact maximum.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+SYSTEM_RANGE_FIELDS = ("gpu_load_pct", "gpu_freq_mhz", "gpu_temp_c", "temp_max_c",
+                       "power_total_mw", "emc_freq_mhz", "cpu_pct", "ram_used_mb", "rss_mb")
+INTERVAL_SYSTEM_FIELDS = ("gpu_load_pct", "gpu_freq_mhz", "gpu_temp_c", "power_total_mw")
+SPAN_PERCENTILES = (50, 90, 95, 99)
+
+_RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd])\s*$")
+_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_time(text: str, now: datetime | None = None) -> datetime:
+    """ISO-8601 (naive = UTC) or a relative age such as ``10m``, ``2h``, ``1d``, ``30s``."""
+    m = _RELATIVE.match(text)
+    if m:
+        now = now or datetime.now(timezone.utc)
+        return now - timedelta(seconds=float(m.group(1)) * _UNITS_S[m.group(2)])
+    value = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def _event_time(event: dict[str, Any]) -> datetime | None:
+    ts = event.get("timestamp")
+    if not isinstance(ts, str):
+        return None
+    try:
+        return parse_time(ts) if not _RELATIVE.match(ts) else None
+    except ValueError:
+        return None
+
+
+@dataclass
+class LogScan:
+    """The events of one log, split by kind, after filtering."""
+
+    latency: list[dict[str, Any]] = field(default_factory=list)
+    system: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    events: Counter[str] = field(default_factory=Counter)
+    total_lines: int = 0
+    foreign_lines: int = 0
+    filtered_out: int = 0
+
+
+def _decode(line: str) -> dict[str, Any] | None:
+    text = line.strip()
+    if not text:
+        return None
+    start = text.find("{")
+    if start < 0:
+        return None
+    try:
+        obj = json.loads(text[start:])
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("event"), str):
+        return None
+    return obj
+
+
+def scan(lines: Iterable[str], camera: str | None = None, since: datetime | None = None,
+         until: datetime | None = None) -> LogScan:
+    out = LogScan()
+    for line in lines:
+        out.total_lines += 1
+        event = _decode(line)
+        if event is None:
+            out.foreign_lines += 1
+            continue
+        when = _event_time(event)
+        if when is not None:
+            event["_t"] = when
+        if (since and (when is None or when < since)) or (until and (when is None or when > until)):
+            out.filtered_out += 1
+            continue
+        name = event["event"]
+        if camera is not None and name in ("latency", "request") and \
+                str(event.get("camera")) != camera:
+            out.filtered_out += 1
+            continue
+        out.events[name] += 1
+        if name == "latency":
+            out.latency.append(event)
+        elif name == "system":
+            out.system.append(event)
+        elif name == "request":
+            out.requests.append(event)
+    return out
+
+
+def _lower_rank(sorted_values: list[float], percent: float) -> float:
+    return sorted_values[math.floor(percent / 100 * (len(sorted_values) - 1))]
+
+
+def _weighted_percentile(pairs: list[tuple[float, int]], percent: float) -> float | None:
+    """Percentile of values each standing for `weight` samples."""
+    pairs = sorted((v, w) for v, w in pairs if v is not None and w > 0)
+    total = sum(w for _, w in pairs)
+    if total == 0:
+        return None
+    rank = math.floor(percent / 100 * (total - 1))
+    seen = 0
+    for value, weight in pairs:
+        seen += weight
+        if rank < seen:
+            return value
+    return pairs[-1][0]
+
+
+def _num(value: Any) -> float | None:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _range(values: Iterable[Any]) -> dict[str, float] | None:
+    nums = [v for v in (_num(x) for x in values) if v is not None]
+    if not nums:
+        return None
+    return {"min": min(nums), "mean": round(sum(nums) / len(nums), 3), "max": max(nums)}
+
+
+def _iso(when: datetime | None) -> str | None:
+    return when.isoformat().replace("+00:00", "Z") if when else None
+
+
+def _nearest_system(times: list[datetime], samples: list[dict[str, Any]], when: datetime | None,
+                    tolerance_s: float) -> dict[str, Any] | None:
+    if when is None or not times:
+        return None
+    i = bisect.bisect_left(times, when)
+    best = None
+    for j in (i - 1, i):
+        if 0 <= j < len(times):
+            dt = abs((times[j] - when).total_seconds())
+            if dt <= tolerance_s and (best is None or dt < best[0]):
+                best = (dt, samples[j])
+    return best[1] if best else None
+
+
+def _gpu_temp(sample: dict[str, Any]) -> Any:
+    # Orin reports the GPU sensor as absent while the GPU is power-gated; fall back to hottest.
+    return sample.get("gpu_temp_c") if sample.get("gpu_temp_c") is not None \
+        else sample.get("temp_max_c")
+
+
+def summarize(log: LogScan) -> dict[str, Any]:
+    timed_system = sorted((e for e in log.system if "_t" in e), key=lambda e: e["_t"])
+    sys_times = [e["_t"] for e in timed_system]
+    all_times = [e["_t"] for e in (*log.latency, *log.system, *log.requests) if "_t" in e]
+
+    streams: dict[tuple[str, str], dict[str, Any]] = defaultdict(lambda: {"intervals": []})
+    for rec in sorted(log.latency, key=lambda e: e.get("_t") or datetime.min.replace(
+            tzinfo=timezone.utc)):
+        key = (str(rec.get("camera")), str(rec.get("model")))
+        streams[key]["intervals"].append(rec)
+    requests_by_key: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for req in log.requests:
+        requests_by_key[(str(req.get("camera")), str(req.get("model")))].append(req)
+    for key in requests_by_key:  # a stream may be seen only through request events
+        streams.setdefault(key, {"intervals": []})
+
+    out_streams = []
+    for (camera, model), data in sorted(streams.items()):
+        out_streams.append(_stream_summary(camera, model, data["intervals"],
+                                           requests_by_key.get((camera, model), []),
+                                           sys_times, timed_system))
+    system = {"samples": len(log.system),
+              "sources": sorted({str(e.get("source")) for e in log.system})}
+    for name in SYSTEM_RANGE_FIELDS:
+        values = [_gpu_temp(e) for e in log.system] if name == "gpu_temp_c" else \
+            [e.get(name) for e in log.system]
+        system[name] = _range(values)
+    return {
+        "lines": {"total": log.total_lines, "skipped_not_ours": log.foreign_lines,
+                  "filtered_out": log.filtered_out},
+        "span": {"first": _iso(min(all_times)) if all_times else None,
+                 "last": _iso(max(all_times)) if all_times else None},
+        "events": dict(sorted(log.events.items())),
+        "streams": out_streams,
+        "system": system,
+    }
+
+
+def _stream_summary(camera: str, model: str, intervals: list[dict[str, Any]],
+                    requests: list[dict[str, Any]], sys_times: list[datetime],
+                    timed_system: list[dict[str, Any]]) -> dict[str, Any]:
+    def total(name: str) -> int:
+        return int(sum(_num(r.get(name)) or 0 for r in intervals))
+
+    if intervals:
+        count = total("count")
+        ok = total("ok") if any("ok" in r for r in intervals) else \
+            count - total("errors") - total("busy") - total("expired")
+        errors, busy, expired = total("errors"), total("busy"), total("expired")
+    else:
+        outcomes = Counter(str(r.get("outcome", "ok")) for r in requests)
+        count = len(requests)
+        ok, errors, busy, expired = (outcomes["ok"], outcomes["error"], outcomes["busy"],
+                                     outcomes["expired"])
+    latency: dict[str, Any]
+    timed = sorted(v for v in (_num(r.get("total_ms")) for r in requests
+                               if r.get("outcome", "ok") == "ok") if v is not None)
+    if timed:
+        latency = {f"p{p}_ms": _lower_rank(timed, p) for p in SPAN_PERCENTILES}
+        latency.update(max_ms=timed[-1], samples=len(timed),
+                       method="exact, from per-request `request` events")
+    else:
+        weights = [(_num(r.get("ok", r.get("count"))) or 0) for r in intervals]
+        latency = {}
+        for p in SPAN_PERCENTILES:
+            pairs = [(_num(r.get(f"p{p}_ms")), int(w)) for r, w in zip(intervals, weights)]
+            latency[f"p{p}_ms"] = _weighted_percentile(pairs, p)
+        p99s = [v for v in (_num(r.get("p99_ms")) for r in intervals) if v is not None]
+        maxes = [v for v in (_num(r.get("max_ms")) for r in intervals) if v is not None]
+        latency.update(worst_interval_p99_ms=max(p99s) if p99s else None,
+                       max_ms=max(maxes) if maxes else None,
+                       method="approximate: count-weighted percentiles of interval values")
+    per_interval = []
+    for rec in intervals:
+        row = {"timestamp": _iso(rec.get("_t"))}
+        for name in ("count", "rate_hz", "p50_ms", "p90_ms", "p99_ms", "max_ms", "errors",
+                     "busy", "expired"):
+            row[name] = rec.get(name)
+        tolerance = max(float(_num(rec.get("interval_s")) or 0), 5.0)
+        sample = _nearest_system(sys_times, timed_system, rec.get("_t"), tolerance)
+        for name in INTERVAL_SYSTEM_FIELDS:
+            row[name] = (_gpu_temp(sample) if name == "gpu_temp_c" else sample.get(name)) \
+                if sample else None
+        per_interval.append(row)
+
+    def rate(n: int) -> float | None:
+        return round(n / count, 4) if count else None
+
+    return {
+        "camera": camera, "model": model, "intervals": len(intervals), "requests": count,
+        "ok": ok, "errors": errors, "busy": busy, "expired": expired,
+        "error_rate": rate(errors), "busy_rate": rate(busy), "expired_rate": rate(expired),
+        "latency": latency, "per_interval": per_interval,
+    }
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _fmt_range(r: dict[str, float] | None, unit: str = "", scale: float = 1.0) -> str:
+    if not r:
+        return "-"
+    return (f"{r['min'] * scale:.1f} .. {r['max'] * scale:.1f}{unit} "
+            f"(mean {r['mean'] * scale:.1f})")
+
+
+def render_text(summary: dict[str, Any]) -> str:
+    lines = []
+    span = summary["span"]
+    lc = summary["lines"]
+    lines.append(f"log span: {span['first'] or '-'} .. {span['last'] or '-'}")
+    lines.append(f"lines: {lc['total']} read, {lc['skipped_not_ours']} skipped (not stgcnd JSON), "
+                 f"{lc['filtered_out']} outside the filters")
+    if summary["events"]:
+        lines.append("events: " + ", ".join(f"{k}={v}" for k, v in summary["events"].items()))
+    for s in summary["streams"]:
+        lines.append("")
+        lines.append(f"== camera {s['camera']}  model {s['model']}")
+        lines.append(
+            f"requests {s['requests']} (ok {s['ok']}, errors {s['errors']}"
+            f" {_pct(s['error_rate'])}, busy {s['busy']} {_pct(s['busy_rate'])},"
+            f" expired {s['expired']} {_pct(s['expired_rate'])}) over {s['intervals']} intervals")
+        lat = s["latency"]
+        approx = "" if lat["method"].startswith("exact") else "~"
+        parts = [f"{approx}p{p} {_fmt(lat.get(f'p{p}_ms'), 2)}" for p in SPAN_PERCENTILES]
+        if "worst_interval_p99_ms" in lat:
+            parts.append(f"worst-interval p99 {_fmt(lat['worst_interval_p99_ms'], 2)}")
+        parts.append(f"max {_fmt(lat.get('max_ms'), 2)}")
+        lines.append("latency ms, whole span: " + ", ".join(parts) + f"  [{lat['method']}]")
+        if s["per_interval"]:
+            header = (f"{'time (UTC)':<24}{'n':>6}{'Hz':>7}{'p50':>8}{'p90':>8}{'p99':>8}"
+                      f"{'max':>8}{'err':>5}{'busy':>5}{'exp':>5}{'gpu%':>6}{'MHz':>6}"
+                      f"{'degC':>6}{'W':>6}")
+            lines.append(header)
+            for row in s["per_interval"]:
+                power = row["power_total_mw"]
+                lines.append(
+                    f"{(row['timestamp'] or '-')[:23]:<24}{_fmt(row['count']):>6}"
+                    f"{_fmt(row['rate_hz']):>7}{_fmt(row['p50_ms']):>8}{_fmt(row['p90_ms']):>8}"
+                    f"{_fmt(row['p99_ms']):>8}{_fmt(row['max_ms']):>8}{_fmt(row['errors']):>5}"
+                    f"{_fmt(row['busy']):>5}{_fmt(row['expired']):>5}"
+                    f"{_fmt(row['gpu_load_pct'], 0):>6}{_fmt(row['gpu_freq_mhz'], 0):>6}"
+                    f"{_fmt(row['gpu_temp_c'], 0):>6}"
+                    f"{_fmt(power / 1000 if power is not None else None):>6}")
+    sysd = summary["system"]
+    lines.append("")
+    lines.append(f"== system ({sysd['samples']} samples, source: "
+                 f"{', '.join(sysd['sources']) or '-'})")
+    lines.append(f"GPU load     {_fmt_range(sysd['gpu_load_pct'], ' %')}")
+    lines.append(f"GPU freq     {_fmt_range(sysd['gpu_freq_mhz'], ' MHz')}")
+    lines.append(f"GPU temp     {_fmt_range(sysd['gpu_temp_c'], ' C')}")
+    lines.append(f"hottest      {_fmt_range(sysd['temp_max_c'], ' C')}")
+    lines.append(f"power        {_fmt_range(sysd['power_total_mw'], ' W', 1e-3)}")
+    lines.append(f"EMC freq     {_fmt_range(sysd['emc_freq_mhz'], ' MHz')}")
+    lines.append(f"CPU          {_fmt_range(sysd['cpu_pct'], ' %')}")
+    lines.append(f"RAM used     {_fmt_range(sysd['ram_used_mb'], ' MB')}")
+    lines.append(f"daemon RSS   {_fmt_range(sysd['rss_mb'], ' MB')}")
+    return "\n".join(lines) + "\n"
+
+
+def _pct(rate: float | None) -> str:
+    return f"({rate * 100:.1f}%)" if rate is not None else ""

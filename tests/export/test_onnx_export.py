@@ -1,0 +1,116 @@
+"""Export + ONNX Runtime parity, on real-shaped windows, and the CLI's user errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+from stgcnd.errors import UserError
+from stgcnd.export.onnx_export import export_model, ort_session
+from stgcnd.model import ModelSpec, load_model, reference_logits
+from stgcnd.model.synthetic import synthetic_windows
+
+T = 30
+
+
+@pytest.mark.parametrize("persons", [1, 5])
+def test_static_export_matches_pytorch(tmp_path, checkpoint_path, persons):
+    model = load_model(ModelSpec(checkpoint=checkpoint_path, persons=persons, frames=T))
+    res = export_model(model, tmp_path / "m.onnx")
+    assert res.max_abs_diff is not None and res.max_abs_diff <= 1e-4
+    proto = onnx.load(str(res.onnx_path))
+    assert proto.opset_import[0].version == 17
+    inp = proto.graph.input[0]
+    assert inp.name == "input"
+    dims = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+    assert dims == [1, 3, T, 33, persons]
+    # An independent check with windows the exporter never saw, empty person slots included.
+    x = synthetic_windows(3, T, persons, present=1, seed=99)
+    sess = ort_session(res.onnx_path)
+    got = np.concatenate([sess.run(None, {"input": w[None]})[0] for w in x])
+    np.testing.assert_allclose(got, reference_logits(model, x), atol=1e-4)
+    side = json.loads(res.sidecar_path.read_text())
+    assert side["checkpoint_sha256"] == model.checkpoint_sha256
+    assert side["onnx_sha256"] == res.onnx_sha256 and side["persons"] == persons
+    ops = {n.op_type for n in proto.graph.node}
+    assert "AveragePool" not in ops and "ReduceMean" in ops
+
+
+def test_dynamic_batch_1_to_8(tmp_path, checkpoint_path):
+    model = load_model(ModelSpec(checkpoint=checkpoint_path, persons=2, frames=T))
+    res = export_model(model, tmp_path / "dyn.onnx", dynamic_batch=True)
+    sess = ort_session(res.onnx_path)
+    x = synthetic_windows(8, T, 2, seed=5)
+    ref = reference_logits(model, x)
+    for n in range(1, 9):
+        got = sess.run(None, {"input": x[:n]})[0]
+        assert got.shape == (n, 2)
+        np.testing.assert_allclose(got, ref[:n], atol=1e-4)
+
+
+@pytest.mark.parametrize("graph_op", ["einsum", "matmul"])
+def test_graph_op_choice_is_visible_in_graph(tmp_path, checkpoint_path, graph_op):
+    model = load_model(ModelSpec(checkpoint=checkpoint_path, frames=T, graph_op=graph_op))
+    res = export_model(model, tmp_path / f"{graph_op}.onnx")
+    ops = [n.op_type for n in onnx.load(str(res.onnx_path)).graph.node]
+    assert ops.count("Einsum") == (20 if graph_op == "einsum" else 0)
+
+
+def test_optimized_export_matches(tmp_path, checkpoint_path):
+    from stgcnd.model.optimized import optimize_for_export
+
+    model = load_model(ModelSpec(checkpoint=checkpoint_path, frames=T))
+    res = export_model(model, tmp_path / "opt.onnx", module=optimize_for_export(model),
+                       variant="optimized")
+    ops = [n.op_type for n in onnx.load(str(res.onnx_path)).graph.node]
+    assert "BatchNormalization" not in ops
+    assert res.max_abs_diff <= 1e-4
+
+
+def test_output_must_be_onnx(tmp_path, checkpoint_path):
+    model = load_model(ModelSpec(checkpoint=checkpoint_path, frames=T))
+    with pytest.raises(UserError, match=r"\.onnx"):
+        export_model(model, tmp_path / "m.bin")
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "stgcnd", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)
+
+
+def test_cli_export_and_user_errors(tmp_path, checkpoint_path):
+    out = tmp_path / "engines" / "single.onnx"
+    r = run_cli("export", "--checkpoint", str(checkpoint_path), "--persons", "1", "--frames",
+                str(T), "--output", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "validated with ONNX Runtime" in r.stdout and out.is_file()
+    for bad, expect in [
+        (["--checkpoint", str(tmp_path / "missing.pt")], "not found"),
+        (["--checkpoint", str(out)], "cannot read"),  # an ONNX file is not a checkpoint
+        (["--checkpoint", str(checkpoint_path), "--layout", "openpose"], "33 joints"),
+        (["--checkpoint", str(checkpoint_path), "--labels", "a", "b", "c"], "2 classes"),
+        (["--persons", "0"], "persons must be >= 1"),
+    ]:
+        r = run_cli("export", *bad, "--frames", str(T), "--output", str(tmp_path / "x.onnx"))
+        assert r.returncode == 2, (bad, r.stderr)
+        last = r.stderr.strip().splitlines()[-1]
+        assert last.startswith("stgcnd export: error:") and expect in last, r.stderr
+        assert "Traceback" not in r.stderr
+    r = run_cli("export", "--persons", "one", "--output", "x.onnx")
+    assert r.returncode == 2 and "invalid int value" in r.stderr
+
+
+def test_every_command_has_help():
+    from stgcnd.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert "export" in sub.choices
+    for name in sub.choices:
+        r = run_cli(name, "--help")
+        assert r.returncode == 0 and "usage: stgcnd" in r.stdout, name
