@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 import zmq
+
 from stgcnd_client.protocol import ProtocolError, Request, decode_request, encode_reply
 
 FRAMES = 4  # window length T of the fake daemon's model

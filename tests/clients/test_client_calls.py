@@ -9,6 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 from client_fakes import FRAMES, LABELS, FakeDaemon, FakeModelServer
+
 from stgcnd_client import (
     BadReply,
     Busy,

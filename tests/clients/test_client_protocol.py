@@ -9,6 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+
 from stgcnd_client.protocol import (
     DEFAULT_MAX_MESSAGE_BYTES,
     PROTOCOL_VERSION,

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+
 from stgcnd_client import SkeletonWindow
 
 V = 33

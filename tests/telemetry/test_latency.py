@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 import pytest
+
 from stgcnd.telemetry.latency import LatencyAggregator, LogHistogram
 
 BOUND = 0.01 + 1e-9

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from stgcnd.telemetry.sampler import SAMPLE_FIELDS, SystemSampler
 
 from .conftest import DATA, starts_of

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from stgcnd.log import configure_logging, get_logger
 from stgcnd.telemetry.latency import LatencyAggregator
 from stgcnd.telemetry.sampler import SystemSampler

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from stgcnd.telemetry.tegrastats import hottest_c, parse_line, total_power_mw
 
 from .conftest import DATA
