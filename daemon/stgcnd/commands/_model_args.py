@@ -10,8 +10,7 @@ from stgcnd.errors import UserError
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     from stgcnd.model.graph import LAYOUTS
-    GRAPH_OPS = ("einsum", "matmul")
-    MOTION_FORMULAS = ("first-difference", "second-difference")
+    from stgcnd.model.spec import GRAPH_OPS, MOTION_FORMULAS
 
     g = p.add_argument_group("model")
     g.add_argument("--checkpoint", type=Path, default=None,

@@ -21,7 +21,7 @@ from stgcnd.model.checkpoint import (
 )
 from stgcnd.model.demo import DEMO_WARNING, demo_state_dict
 from stgcnd.model.graph import adjacency, fingerprint, match_layout
-from stgcnd.model.spec import ModelSpec
+from stgcnd.model.spec import ModelSpec, default_labels
 from stgcnd.model.stgcn import STGCN, TwoStreamSTGCN
 
 log = get_logger(__name__)
@@ -57,12 +57,6 @@ def build_network(info: CheckpointInfo, spec: ModelSpec) -> nn.Module:
                               spec.motion, spec.graph_op)  # type: ignore[arg-type]
     return STGCN(a, info.num_class, info.in_channels, info.edge_importance,
                  spec.graph_op)  # type: ignore[arg-type]
-
-
-def default_labels(num_class: int) -> tuple[str, ...]:
-    if num_class == 2:
-        return ("normal", "abnormal")
-    return tuple(f"class_{i}" for i in range(num_class))
 
 
 def load_model(spec: ModelSpec) -> LoadedModel:

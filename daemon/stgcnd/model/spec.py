@@ -7,9 +7,19 @@ from pathlib import Path
 from typing import Any
 
 from stgcnd.model.graph import LAYOUTS, STRATEGIES
-from stgcnd.model.stgcn import GRAPH_OPS, MOTION_FORMULAS
 
 DEMO_SEED = 20261122
+# Here rather than in stgcn.py so that code which must not import torch (the TensorRT serving
+# path, the CLI's argument parsing) can use them.
+MOTION_FORMULAS: tuple[str, ...] = ("first-difference", "second-difference")
+GRAPH_OPS: tuple[str, ...] = ("einsum", "matmul")
+
+
+def default_labels(num_class: int) -> tuple[str, ...]:
+    """Names for classes the user did not name."""
+    if num_class == 2:
+        return ("normal", "abnormal")
+    return tuple(f"class_{i}" for i in range(num_class))
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ from typing import Literal
 import torch
 from torch import nn
 
+from stgcnd.model.spec import GRAPH_OPS, MOTION_FORMULAS
+
 MotionFormula = Literal["first-difference", "second-difference"]
 GraphOp = Literal["einsum", "matmul"]
-MOTION_FORMULAS: tuple[str, ...] = ("first-difference", "second-difference")
-GRAPH_OPS: tuple[str, ...] = ("einsum", "matmul")
 
 # (in_channels, out_channels, temporal stride, residual) of the 10 blocks; in_channels of block 0
 # is the number of input channels (3: x, y, visibility).
