@@ -1,0 +1,79 @@
+"""`stgcnd demo`: the daemon on the demo model plus simulated cameras, in one command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from stgcnd.errors import UserError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="start the daemon on the demo model and simulate cameras",
+                       description="Start `stgcnd serve` on the embedded default (demo model, "
+                                   "CPU backend, a temporary ipc endpoint), run simulated 25 fps "
+                                   "cameras against it with a live table, then stop it cleanly. "
+                                   "The demo model's predictions mean nothing.")
+    p.add_argument("--cameras", type=int, default=4)
+    p.add_argument("--duration", type=float, default=20.0)
+    p.add_argument("--mode", choices=["window", "push"], default="push")
+    p.add_argument("--fps", type=float, default=25.0)
+    p.add_argument("--engines", type=Path, default=None, help="engine store directory")
+    p.add_argument("--daemon-log", type=Path, default=None,
+                   help="write the daemon's JSON log here (default: a temp file)")
+    p.set_defaults(func=run)
+
+
+def wait_ready(endpoint: str, proc: subprocess.Popen, timeout: float) -> None:
+    from stgcnd_client import Client, ClientError
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise UserError(f"the daemon exited during start-up (code {proc.returncode}); "
+                            "see its log")
+        try:
+            with Client(endpoint, camera_id="demo-probe", timeout=1.0, retries=0) as c:
+                c.ping()
+                return
+        except ClientError:
+            time.sleep(0.2)
+    raise UserError(f"the daemon did not answer within {timeout:.0f} s")
+
+
+def run(args: argparse.Namespace) -> int:
+    from stgcnd.demo.camera_sim import simulate
+
+    tmp = Path(tempfile.mkdtemp(prefix="stgcnd-demo-"))
+    endpoint = f"ipc://{tmp / 'stgcnd.sock'}"
+    log_path = args.daemon_log or tmp / "daemon.log"
+    cmd = [sys.executable, "-m", "stgcnd", "--log-format", "json", "serve",
+           "--endpoint", endpoint, "--stats-interval", "5"]
+    if args.engines:
+        cmd += ["--engines", str(args.engines)]
+    print("demo model: random weights, its predictions mean nothing", file=sys.stderr)
+    print(f"starting daemon: {' '.join(cmd)}\n  log: {log_path}", file=sys.stderr)
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            wait_ready(endpoint, proc, timeout=300.0)
+            rows = simulate(endpoint, args.cameras, args.fps, args.mode, args.duration)
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    print(f"daemon stopped (exit code {proc.returncode}); log: {log_path}", file=sys.stderr)
+    print(f"summarize it: stgcnd logs summarize {log_path}", file=sys.stderr)
+    errors = sum(int(r["errors"]) for r in rows)  # type: ignore[call-overload]
+    return 0 if proc.returncode == 0 and errors == 0 else 1

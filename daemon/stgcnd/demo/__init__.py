@@ -1,0 +1,1 @@
+"""Simulated cameras and the newcomer's one-command demo."""

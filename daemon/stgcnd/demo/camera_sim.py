@@ -1,0 +1,116 @@
+"""Simulated 25 fps cameras driving a daemon through the real client library."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TextIO
+
+import numpy as np
+
+from stgcnd.model.synthetic import synthetic_windows
+from stgcnd_client import Client, ClientError
+
+
+@dataclass
+class CameraStats:
+    camera: str
+    latencies_ms: list[float] = field(default_factory=list)
+    replies: int = 0
+    predictions: int = 0
+    errors: int = 0
+    last_error: str = ""
+    last_label: str = ""
+    started: float = field(default_factory=time.monotonic)
+
+    def row(self) -> dict[str, object]:
+        lat = np.array(self.latencies_ms) if self.latencies_ms else np.array([np.nan])
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        return {"camera": self.camera, "replies": self.replies, "predictions": self.predictions,
+                "rate_hz": self.replies / elapsed, "p50_ms": float(np.nanpercentile(lat, 50)),
+                "p99_ms": float(np.nanpercentile(lat, 99)), "errors": self.errors,
+                "label": self.last_label}
+
+
+def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: float,
+               stats: CameraStats, stop: threading.Event, model: str | None = None,
+               timeout: float = 5.0) -> None:
+    """One camera thread: its own Client (ZeroMQ sockets are per thread)."""
+    with Client(endpoint, camera_id=camera, timeout=timeout) as client:
+        info = client.hello()
+        m = next((x for x in info.models if x.name == model), None) if model else \
+            next((x for x in info.models if x.default), info.models[0])
+        c, t, v, persons = m.input_shape
+        seed = abs(hash(camera)) % 10_000
+        clip = synthetic_windows(1, t, persons, v, seed=seed)[0]  # (3, T, V, M)
+        period = 1.0 / fps
+        next_at = time.monotonic()
+        end = next_at + duration
+        i = 0
+        while not stop.is_set() and time.monotonic() < end:
+            try:
+                if mode == "window":
+                    res = client.infer(np.roll(clip, -i, axis=1), model=m.name, timeout=timeout)
+                else:
+                    res = client.push(clip[:, i % t], model=m.name, timeout=timeout)
+                stats.replies += 1
+                if res is not None:
+                    stats.predictions += 1
+                    stats.latencies_ms.append(res.client_ms)
+                    stats.last_label = res.label_name
+            except ClientError as exc:
+                stats.errors += 1
+                stats.last_error = f"{type(exc).__name__}: {exc}"
+            i += 1
+            next_at += period
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                stop.wait(delay)
+            else:
+                next_at = time.monotonic()  # fell behind: do not burst to catch up
+
+
+def format_table(rows: list[dict[str, object]]) -> str:
+    head = f"{'camera':<10} {'replies':>8} {'preds':>7} {'rate Hz':>8} {'p50 ms':>8} " \
+           f"{'p99 ms':>8} {'errors':>7}  label"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['camera']!s:<10} {r['replies']:>8} {r['predictions']:>7} "
+                     f"{r['rate_hz']:>8.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+                     f"{r['errors']:>7}  {r['label']}")
+    return "\n".join(lines)
+
+
+def simulate(endpoint: str, cameras: int = 4, fps: float = 25.0, mode: str = "push",
+             duration: float = 20.0, model: str | None = None, out: TextIO | None = None,
+             refresh: float = 1.0) -> list[dict[str, object]]:
+    """Run the cameras; print a live table every `refresh` seconds; return the final rows."""
+    out = out or sys.stdout
+    stop = threading.Event()
+    stats = [CameraStats(f"cam{i + 1}") for i in range(cameras)]
+    threads = [threading.Thread(target=run_camera, name=s.camera, daemon=True,
+                                args=(endpoint, s.camera, fps, mode, duration, s, stop, model))
+               for s in stats]
+    for th in threads:
+        th.start()
+    live = getattr(out, "isatty", lambda: False)()
+    try:
+        while any(th.is_alive() for th in threads):
+            time.sleep(refresh)
+            table = format_table([s.row() for s in stats])
+            if live:
+                out.write("\x1b[H\x1b[J" + table + "\n")
+            out.flush()
+    except KeyboardInterrupt:
+        stop.set()
+    for th in threads:
+        th.join(timeout=10)
+    rows = [s.row() for s in stats]
+    out.write(format_table(rows) + "\n")
+    for s in stats:
+        if s.last_error:
+            out.write(f"{s.camera}: last error: {s.last_error}\n")
+    out.flush()
+    return rows

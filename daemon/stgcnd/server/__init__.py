@@ -1,0 +1,1 @@
+"""The daemon: configuration, ZeroMQ transport, per-camera sessions, lifecycle."""

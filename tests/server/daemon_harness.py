@@ -1,0 +1,125 @@
+"""Start the real daemon as a subprocess on an ipc endpoint in a temp dir, with a real
+datagram socket standing in for systemd's NOTIFY_SOCKET."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import REPO
+
+FRAMES = 30
+
+
+def write_config(path: Path, endpoint: str, engines: Path, models: str | None = None,
+                 **server: object) -> Path:
+    lines = ["[server]", f'endpoint = "{endpoint}"', f'engines_dir = "{engines}"',
+             "stats_interval = 1.0", "warmup_runs = 1"]
+    for k, v in server.items():
+        lines.append(f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"')
+    lines.append(models if models is not None else
+                 f'[[models]]\nname = "demo"\nframes = {FRAMES}\nbackend = "torch"\n'
+                 'labels = ["normal", "shoplifting"]\n')
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class NotifySocket:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.messages: list[dict[str, str]] = []
+
+    def read(self, timeout: float) -> list[dict[str, str]]:
+        """Messages received within `timeout` seconds (returns early on none pending)."""
+        self.sock.settimeout(timeout)
+        got = []
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.sock.settimeout(max(end - time.monotonic(), 0.001))
+            try:
+                data = self.sock.recv(4096)
+            except TimeoutError:
+                break
+            msg = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
+            got.append(msg)
+        self.messages.extend(got)
+        return got
+
+    def wait_for(self, key: str, timeout: float = 120.0) -> dict[str, str]:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for msg in self.read(0.2):
+                if key in msg:
+                    return msg
+        raise AssertionError(f"no {key} within {timeout} s; got {self.messages}")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Daemon:
+    def __init__(self, tmp: Path, config_path: Path | None = None, env: dict | None = None,
+                 **config: object) -> None:
+        self.tmp = tmp
+        self.endpoint = f"ipc://{tmp / 'd.sock'}"
+        self.engines = tmp / "engines"
+        self.config_path = config_path or write_config(tmp / "stgcnd.toml", self.endpoint,
+                                                       self.engines, **config)
+        self.notify = NotifySocket(tmp / f"notify-{time.monotonic_ns()}.sock")
+        self.log_path = tmp / "daemon.log"
+        self.env = {**os.environ, "NOTIFY_SOCKET": str(self.notify.path),
+                    "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait_ready: bool = True) -> Daemon:
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stgcnd", "--log-format", "json", "serve", "--config",
+             str(self.config_path)], stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+            cwd=REPO)
+        if wait_ready:
+            try:
+                self.notify.wait_for("READY", timeout=180)
+            except AssertionError:
+                self.stop()
+                raise AssertionError("daemon not ready; log:\n" + self.log_path.read_text())
+        return self
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    def log_events(self) -> list[dict]:
+        import json
+
+        out = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def close(self) -> None:
+        self.stop()
+        self.notify.close()

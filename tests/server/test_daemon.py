@@ -1,0 +1,332 @@
+"""The real daemon in a subprocess: real ZeroMQ sockets, real signals, a real notify socket."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from stgcnd.model import ModelSpec, load_model, reference_logits
+from stgcnd.model.synthetic import synthetic_windows
+from stgcnd_client import Busy, Client, ServerError, ShuttingDown
+from stgcnd_client.protocol import decode_reply, encode_request
+from tests.server.daemon_harness import FRAMES, Daemon, write_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    d = Daemon(tmp_path_factory.mktemp("daemon")).start()
+    yield d
+    assert d.stop() == 0
+    d.close()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return load_model(ModelSpec(frames=FRAMES, labels=("normal", "shoplifting")))
+
+
+def raw_request(endpoint: str, frames: list[bytes], timeout_ms: int = 5000) -> dict:
+    """Send hand-built frames from a DEALER; return the decoded reply."""
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(endpoint)
+    try:
+        s.send_multipart(frames)
+        assert s.poll(timeout_ms), "no reply"
+        rep = decode_reply(s.recv_multipart())
+        return {"id": rep.id, "ok": rep.ok, "code": rep.error.code if rep.error else None,
+                "message": rep.error.message if rep.error else None, "result": rep.result}
+    finally:
+        s.close()
+
+
+def test_ready_status_and_hello(daemon):
+    ready = next(m for m in daemon.notify.messages if "READY" in m)
+    assert ready["READY"] == "1" and "serving demo" in ready["STATUS"]
+    with Client(daemon.endpoint, camera_id="hello") as c:
+        info = c.hello()
+    m = info.models[0]
+    assert m.name == "demo" and tuple(m.input_shape) == (3, FRAMES, 33, 1)
+    assert list(m.labels) == ["normal", "shoplifting"] and m.default
+
+
+def test_infer_matches_pytorch_reference(daemon, reference):
+    x = synthetic_windows(3, FRAMES, 1, seed=21)
+    ref = reference_logits(reference, x)
+    with Client(daemon.endpoint, camera_id="parity") as c:
+        for i in range(3):
+            r = c.infer(x[i])
+            np.testing.assert_allclose(r.logits, ref[i], atol=1e-4)
+            assert r.label == int(np.argmax(ref[i]))
+            assert r.label_name == ("normal", "shoplifting")[r.label]
+            np.testing.assert_allclose(r.probs.sum(), 1.0, atol=1e-6)
+            assert {"queue_ms", "compute_ms", "total_ms"} <= set(r.timings)
+
+
+def test_float16_window_is_accepted(daemon, reference):
+    x = synthetic_windows(1, FRAMES, 1, seed=5)
+    ref = reference_logits(reference, x.astype(np.float16).astype(np.float32))
+    with Client(daemon.endpoint, camera_id="fp16") as c:
+        np.testing.assert_allclose(c.infer(x[0].astype(np.float16)).logits, ref[0], atol=1e-3)
+
+
+def test_push_mode_equals_full_window(daemon):
+    clip = synthetic_windows(1, FRAMES + 5, 1, seed=8)[0]
+    with Client(daemon.endpoint, camera_id="pusher") as c:
+        c.reset()
+        results = [c.push(clip[:, i]) for i in range(FRAMES + 5)]
+        assert all(r is None for r in results[:FRAMES - 1])
+        assert all(r is not None for r in results[FRAMES - 1:])  # stride 1
+        for k in (FRAMES - 1, FRAMES + 4):
+            window = clip[:, k - FRAMES + 1:k + 1]
+            np.testing.assert_allclose(results[k].logits, c.infer(window).logits, atol=1e-5)
+
+
+def test_sixteen_clients_at_once(daemon, reference):
+    x = synthetic_windows(16, FRAMES, 1, seed=3)
+    ref = reference_logits(reference, x)
+    errors: list[str] = []
+
+    def camera(i: int) -> None:
+        try:
+            with Client(daemon.endpoint, camera_id=f"cam{i}", timeout=60) as c:
+                for _ in range(3):
+                    np.testing.assert_allclose(c.infer(x[i]).logits, ref[i], atol=1e-4)
+        except Exception as exc:
+            errors.append(f"cam{i}: {exc!r}")
+
+    threads = [threading.Thread(target=camera, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors
+
+
+BAD = [
+    (lambda: [b"\xc1not msgpack"], "malformed"),
+    (lambda: [b"\x93\x01\x02\x03"], "malformed"),  # a msgpack array, not a map
+    (lambda: _hdr(v=2), "unsupported-version"),
+    (lambda: _hdr(op="explode"), "unknown-op"),
+    (lambda: encode_request("infer", 7, "bad", arrays=[np.zeros((3, FRAMES, 33, 2),
+                                                                 np.float32)]), "bad-shape"),
+    (lambda: _hdr(op="infer", arrays=[{"dtype": "float64", "shape": [3, FRAMES, 33, 1]}])
+     + [np.zeros((3, FRAMES, 33, 1)).tobytes()], "bad-dtype"),
+    (lambda: encode_request("infer", 7, "bad", arrays=[np.zeros((3, FRAMES, 33, 1),
+                                                                 np.float32)])[:1] + [b"\0" * 10],
+     "bad-size"),
+    (lambda: encode_request("infer", 7, "bad", arrays=[np.full((3, FRAMES, 33, 1), np.nan,
+                                                                np.float32)]), "non-finite"),
+    (lambda: encode_request("infer", 7, "bad", model="nope",
+                            arrays=[np.zeros((3, FRAMES, 33, 1), np.float32)]), "unknown-model"),
+    (lambda: encode_request("push", 7, "bad", arrays=[np.zeros((3, 33, 1), np.float32)] * 2),
+     "malformed"),
+    (lambda: encode_request("infer", 7, "bad", arrays=[np.zeros((3, 1000, 33, 20),
+                                                                 np.float32)]), "too-large"),
+]
+
+
+def _hdr(**changes) -> list[bytes]:
+    import msgpack
+
+    h = {"v": 1, "op": "ping", "id": 7, "camera": "bad", "model": None, "timeout_ms": None,
+         "arrays": []}
+    h.update(changes)
+    return [msgpack.packb(h)]
+
+
+@pytest.mark.parametrize("make,code", BAD, ids=[c for _, c in BAD])
+def test_bad_input_gets_one_clear_error_and_daemon_lives(daemon, make, code):
+    rep = raw_request(daemon.endpoint, make())
+    assert not rep["ok"] and rep["code"] == code, rep
+    assert rep["message"]
+    if code not in ("malformed",):
+        assert rep["id"] == 7
+    with Client(daemon.endpoint, camera_id="after-bad") as c:
+        c.ping()
+
+
+def test_bad_input_is_logged_rate_limited(daemon):
+    for _ in range(20):
+        raw_request(daemon.endpoint, _hdr(op="explode", camera="spammer"))
+    time.sleep(0.3)
+    rejected = [e for e in daemon.log_events() if e.get("event") == "request_rejected"
+                and e.get("code") == "unknown-op"]
+    assert 1 <= len(rejected) < 10
+
+
+def test_client_killed_mid_request_changes_nothing(daemon, reference):
+    code = (
+        "import sys, numpy as np\n"
+        "sys.path.insert(0, %r)\n"
+        "from stgcnd_client import Client\n"
+        "c = Client(%r, camera_id='victim')\n"
+        "print('go', flush=True)\n"
+        "while True: c.infer(np.random.rand(3, %d, 33, 1).astype('float32'))\n"
+    ) % (str(__import__('tests.conftest').conftest.REPO / "clients"), daemon.endpoint, FRAMES)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert p.stdout.readline().strip() == b"go"
+    time.sleep(0.5)
+    p.kill()
+    p.wait()
+    x = synthetic_windows(1, FRAMES, 1, seed=30)
+    with Client(daemon.endpoint, camera_id="survivor") as c:
+        np.testing.assert_allclose(c.infer(x[0]).logits, reference_logits(reference, x)[0],
+                                   atol=1e-4)
+
+
+def test_full_queue_answers_busy_at_once(daemon):
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(daemon.endpoint)
+    w = np.random.default_rng(0).random((3, FRAMES, 33, 1), dtype=np.float32)
+    n = 40
+    for i in range(n):
+        s.send_multipart(encode_request("infer", i, "flood", arrays=[w]))
+    replies = []
+    while len(replies) < n and s.poll(30000):
+        replies.append(decode_reply(s.recv_multipart()))
+    s.close()
+    assert len(replies) == n and len({r.id for r in replies}) == n  # exactly one reply each
+    codes = [r.error.code if r.error else "ok" for r in replies]
+    assert codes.count("busy") > 0 and codes.count("ok") > 0
+
+
+def test_expired_requests_do_not_run(daemon):
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(daemon.endpoint)
+    w = np.random.default_rng(0).random((3, FRAMES, 33, 1), dtype=np.float32)
+    for i in range(6):
+        s.send_multipart(encode_request("infer", i, "hurry", arrays=[w], timeout_ms=0.5))
+    replies = [decode_reply(s.recv_multipart()) for _ in range(6) if s.poll(30000)]
+    s.close()
+    assert len(replies) == 6
+    assert any(r.error and r.error.code == "expired" for r in replies)
+
+
+def test_stats_and_latency_log(daemon):
+    with Client(daemon.endpoint, camera_id="stats") as c:
+        c.infer(np.zeros((3, FRAMES, 33, 1), np.float32))
+        st = c.stats()
+    assert st["requests"] > 0 and "demo" in st["models"]
+    time.sleep(1.5)  # stats_interval is 1 s in the test config
+    lat = [e for e in daemon.log_events() if e.get("event") == "latency"]
+    assert any(e["camera"] == "stats" and e["count"] >= 1 for e in lat)
+
+
+# -- lifecycle: each test runs its own daemon -----------------------------------------------
+
+def test_sigterm_under_load_drains_and_exits_zero(tmp_path):
+    d = Daemon(tmp_path).start()
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def camera(i: int) -> None:
+        w = np.random.default_rng(i).random((3, FRAMES, 33, 1), dtype=np.float32)
+        with Client(d.endpoint, camera_id=f"load{i}", timeout=5, retries=0) as c:
+            while not stop.is_set():
+                try:
+                    c.infer(w)
+                    outcomes.append("ok")
+                except (ShuttingDown, Busy) as exc:
+                    outcomes.append(type(exc).__name__)
+                except ServerError as exc:
+                    outcomes.append(exc.code)
+                except Exception as exc:
+                    outcomes.append(type(exc).__name__)
+                    return
+
+    threads = [threading.Thread(target=camera, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    t0 = time.monotonic()
+    d.signal(signal.SIGTERM)
+    d.proc.wait(timeout=20)
+    took = time.monotonic() - t0
+    stop.set()
+    for t in threads:
+        t.join(20)
+    assert d.proc.returncode == 0
+    assert took < 12  # drain_timeout 10 s < TimeoutStopSec 15 s
+    assert outcomes.count("ok") > 0
+    assert d.notify.wait_for("STOPPING", timeout=2)["STOPPING"] == "1"
+    events = [e["event"] for e in d.log_events()]
+    assert "shutdown_started" in events and "shutdown_complete" in events
+    d.close()
+
+
+def test_sigkill_then_restart_reuses_engine_and_socket(tmp_path):
+    d = Daemon(tmp_path).start()
+    d.proc.kill()
+    d.proc.wait()
+    assert (tmp_path / "d.sock").exists()  # the stale socket a killed daemon leaves
+    d2 = Daemon(tmp_path, config_path=d.config_path).start()
+    with Client(d2.endpoint, camera_id="again") as c:
+        c.ping()
+    assert d2.stop() == 0
+    assert not (tmp_path / "d.sock").exists()
+    d.close()
+    d2.close()
+
+
+def test_sighup_reload_keeps_cameras(tmp_path):
+    d = Daemon(tmp_path).start()
+    with Client(d.endpoint, camera_id="steady") as c:
+        c.infer(np.zeros((3, FRAMES, 33, 1), np.float32))
+        write_config(d.config_path, d.endpoint, d.engines,
+                     models=f'[[models]]\nname = "demo"\nframes = {FRAMES}\nbackend = "torch"\n'
+                            'labels = ["calm", "theft"]\n')
+        d.signal(signal.SIGHUP)
+        msg = d.notify.wait_for("RELOADING", timeout=10)
+        assert "MONOTONIC_USEC" in msg
+        d.notify.wait_for("READY", timeout=120)
+        assert list(c.hello().models[0].labels) == ["calm", "theft"]
+        r = c.infer(np.zeros((3, FRAMES, 33, 1), np.float32))  # same client, same socket
+        assert r.label_name in ("calm", "theft")
+    assert d.stop() == 0
+    d.close()
+
+
+def test_watchdog_goes_silent_while_a_worker_is_stuck(tmp_path):
+    # A model big enough that one CPU inference takes seconds: a real "stuck" call.
+    big = 450
+    d = Daemon(tmp_path, env={"WATCHDOG_USEC": "400000"},
+               models=f'[[models]]\nname = "big"\nframes = {big}\npersons = 3\n'
+                      'backend = "torch"\n', stall_timeout=0.2)
+    d.config_path.write_text(d.config_path.read_text().replace("warmup_runs = 1",
+                                                               "warmup_runs = 0"))
+    d.start()
+    assert any("WATCHDOG" in m for m in d.notify.read(1.0))  # pinging while healthy
+    done = threading.Event()
+
+    def slow() -> None:
+        with Client(d.endpoint, camera_id="slow", timeout=120, retries=0) as c:
+            c.infer(np.zeros((3, big, 33, 3), np.float32))
+        done.set()
+
+    t = threading.Thread(target=slow)
+    t.start()
+    time.sleep(0.4)
+    d.notify.read(0.05)  # pings sent before the stall was noticed
+    silent = d.notify.read(0.3)
+    assert not done.is_set(), "the inference ended too soon to observe a stall"
+    assert not any("WATCHDOG" in m for m in silent), silent
+    assert any(e.get("event") == "watchdog_stall" for e in d.log_events())
+    t.join(180)
+    assert any("WATCHDOG" in m for m in d.notify.read(1.5))  # pinging again
+    assert d.stop() == 0
+    d.close()
