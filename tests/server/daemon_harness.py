@@ -79,7 +79,7 @@ class Daemon:
         self.proc: subprocess.Popen | None = None
 
     def start(self, wait_ready: bool = True) -> Daemon:
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the daemon
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "stgcnd", "--log-format", "json", "serve", "--config",
              str(self.config_path)], stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
@@ -89,7 +89,8 @@ class Daemon:
                 self.notify.wait_for("READY", timeout=180)
             except AssertionError:
                 self.stop()
-                raise AssertionError("daemon not ready; log:\n" + self.log_path.read_text())
+                log = self.log_path.read_text()
+                raise AssertionError("daemon not ready; log:\n" + log) from None
         return self
 
     def signal(self, sig: int) -> None:

@@ -16,6 +16,7 @@ from stgcnd.model import ModelSpec, load_model, reference_logits
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd_client import Busy, Client, ServerError, ShuttingDown
 from stgcnd_client.protocol import decode_reply, encode_request
+from tests.conftest import REPO
 from tests.server.daemon_harness import FRAMES, Daemon, write_config
 
 pytestmark = pytest.mark.slow
@@ -120,10 +121,10 @@ BAD = [
     (lambda: _hdr(op="explode"), "unknown-op"),
     (lambda: encode_request("infer", 7, "bad", arrays=[np.zeros((3, FRAMES, 33, 2),
                                                                  np.float32)]), "bad-shape"),
-    (lambda: _hdr(op="infer", arrays=[{"dtype": "float64", "shape": [3, FRAMES, 33, 1]}])
-     + [np.zeros((3, FRAMES, 33, 1)).tobytes()], "bad-dtype"),
-    (lambda: encode_request("infer", 7, "bad", arrays=[np.zeros((3, FRAMES, 33, 1),
-                                                                 np.float32)])[:1] + [b"\0" * 10],
+    (lambda: [*_hdr(op="infer", arrays=[{"dtype": "float64", "shape": [3, FRAMES, 33, 1]}]),
+              np.zeros((3, FRAMES, 33, 1)).tobytes()], "bad-dtype"),
+    (lambda: [encode_request("infer", 7, "bad",
+                             arrays=[np.zeros((3, FRAMES, 33, 1), np.float32)])[0], b"\0" * 10],
      "bad-size"),
     (lambda: encode_request("infer", 7, "bad", arrays=[np.full((3, FRAMES, 33, 1), np.nan,
                                                                 np.float32)]), "non-finite"),
@@ -166,14 +167,15 @@ def test_bad_input_is_logged_rate_limited(daemon):
 
 
 def test_client_killed_mid_request_changes_nothing(daemon, reference):
+    clients = str(REPO / "clients")
     code = (
         "import sys, numpy as np\n"
-        "sys.path.insert(0, %r)\n"
+        f"sys.path.insert(0, {clients!r})\n"
         "from stgcnd_client import Client\n"
-        "c = Client(%r, camera_id='victim')\n"
+        f"c = Client({daemon.endpoint!r}, camera_id='victim')\n"
         "print('go', flush=True)\n"
-        "while True: c.infer(np.random.rand(3, %d, 33, 1).astype('float32'))\n"
-    ) % (str(__import__('tests.conftest').conftest.REPO / "clients"), daemon.endpoint, FRAMES)
+        f"while True: c.infer(np.random.rand(3, {FRAMES}, 33, 1).astype('float32'))\n"
+    )
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     assert p.stdout.readline().strip() == b"go"
     time.sleep(0.5)

@@ -42,7 +42,7 @@ def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: floa
         info = client.hello()
         m = next((x for x in info.models if x.name == model), None) if model else \
             next((x for x in info.models if x.default), info.models[0])
-        c, t, v, persons = m.input_shape
+        _, t, v, persons = m.input_shape
         seed = abs(hash(camera)) % 10_000
         clip = synthetic_windows(1, t, persons, v, seed=seed)[0]  # (3, T, V, M)
         period = 1.0 / fps

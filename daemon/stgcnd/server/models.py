@@ -141,7 +141,7 @@ def warm_up(model: ServedModel, runs: int) -> None:
         return
     from stgcnd.model.synthetic import synthetic_windows
 
-    c, t, v, m = model.input_shape
+    _, t, v, m = model.input_shape
     x = synthetic_windows(1, t, m, v, seed=0)
     session = model.open_session()
     try:
