@@ -24,6 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, default=20.0)
     p.add_argument("--mode", choices=["window", "push"], default="push")
     p.add_argument("--fps", type=float, default=25.0)
+    p.add_argument("--stride", type=int, default=25,
+                   help="push mode: one prediction every N frames (default: 25 = 1 per second)")
     p.add_argument("--engines", type=Path, default=None, help="engine store directory")
     p.add_argument("--daemon-log", type=Path, default=None,
                    help="write the daemon's JSON log here (default: a temp file)")
@@ -53,8 +55,13 @@ def run(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="stgcnd-demo-"))
     endpoint = f"ipc://{tmp / 'stgcnd.sock'}"
     log_path = args.daemon_log or tmp / "daemon.log"
-    cmd = [sys.executable, "-m", "stgcnd", "--log-format", "json", "serve",
-           "--endpoint", endpoint, "--stats-interval", "5"]
+    # One prediction per camera per second (stride 25 at 25 fps): what a 2-core CPU sustains
+    # for several cameras; a Jetson with TensorRT serves stride 1.
+    config = tmp / "demo.toml"
+    config.write_text(f'[server]\nstats_interval = 5.0\n\n[[models]]\nname = "demo"\n'
+                      f'stride = {args.stride}\n')
+    cmd = [sys.executable, "-m", "stgcnd", "--log-format", "json", "serve", "--config",
+           str(config), "--endpoint", endpoint]
     if args.engines:
         cmd += ["--engines", str(args.engines)]
     print("demo model: random weights, its predictions mean nothing", file=sys.stderr)

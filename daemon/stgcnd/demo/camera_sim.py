@@ -26,11 +26,12 @@ class CameraStats:
     started: float = field(default_factory=time.monotonic)
 
     def row(self) -> dict[str, object]:
-        lat = np.array(self.latencies_ms) if self.latencies_ms else np.array([np.nan])
+        lat = np.array(self.latencies_ms)
         elapsed = max(time.monotonic() - self.started, 1e-9)
+        p50, p99 = (np.percentile(lat, [50, 99]) if lat.size else (float("nan"),) * 2)
         return {"camera": self.camera, "replies": self.replies, "predictions": self.predictions,
-                "rate_hz": self.replies / elapsed, "p50_ms": float(np.nanpercentile(lat, 50)),
-                "p99_ms": float(np.nanpercentile(lat, 99)), "errors": self.errors,
+                "rate_hz": self.replies / elapsed, "p50_ms": float(p50),
+                "p99_ms": float(p99), "errors": self.errors,
                 "label": self.last_label}
 
 
