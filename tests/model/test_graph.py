@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from stgcnd.model.graph import LAYOUTS, adjacency, fingerprint, hop_distance, match_layout
 
 

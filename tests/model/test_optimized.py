@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from stgcnd.model import ModelSpec, load_model
 from stgcnd.model.demo import demo_state_dict
 from stgcnd.model.optimized import optimize
 from stgcnd.model.synthetic import synthetic_windows
-
 from tests.conftest import write_checkpoint
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from stgcnd.model import ModelSpec, load_model, reference_logits
 from stgcnd.model.demo import demo_state_dict
 from stgcnd.model.stgcn import motion
 from stgcnd.model.synthetic import synthetic_windows
-
 from tests.conftest import write_checkpoint
 from tests.model.numpy_reference import motion_np, stream_forward, two_stream_forward
 

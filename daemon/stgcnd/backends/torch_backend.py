@@ -1,0 +1,241 @@
+"""PyTorch backend: the inference-optimized graph (BatchNorm folded, channels-last) on CPU or CUDA.
+
+CUDA sessions each own a `torch.cuda.Stream`, pinned host buffers for input and output, a static
+device input, and (optionally) one CUDA graph per batch size captured on that stream: a graph
+replay launches the whole network at once, which is what batch-1 latency is bound by on a GPU.
+
+Precision: fp32 everywhere; fp16 on CUDA only. fp16 on the CPU is refused with a clear error
+rather than silently run as bf16: bf16 is another number format (8-bit mantissa, ~1e-1 logit
+differences on the demo model where fp16 on a GPU stays near 1e-2), and slower than fp32 on
+CPUs without AMX / AVX512-BF16. It is offered explicitly instead, as precision "bf16" on the
+CPU, for machines with AMX (Sapphire Rapids and later), where it runs ~3-4x faster than fp32.
+
+`optimized=False` runs the plain network as the user trained it, with the host I/O the seeds'
+benchmark uses (`torch.from_numpy(x).to(device)` ... `.cpu().numpy()`): the eager baseline row.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from stgcnd.backends.base import Backend, BackendInfo, Session
+from stgcnd.errors import BackendUnavailable
+from stgcnd.log import get_logger
+
+log = get_logger(__name__)
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+_CAPTURE_LOCK = threading.Lock()
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class TorchBackend(Backend):
+    def __init__(self, model: Any, precision: str = "fp32", device: str = "cpu",
+                 cuda_graph: bool = False, max_batch: int = 64, optimized: bool = True,
+                 threads: int = 0, form: str = "channels_last") -> None:
+        if precision not in PRECISIONS:
+            raise BackendUnavailable(f"the torch backend runs fp32, fp16 (CUDA) or bf16 (CPU), "
+                                     f"not {precision!r}; use the tensorrt or onnxruntime "
+                                     "backend for int8")
+        self.device = torch.device(device)
+        if self.device.type == "cpu" and precision == "fp16":
+            raise BackendUnavailable("fp16 needs CUDA with the torch backend; on the CPU use "
+                                     "fp32, or bf16 explicitly on a CPU with AMX/AVX512-BF16 "
+                                     "(faster, less exact)")
+        if self.device.type == "cuda" and precision == "bf16":
+            raise BackendUnavailable("use fp16 on CUDA (bf16 is offered for CPUs only)")
+        if cuda_graph and self.device.type != "cuda":
+            raise BackendUnavailable("CUDA graphs need --device cuda")
+        if self.device.type == "cuda":
+            from stgcnd.backends.cuda import init_cuda
+
+            self.device = init_cuda("torch") if self.device.index is None else self.device
+            # Fixed shapes: let cuDNN pick the fastest kernels once. fp32 must stay fp32 (TF32
+            # convolutions differ from the CPU reference by ~1e-3, beyond the 1e-4 contract).
+            torch.backends.cudnn.benchmark = True
+            if precision == "fp32":
+                torch.backends.cudnn.allow_tf32 = False
+                torch.backends.cuda.matmul.allow_tf32 = False
+        elif threads > 0:
+            torch.set_num_threads(threads)
+        self.dtype = _DTYPES[precision]
+        self.optimized = optimized
+        self.cuda_graph = cuda_graph
+        if optimized:
+            from stgcnd.model.optimized import optimize
+
+            module = optimize(model.module, form)  # type: ignore[arg-type]
+        elif self.device.type == "cpu" and precision == "fp32":
+            module = model.module  # shared, unchanged: the reference network itself
+        else:
+            module = copy.deepcopy(model.module)  # never move the caller's network
+        self.module = module.to(self.device, self.dtype).eval()
+        # The two streams of a two-stream model are independent until their logits are
+        # summed: on CUDA, sessions run the motion stream on a second CUDA stream, so that
+        # (inside a CUDA graph, as two parallel branches) their small kernels overlap.
+        self.parallel_streams = (optimized and self.device.type == "cuda"
+                                 and hasattr(self.module, "motion")
+                                 and hasattr(self.module, "origin"))
+        for p in self.module.parameters():
+            p.requires_grad_(False)
+        self.capture_lock = _CAPTURE_LOCK
+        variant = "optimized" if optimized else "eager"
+        if cuda_graph:
+            variant += "+cudagraph"
+        self.info = BackendInfo(
+            name="torch", precision=precision, device=str(self.device),
+            input_shape=tuple(model.spec.input_shape), num_class=int(model.num_class),
+            max_batch=int(max_batch), artifact=None,
+            details={"variant": variant, "torch": torch.__version__,
+                     "graph_op": getattr(model.spec, "graph_op", None),
+                     **({"form": form} if optimized else {})})
+        log.info("backend_loaded", backend="torch", precision=precision, device=str(self.device),
+                 variant=variant, max_batch=max_batch)
+
+    def forward(self, x: torch.Tensor, side: torch.cuda.Stream | None = None) -> torch.Tensor:
+        if side is None or not self.parallel_streams:
+            return self.module(x.to(self.dtype)).float()
+        from stgcnd.model.stgcn import motion
+
+        main = torch.cuda.current_stream(self.device)
+        x = x.to(self.dtype)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            y_motion = self.module.motion(motion(x, self.module.motion_formula))
+        y = self.module.origin(x)
+        main.wait_stream(side)
+        return (y + y_motion).float()
+
+    def open_session(self) -> Session:
+        if self.device.type == "cpu":
+            return _CpuSession(self)
+        if not self.optimized:
+            return _EagerCudaSession(self)
+        return _CudaSession(self)
+
+    def close(self) -> None:
+        self.module = None  # type: ignore[assignment]
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+class _CpuSession(Session):
+    backend: TorchBackend
+
+    def _infer(self, batch: np.ndarray) -> np.ndarray:
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.backend.forward(torch.from_numpy(batch).float()).numpy()
+        ms = (time.perf_counter() - t0) * 1e3
+        self.last_timings = {"h2d_ms": 0.0, "compute_ms": ms, "d2h_ms": 0.0, "total_ms": ms}
+        return out
+
+
+class _EagerCudaSession(Session):
+    """The seeds' way: pageable host copies, synchronous `.cpu()`; on the session's stream."""
+
+    backend: TorchBackend
+
+    def __init__(self, backend: TorchBackend) -> None:
+        super().__init__(backend)
+        self.stream: torch.cuda.Stream | None = torch.cuda.Stream(device=backend.device)
+
+    def _infer(self, batch: np.ndarray) -> np.ndarray:
+        t0 = time.perf_counter()
+        with torch.inference_mode(), torch.cuda.stream(self.stream):
+            x = torch.from_numpy(batch).to(self.backend.device).float()
+            out = self.backend.forward(x).cpu().numpy()
+        ms = (time.perf_counter() - t0) * 1e3
+        self.last_timings = {"total_ms": ms}
+        return out
+
+    def _release(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+        self.stream = None
+
+
+class _CudaSession(Session):
+    """Pinned host buffers -> static device input -> network or graph replay -> pinned output."""
+
+    backend: TorchBackend
+
+    def __init__(self, backend: TorchBackend) -> None:
+        super().__init__(backend)
+        info, dev = backend.info, backend.device
+        shape = (info.max_batch, *info.input_shape)
+        self.stream: torch.cuda.Stream | None = torch.cuda.Stream(device=dev)
+        self.side: torch.cuda.Stream | None = (torch.cuda.Stream(device=dev)
+                                               if backend.parallel_streams else None)
+        self.host_in = torch.empty(shape, dtype=torch.float32, pin_memory=True)
+        self.host_out = torch.empty((info.max_batch, info.num_class), dtype=torch.float32,
+                                    pin_memory=True)
+        self.host_in_np = self.host_in.numpy()
+        self.host_out_np = self.host_out.numpy()
+        with torch.cuda.stream(self.stream):
+            self.dev_in = torch.zeros(shape, dtype=torch.float32, device=dev)
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = torch.cuda.graph_pool_handle() if backend.cuda_graph else None
+
+    def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        # One capture at a time per process: entering a capture synchronizes the device, which
+        # CUDA forbids while another thread's stream is capturing.
+        with self.backend.capture_lock:
+            return self._capture_locked(b)
+
+    def _capture_locked(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        x = self.dev_in[:b]
+        with torch.cuda.stream(self.stream):
+            for _ in range(2):  # cuDNN autotuning and allocator warm-up happen outside the graph
+                self.backend.forward(x, self.side)
+        self.stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        # Thread-local capture: other sessions keep launching work on their own streams.
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream,
+                              capture_error_mode="thread_local"):
+            out = self.backend.forward(x, self.side)
+        log.debug("cuda_graph_captured", batch=b)
+        return graph, out
+
+    def _infer(self, batch: np.ndarray) -> np.ndarray:
+        t0 = time.perf_counter()
+        b = batch.shape[0]
+        np.copyto(self.host_in_np[:b], batch, casting="same_kind")
+        ev = self.events
+        with torch.inference_mode(), torch.cuda.stream(self.stream):
+            if self.backend.cuda_graph and b not in self.graphs:
+                self.graphs[b] = self._capture(b)
+            ev[0].record(self.stream)
+            self.dev_in[:b].copy_(self.host_in[:b], non_blocking=True)
+            ev[1].record(self.stream)
+            if self.backend.cuda_graph:
+                graph, out = self.graphs[b]
+                graph.replay()
+            else:
+                out = self.backend.forward(self.dev_in[:b], self.side)
+            ev[2].record(self.stream)
+            self.host_out[:b].copy_(out, non_blocking=True)
+            ev[3].record(self.stream)
+        ev[3].synchronize()
+        self.last_timings = {"h2d_ms": ev[0].elapsed_time(ev[1]),
+                             "compute_ms": ev[1].elapsed_time(ev[2]),
+                             "d2h_ms": ev[2].elapsed_time(ev[3]),
+                             "total_ms": (time.perf_counter() - t0) * 1e3}
+        return self.host_out_np[:b].copy()
+
+    def _release(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
+        self.graphs.clear()
+        self.pool = None
+        self.dev_in = self.host_in = self.host_out = None  # type: ignore[assignment]
+        self.host_in_np = self.host_out_np = None  # type: ignore[assignment]
+        self.events = []
+        self.stream = self.side = None

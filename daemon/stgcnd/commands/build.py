@@ -1,0 +1,152 @@
+"""`stgcnd build`: export, build or reuse an engine in the engine store; print what it did."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from stgcnd.commands._model_args import add_model_arguments, spec_from_args
+from stgcnd.errors import UserError
+
+
+def add_build_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--backend", default="auto",
+                   choices=["auto", "tensorrt", "torch", "onnxruntime"],
+                   help="runtime to build for (default: auto = the fastest that runs here)")
+    g.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"],
+                   help="numeric precision (default: fp32)")
+    g.add_argument("--device", default=None, choices=["cpu", "cuda"],
+                   help="device for torch/onnxruntime (tensorrt is always cuda; "
+                        "default: cuda for tensorrt, else cpu)")
+    g.add_argument("--calibration", type=Path, default=None,
+                   help="INT8 calibration windows: .npz/.npy of float arrays (N, 3, T, V, M)")
+    g.add_argument("--allow-synthetic-calibration", action="store_true",
+                   help="calibrate INT8 on generated skeletons when no --calibration is given")
+    g.add_argument("--int8-mode", default="qdq", choices=["qdq", "calibrator"],
+                   help="INT8 via a Q/DQ ONNX (default; every TensorRT >= 8.6 and onnxruntime) "
+                        "or TensorRT's entropy calibrator (TensorRT <= 10 only)")
+    g.add_argument("--engines", type=Path, default=None,
+                   help="engine store directory (default: $STGCND_ENGINE_DIR, else the "
+                        "daemon's: systemd StateDirectory, ./engines in a checkout, else "
+                        "~/.cache/stgcnd/engines)")
+    g.add_argument("--workspace-mb", type=int, default=1024,
+                   help="TensorRT builder workspace limit in MiB (default: 1024)")
+    g.add_argument("--opt-level", type=int, default=3,
+                   help="TensorRT builder optimization level 0-5 (default: 3)")
+    g.add_argument("--max-batch", type=int, default=1,
+                   help="largest batch; > 1 builds a dynamic batch axis (default: 1)")
+    g.add_argument("--layer-info", action="store_true",
+                   help="TensorRT: write per-layer JSON (precision, tactics) beside the engine")
+    g.add_argument("--threads", type=int, default=0,
+                   help="CPU threads for torch/onnxruntime (default: 0 = library default)")
+
+
+def options_from_args(args: argparse.Namespace):  # -> BuildOptions
+    from stgcnd.engines.options import BuildOptions
+
+    device = args.device or ("cuda" if args.backend == "tensorrt" else "cpu")
+    return BuildOptions(precision=args.precision, max_batch=args.max_batch,
+                        workspace_mb=args.workspace_mb, opt_level=args.opt_level,
+                        calibration=args.calibration,
+                        allow_synthetic_calibration=args.allow_synthetic_calibration,
+                        device=device, threads=args.threads, layer_info=args.layer_info,
+                        int8_mode=args.int8_mode)
+
+
+def store_from_args(args: argparse.Namespace):  # -> EngineStore
+    from stgcnd.engines.store import EngineStore
+
+    return EngineStore(args.engines)
+
+
+def resolve_backend(model, backend: str, options, store):  # -> (str, BuildOptions)
+    """'auto' resolved by the backends registry; explicit backends as given."""
+    if backend != "auto":
+        return backend, options
+    from stgcnd.backends.registry import resolve_auto
+
+    return resolve_auto(model, options, store)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("build", help="build (or reuse) an engine in the engine store",
+                       description="Export the model to ONNX and build the artefact for a "
+                                   "backend, precision and device, or reuse the stored one "
+                                   "when nothing it depends on changed. Prints what it did.")
+    p.add_argument("--config", type=Path, default=None,
+                   help="the daemon's config (stgcnd serve --config): build every "
+                        "[[models]] entry with its backend, precision, batch and calibration")
+    add_model_arguments(p)
+    add_build_arguments(p)
+    p.add_argument("--rebuild", action="store_true", help="rebuild even if the stored one is "
+                   "current")
+    p.add_argument("--no-validate", action="store_true",
+                   help="skip the comparison with PyTorch after building")
+    p.set_defaults(func=run)
+
+
+def jobs_from_config(path: Path, args: argparse.Namespace) -> tuple[list[Any], Any]:
+    """[(spec, backend, BuildOptions)] for every model of the daemon's config, and the store."""
+    import dataclasses
+
+    from stgcnd.engines.store import EngineStore
+    from stgcnd.model.spec import ModelSpec
+    from stgcnd.server.config import load_config
+
+    config = load_config(path)
+    base = options_from_args(args)
+    jobs = []
+    for mc in config.models:
+        try:
+            spec = ModelSpec(checkpoint=mc.checkpoint, layout=mc.layout, persons=mc.persons,
+                             frames=mc.frames, motion=mc.motion, labels=tuple(mc.labels))
+        except ValueError as exc:
+            raise UserError(f"model {mc.name!r}: {exc}") from None
+        # The config says what the daemon runs; the command line adds builder settings.
+        options = dataclasses.replace(
+            base, precision=mc.precision, max_batch=mc.max_batch,
+            dynamic_batch=mc.max_batch > 1, calibration=mc.calibration,
+            allow_synthetic_calibration=mc.allow_synthetic_calibration,
+            cuda_graph=mc.cuda_graph)
+        jobs.append((spec, mc.backend, options))
+    return jobs, EngineStore(args.engines or config.engines_dir)
+
+
+def describe(artifact: Any) -> str:
+    m = artifact.manifest
+    where = artifact.path or artifact.manifest_path
+    size = f", {m['size_bytes'] / 2**20:.1f} MiB" if m.get("size_bytes") else ""
+    if artifact.reused:
+        head = f"reused {artifact.backend} {artifact.precision} {where} (built {m.get('built_at')})"
+    else:
+        head = (f"built {artifact.backend} {artifact.precision} {where} in "
+                f"{m.get('build_seconds')} s{size} (reason: {artifact.reason})")
+    v = m.get("validation") or {}
+    if "top1_agreement" in v:
+        head += (f"\n  validated on {v['windows']} synthetic windows: max abs diff "
+                 f"{v['max_abs_diff']:.3g}, top-1 agreement {v['top1_agreement']:.1%}")
+    elif "skipped" in v:
+        head += f"\n  not validated: {v['skipped']}"
+    return head
+
+
+def run(args: argparse.Namespace) -> int:
+    from stgcnd.model import load_model
+
+    if args.config:
+        jobs, store = jobs_from_config(args.config, args)
+    else:
+        jobs, store = [(spec_from_args(args), args.backend, options_from_args(args))], \
+            store_from_args(args)
+    for spec, backend_name, options in jobs:
+        model = load_model(spec)
+        backend, opts = resolve_backend(model, backend_name, options, store)
+        artifact = store.prepare(model, backend, opts,
+                                 rebuild="asked (--rebuild)" if args.rebuild else None,
+                                 validate=not args.no_validate)
+        for note in model.notes:
+            print(f"note: {note}")
+        print(describe(artifact))
+    return 0

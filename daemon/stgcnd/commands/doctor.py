@@ -1,0 +1,135 @@
+"""`stgcnd doctor`: what this machine has for stgcnd (versions, CUDA, TensorRT, Jetson, store)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="report versions, GPU, TensorRT, Jetson and engine store",
+                       description="Report what stgcnd can use on this machine: Python and "
+                                   "library versions, CUDA GPU, TensorRT and pycuda, Jetson "
+                                   "module / L4T / JetPack, backends, and the engine store.")
+    p.add_argument("--store", type=Path, default=None, help="engine store directory to inspect")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def _torch_cuda() -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        return {"available": False, "reason": "torch not installed"}
+    if not torch.cuda.is_available():
+        return {"available": False, "torch_cuda": torch.version.cuda}
+    major, minor = torch.cuda.get_device_capability(0)
+    free, total = torch.cuda.mem_get_info(0)
+    return {"available": True, "torch_cuda": torch.version.cuda,
+            "device": torch.cuda.get_device_name(0), "compute_capability": f"{major}.{minor}",
+            "memory_total_mb": total // 2**20, "memory_free_mb": free // 2**20,
+            "cudnn": torch.backends.cudnn.version()}
+
+
+def _tensorrt() -> dict[str, Any]:
+    from stgcnd.versions import module_version
+
+    out: dict[str, Any] = {"tensorrt": module_version("tensorrt"),
+                           "pycuda": module_version("pycuda")}
+    if out["tensorrt"]:
+        try:
+            from stgcnd.backends.tensorrt_backend import import_tensorrt
+
+            import_tensorrt()
+            out["tensorrt_api"] = "ok"
+        except Exception as exc:
+            out["tensorrt_api"] = str(exc)
+    return out
+
+
+def _store(path: Path | None) -> dict[str, Any]:
+    try:
+        from stgcnd.engines.store import EngineStore
+    except ImportError:
+        return {"available": False, "reason": "stgcnd.engines.store not installed"}
+    try:
+        if path is None:
+            from stgcnd.backends.registry import default_store
+
+            store = default_store()
+        else:
+            store = EngineStore(path)
+        entries = store.list()
+    except Exception as exc:
+        return {"available": False, "reason": str(exc)}
+    root = getattr(store, "root", path)
+    return {"available": True, "root": str(root), "artefacts": len(entries),
+            "entries": entries}
+
+
+def collect(store: Path | None = None) -> dict[str, Any]:
+    from stgcnd import __version__
+    from stgcnd.backends.registry import available_backends
+    from stgcnd.versions import module_version
+
+    try:
+        from stgcnd.engines.device import gpu_identity, jetson_identity
+        gpu, jetson = gpu_identity(), jetson_identity()
+    except ImportError:
+        gpu, jetson = None, None
+    return {
+        "stgcnd": __version__,
+        "python": f"{platform.python_version()} ({sys.executable})",
+        "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "versions": {n: module_version(n) for n in
+                     ("numpy", "torch", "onnx", "onnxruntime", "zmq", "msgpack", "structlog")},
+        "gpu": gpu,
+        "cuda": _torch_cuda(),
+        "tensorrt": _tensorrt(),
+        "jetson": jetson,
+        "backends": {k: v or "ok" for k, v in available_backends().items()},
+        "store": _store(store),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    report = collect(args.store)
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    v = report["versions"]
+    print(f"stgcnd      {report['stgcnd']}")
+    print(f"python      {report['python']}")
+    print(f"platform    {report['platform']}")
+    for name in ("numpy", "torch", "onnx", "onnxruntime", "zmq", "msgpack", "structlog"):
+        label = "pyzmq" if name == "zmq" else name
+        print(f"{label:<11} {v[name] or 'not installed'}")
+    cuda = report["cuda"]
+    if cuda.get("available"):
+        print(f"cuda        {cuda['device']} (sm {cuda['compute_capability']}, "
+              f"{cuda['memory_total_mb']} MB, torch CUDA {cuda['torch_cuda']})")
+    else:
+        gpu = report["gpu"]
+        print(f"cuda        {'GPU ' + gpu['name'] if gpu else 'no GPU'} (torch: not available)")
+    trt = report["tensorrt"]
+    print(f"tensorrt    {trt['tensorrt'] or 'not importable'}"
+          + (f" ({trt['tensorrt_api']})" if trt.get("tensorrt_api") else ""))
+    print(f"pycuda      {trt['pycuda'] or 'not installed'}")
+    j = report["jetson"]
+    if j:
+        print(f"jetson      {j.get('module')} L4T {j.get('l4t')} JetPack "
+              f"{j.get('jetpack', 'unknown')}")
+    else:
+        print("jetson      not a Jetson")
+    for name, state in report["backends"].items():
+        print(f"backend     {name}: {state}")
+    s = report["store"]
+    if s.get("available"):
+        print(f"store       {s['root']}: {s['artefacts']} artefact(s)")
+    else:
+        print(f"store       unavailable ({s.get('reason')})")
+    return 0

@@ -1,0 +1,58 @@
+"""The builder interface the engine store drives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stgcnd.engines.device import device_identity
+from stgcnd.engines.options import BuildOptions
+
+
+@dataclass
+class BuildContext:
+    """Everything a build needs; paths are inside the store."""
+
+    model: Any                       # LoadedModel
+    options: BuildOptions
+    onnx_path: Path                  # the fp32 ONNX (static or dynamic batch, per options)
+    qdq_onnx_path: Path | None       # the Q/DQ INT8 ONNX when the build needs one
+    model_dir: Path
+    store_root: Path
+    calibration: np.ndarray | None = None   # windows, for TensorRT's implicit calibration
+    calibration_info: dict[str, Any] = field(default_factory=dict)
+
+
+class Builder:
+    """Subclasses set `name` and `suffix` (None: the artefact is its manifest alone)."""
+
+    name: str = ""
+    suffix: str | None = None
+
+    def device_kind(self, options: BuildOptions) -> str:
+        return options.device
+
+    def version(self) -> str | None:
+        """The runtime's version (part of the key); raises BackendUnavailable if missing."""
+        raise NotImplementedError
+
+    def environment(self, options: BuildOptions) -> dict[str, Any]:
+        return {"backend_version": self.version(),
+                "device": device_identity(self.device_kind(options))}
+
+    def check(self, options: BuildOptions) -> None:
+        """Raise UserError if `options` cannot be built here, saying what would make it work."""
+
+    def needs_qdq(self, options: BuildOptions) -> bool:
+        return options.precision == "int8"
+
+    def build(self, ctx: BuildContext, out: Path) -> dict[str, Any]:
+        """Write the artefact to `out` (a temp path); return what to record in the manifest."""
+        raise NotImplementedError
+
+    def open_for_validation(self, ctx: BuildContext, artifact: Any) -> Any:
+        """A Backend running `artifact`, for validation against the reference."""
+        raise NotImplementedError

@@ -1,0 +1,85 @@
+"""ONNX Runtime artefacts: the graph-optimized fp32 model, or the Q/DQ INT8 model.
+
+fp32: ONNX Runtime's extended graph optimizations (fusions for the execution provider it is
+saved with) are applied once here and saved, so the daemon does not redo them at every start.
+int8: the Q/DQ model as quantized; ONNX Runtime fuses Q/DQ pairs into integer kernels when it
+loads it, and the file stays runnable by any execution provider.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from stgcnd.engines.builders.base import BuildContext, Builder
+from stgcnd.engines.options import BuildOptions
+from stgcnd.errors import BackendUnavailable, UserError
+
+
+def _ort() -> Any:
+    try:
+        import onnxruntime
+    except ImportError:
+        raise BackendUnavailable("onnxruntime is not installed; pip install "
+                                 "'stgcnd[onnxruntime]' (or onnxruntime-gpu for CUDA)") from None
+    return onnxruntime
+
+
+def _probe_space(path: Path, nbytes: int) -> None:
+    """Raise the OSError (ENOSPC, EFBIG, EACCES...) that writing `nbytes` to `path` meets."""
+    import os
+
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, max(1, nbytes))
+    finally:
+        os.close(fd)
+
+
+class OnnxRuntimeBuilder(Builder):
+    name = "onnxruntime"
+    suffix = ".onnx"
+
+    def version(self) -> str | None:
+        return str(_ort().__version__)
+
+    def check(self, options: BuildOptions) -> None:
+        if options.precision == "fp16":
+            raise UserError("the onnxruntime backend builds fp32 or int8 (Q/DQ); for fp16 use "
+                            "--backend tensorrt, or torch on a GPU")
+        if options.device == "cuda" and "CUDAExecutionProvider" not in \
+                _ort().get_available_providers():
+            raise BackendUnavailable("onnxruntime has no CUDA execution provider here; "
+                                     "pip install onnxruntime-gpu, or use --device cpu")
+
+    def _providers(self, options: BuildOptions) -> list[str]:
+        if options.device == "cuda":
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        return ["CPUExecutionProvider"]
+
+    def build(self, ctx: BuildContext, out: Path) -> dict[str, Any]:
+        ort = _ort()
+        if ctx.options.precision == "int8":
+            assert ctx.qdq_onnx_path is not None
+            shutil.copyfile(ctx.qdq_onnx_path, out)
+            return {"graph": "qdq-int8", "providers": self._providers(ctx.options)}
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        opts.optimized_model_filepath = str(out)
+        opts.log_severity_level = 3
+        try:
+            ort.InferenceSession(str(ctx.onnx_path), opts, providers=self._providers(ctx.options))
+        except Exception as exc:
+            # ORT reports a full disk as "Protobuf serialization failed": find the real cause.
+            _probe_space(out, ctx.onnx_path.stat().st_size)
+            raise RuntimeError(f"onnxruntime could not optimize {ctx.onnx_path}: {exc}") from exc
+        if not out.exists() or out.stat().st_size == 0:
+            raise OSError(f"onnxruntime wrote no optimized model to {out}")
+        return {"graph": "ort-extended", "providers": self._providers(ctx.options)}
+
+    def open_for_validation(self, ctx: BuildContext, artifact: Any) -> Any:
+        from stgcnd.backends.onnxruntime_backend import OnnxRuntimeBackend
+
+        return OnnxRuntimeBackend.from_artifact(artifact, threads=ctx.options.threads,
+                                                device=ctx.options.device)

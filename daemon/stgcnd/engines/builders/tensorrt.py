@@ -1,0 +1,460 @@
+"""TensorRT engines from the store's ONNX, for TensorRT 8.6, 10.x (JetPack 6: 10.3) and 11.x.
+
+Every version-dependent choice is a small pure function of the `tensorrt` module, decided by
+what the module offers (feature detection), so that tests can check each choice against the
+real bindings of each release (tests/engines/test_tensorrt_versions.py):
+
+- 8.6 needs the EXPLICIT_BATCH network flag; 10.x made it the only mode (flag deprecated),
+  11.x removed it.
+- 10.x removed `build_engine` and `max_workspace_size`: build_serialized_network and the
+  WORKSPACE memory pool (both present since 8.x) are used everywhere.
+- 11.x removed the FP16/INT8 builder flags and implicit INT8 calibration: networks are strongly
+  typed, so a precision comes from the ONNX itself. INT8 works through the Q/DQ ONNX that
+  stgcnd makes (--precision int8); FP16 would need an FP16 ONNX, which stgcnd does not make.
+- IProgressMonitor exists from 10.x; the timing cache and builder optimization level from 8.6.
+
+This module never imports torch (the daemon's TensorRT path must not pay for it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stgcnd.engines.builders.base import BuildContext, Builder
+from stgcnd.engines.options import BuildOptions
+from stgcnd.errors import BackendUnavailable, UserError
+from stgcnd.fsutil import atomic_write_bytes
+from stgcnd.log import get_logger
+
+log = get_logger(__name__)
+
+
+def import_tensorrt() -> Any:
+    try:
+        import tensorrt
+    except ImportError as exc:
+        raise BackendUnavailable(
+            f"tensorrt is not importable ({exc}); on a Jetson use a venv made with "
+            "--system-site-packages so that JetPack's tensorrt is visible") from None
+    return tensorrt
+
+
+def trt_version(trt: Any) -> tuple[int, ...]:
+    parts = []
+    for p in str(trt.__version__).split("."):
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+# --- version-dependent choices (pure functions of the module) -------------------------------
+
+def has_builder_flag(trt: Any, name: str) -> bool:
+    return hasattr(trt.BuilderFlag, name)
+
+
+def strongly_typed_only(trt: Any) -> bool:
+    """11.x: no FP16/INT8 builder flags; precisions come from the network's types."""
+    return not has_builder_flag(trt, "FP16") and not has_builder_flag(trt, "INT8")
+
+
+def network_flags(trt: Any, strongly_typed: bool) -> int:
+    flags = 0
+    ncf = trt.NetworkDefinitionCreationFlag
+    # Required before 10.x; deprecated (always on) in 10.x, where setting it only warns.
+    if hasattr(ncf, "EXPLICIT_BATCH") and trt_version(trt)[0] < 10:
+        flags |= 1 << int(ncf.EXPLICIT_BATCH)
+    if strongly_typed:
+        if not hasattr(ncf, "STRONGLY_TYPED"):
+            raise UserError(f"TensorRT {trt.__version__} has no strongly typed networks; "
+                            "this build needs TensorRT >= 9")
+        flags |= 1 << int(ncf.STRONGLY_TYPED)
+    return flags
+
+
+def workspace_api(trt: Any) -> str:
+    """'memory_pool' (set_memory_pool_limit, 8.4+) or 'max_workspace_size' (removed in 10)."""
+    return ("memory_pool" if hasattr(trt.IBuilderConfig, "set_memory_pool_limit")
+            else "max_workspace_size")
+
+
+def build_api(trt: Any) -> str:
+    """'build_serialized_network' (8.0+) or 'build_engine' (removed in 10)."""
+    return ("build_serialized_network" if hasattr(trt.Builder, "build_serialized_network")
+            else "build_engine")
+
+
+def supports_opt_level(trt: Any) -> bool:
+    return hasattr(trt.IBuilderConfig, "builder_optimization_level")
+
+
+def supports_progress_monitor(trt: Any) -> bool:
+    return hasattr(trt, "IProgressMonitor") and hasattr(trt.IBuilderConfig, "progress_monitor")
+
+
+def supports_timing_cache(trt: Any) -> bool:
+    return (hasattr(trt.IBuilderConfig, "create_timing_cache")
+            and hasattr(trt.IBuilderConfig, "set_timing_cache"))
+
+
+def supports_implicit_int8(trt: Any) -> bool:
+    return (has_builder_flag(trt, "INT8") and hasattr(trt, "IInt8EntropyCalibrator2")
+            and hasattr(trt.IBuilderConfig, "int8_calibrator"))
+
+
+@dataclass(frozen=True)
+class PrecisionPlan:
+    """How to build a precision on the installed TensorRT."""
+
+    builder_flags: tuple[str, ...]
+    strongly_typed: bool
+    onnx: str                     # "fp32" (the exported graph) or "qdq" (the INT8 Q/DQ graph)
+    calibrator: bool = False      # implicit INT8 calibration with an entropy calibrator
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def precision_plan(trt: Any, precision: str, int8_mode: str = "qdq") -> PrecisionPlan:
+    """Flags and inputs for `precision`; UserError saying what would make it possible."""
+    v = trt.__version__
+    typed = strongly_typed_only(trt)
+    if precision == "fp32":
+        return PrecisionPlan((), typed, "fp32")
+    if precision == "fp16":
+        if has_builder_flag(trt, "FP16"):
+            return PrecisionPlan(("FP16",), False, "fp32")
+        raise UserError(
+            f"TensorRT {v} builds networks strongly typed (the FP16 builder flag is gone): FP16 "
+            "needs an ONNX whose tensors are float16, which stgcnd does not make. Use "
+            "--precision int8 (stgcnd makes the Q/DQ ONNX that TensorRT 11 builds as INT8), "
+            "--precision fp32, or TensorRT 10.x (JetPack 6) for fp16")
+    if precision != "int8":
+        raise UserError(f"unknown precision {precision!r}; choose fp32, fp16 or int8")
+    if int8_mode == "calibrator":
+        if not supports_implicit_int8(trt):
+            raise UserError(
+                f"TensorRT {v} has no implicit INT8 calibration (removed in 11.x); use "
+                "--int8-mode qdq (the default): stgcnd quantizes the ONNX with Q/DQ nodes "
+                "from your calibration windows and TensorRT builds that as INT8")
+        flags = ("INT8", "FP16") if has_builder_flag(trt, "FP16") else ("INT8",)
+        return PrecisionPlan(flags, False, "fp32", calibrator=True)
+    if typed:
+        return PrecisionPlan((), True, "qdq",
+                             notes=("strongly typed: layers outside Q/DQ pairs run fp32",))
+    # Weakly typed (8.6, 10.x): INT8 lets TensorRT honour the Q/DQ nodes; FP16 lets the layers
+    # left in float (the graph step, element-wise ops) run in half precision too.
+    flags = ("INT8", "FP16") if has_builder_flag(trt, "FP16") else ("INT8",)
+    return PrecisionPlan(flags, False, "qdq")
+
+
+def capabilities(trt: Any) -> dict[str, Any]:
+    """Every version-dependent choice, for `stgcnd doctor`, logs and the version tests."""
+    plans: dict[str, Any] = {}
+    for precision, mode in (("fp32", "qdq"), ("fp16", "qdq"), ("int8", "qdq"),
+                            ("int8", "calibrator")):
+        name = precision if precision != "int8" else f"int8-{mode}"
+        try:
+            plan = precision_plan(trt, precision, mode)
+            plans[name] = {"flags": list(plan.builder_flags),
+                           "strongly_typed": plan.strongly_typed, "onnx": plan.onnx,
+                           "calibrator": plan.calibrator,
+                           "network_flags": network_flags(trt, plan.strongly_typed)}
+        except UserError as exc:
+            plans[name] = {"error": str(exc)}
+    return {"version": str(trt.__version__), "build_api": build_api(trt),
+            "workspace_api": workspace_api(trt), "opt_level": supports_opt_level(trt),
+            "progress_monitor": supports_progress_monitor(trt),
+            "timing_cache": supports_timing_cache(trt),
+            "implicit_int8": supports_implicit_int8(trt), "plans": plans}
+
+
+# --- callbacks: logger, progress, calibrator -------------------------------------------------
+
+def make_logger(trt: Any) -> Any:
+    """A TensorRT ILogger that forwards to stgcnd's structured log and keeps the errors."""
+
+    class StructLogger(trt.ILogger):
+        def __init__(self) -> None:
+            trt.ILogger.__init__(self)
+            self.errors: list[str] = []
+
+        def log(self, severity: Any, msg: str) -> None:
+            sev = trt.ILogger.Severity
+            if severity in (sev.INTERNAL_ERROR, sev.ERROR):
+                self.errors.append(msg)
+                log.error("tensorrt_log", message=msg)
+            elif severity == sev.WARNING:
+                log.warning("tensorrt_log", message=msg)
+            elif severity == sev.INFO:
+                log.debug("tensorrt_log", message=msg)
+
+    return StructLogger()
+
+
+class ProgressSink:
+    """A bar on a terminal (stderr); log events otherwise (journald)."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.steps: dict[str, int] = {}
+        self.last_log = 0.0
+
+    def start(self, phase: str, parent: str | None, steps: int) -> None:
+        self.steps[phase] = steps
+        if not self.tty:
+            log.info("tensorrt_build_phase", phase=phase, parent=parent, steps=steps)
+
+    def step(self, phase: str, step: int) -> None:
+        total = max(1, self.steps.get(phase, 1))
+        if self.tty:
+            done = int(30 * (step + 1) / total)
+            self.stream.write(f"\r{phase[:40]:<40} [{'#' * done}{'.' * (30 - done)}] "
+                              f"{step + 1}/{total}")
+            self.stream.flush()
+        elif time.monotonic() - self.last_log > 5:
+            self.last_log = time.monotonic()
+            log.info("tensorrt_build_progress", phase=phase, step=step + 1, steps=total)
+
+    def finish(self, phase: str) -> None:
+        self.steps.pop(phase, None)
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+        else:
+            log.info("tensorrt_build_phase_done", phase=phase)
+
+
+def make_progress_monitor(trt: Any, sink: ProgressSink) -> Any:
+    class Monitor(trt.IProgressMonitor):
+        def __init__(self) -> None:
+            trt.IProgressMonitor.__init__(self)
+
+        def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int
+                        ) -> None:
+            sink.start(phase_name, parent_phase, num_steps)
+
+        def step_complete(self, phase_name: str, step: int) -> bool:
+            sink.step(phase_name, step)
+            return True  # False would cancel the build
+
+        def phase_finish(self, phase_name: str) -> None:
+            sink.finish(phase_name)
+
+    return Monitor()
+
+
+def _device_buffer(nbytes: int) -> tuple[int, Any]:
+    """(device pointer, an object to write host arrays into it) via pycuda, else torch."""
+    try:
+        import pycuda.autoprimaryctx  # noqa: F401  (the process's primary context)
+        import pycuda.driver as cuda
+
+        mem = cuda.mem_alloc(nbytes)
+        return int(mem), lambda host: cuda.memcpy_htod(mem, host)
+    except ImportError:
+        pass
+    try:
+        import torch
+    except ImportError:
+        raise BackendUnavailable("implicit INT8 calibration needs pycuda (or torch with CUDA) "
+                                 "to feed windows to the GPU; pip install pycuda") from None
+    buf = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda")
+    return int(buf.data_ptr()), lambda host: buf.copy_(torch.from_numpy(host.reshape(-1)))
+
+
+def make_entropy_calibrator(trt: Any, windows: Any, batch: int, cache_path: Path) -> Any:
+    """An IInt8EntropyCalibrator2 over `windows` with its cache at `cache_path` (TRT <= 10)."""
+    import numpy as np
+
+    base = trt.IInt8EntropyCalibrator2
+
+    class Calibrator(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            base.__init__(self)
+            self.windows = np.ascontiguousarray(windows, dtype=np.float32)
+            self.pos = 0
+            self.ptr, self.write = (None, None)
+
+        def get_batch_size(self) -> int:
+            return batch
+
+        def get_batch(self, names: list[str]) -> list[int] | None:
+            if self.pos + batch > len(self.windows):
+                return None
+            chunk = np.ascontiguousarray(self.windows[self.pos:self.pos + batch])
+            self.pos += batch
+            if self.ptr is None:
+                self.ptr, self.write = _device_buffer(chunk.nbytes)
+            self.write(chunk)
+            return [self.ptr]
+
+        def read_calibration_cache(self) -> bytes | None:
+            try:
+                return cache_path.read_bytes()
+            except OSError:
+                return None
+
+        def write_calibration_cache(self, cache: Any) -> None:
+            atomic_write_bytes(cache_path, bytes(cache))
+            log.info("tensorrt_calibration_cache_written", path=str(cache_path))
+
+    return Calibrator()
+
+
+# --- the builder ------------------------------------------------------------------------------
+
+def _host_bytes(mem: Any) -> bytes:
+    return bytes(memoryview(mem))
+
+
+class TensorRTBuilder(Builder):
+    name = "tensorrt"
+    suffix = ".engine"
+
+    def device_kind(self, options: BuildOptions) -> str:
+        return "cuda"
+
+    def version(self) -> str | None:
+        return str(import_tensorrt().__version__)
+
+    def check(self, options: BuildOptions) -> None:
+        precision_plan(import_tensorrt(), options.precision, options.int8_mode)
+
+    def needs_qdq(self, options: BuildOptions) -> bool:
+        return options.precision == "int8" and options.int8_mode == "qdq"
+
+    def build(self, ctx: BuildContext, out: Path) -> dict[str, Any]:
+        from stgcnd.engines.device import device_identity, device_slug
+        from stgcnd.engines.lock import build_lock
+
+        trt = import_tensorrt()
+        o = ctx.options
+        plan = precision_plan(trt, o.precision, o.int8_mode)
+        onnx = ctx.qdq_onnx_path if plan.onnx == "qdq" else ctx.onnx_path
+        assert onnx is not None
+        logger = make_logger(trt)
+        builder = trt.Builder(logger)
+        network = builder.create_network(network_flags(trt, plan.strongly_typed))
+        parser = trt.OnnxParser(network, logger)
+        if not parser.parse_from_file(str(onnx)):
+            errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+            raise UserError(f"TensorRT {trt.__version__} cannot parse {onnx}: "
+                            f"{'; '.join(errors) or 'no details'}; report this with the ONNX")
+        config = builder.create_builder_config()
+        workspace = o.workspace_mb << 20
+        if workspace_api(trt) == "memory_pool":
+            config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace)
+        else:
+            config.max_workspace_size = workspace
+        if supports_opt_level(trt):
+            config.builder_optimization_level = o.opt_level
+        elif o.opt_level != 3:
+            log.warning("tensorrt_opt_level_ignored", version=trt.__version__,
+                        reason="builder optimization levels need TensorRT >= 8.6")
+        for flag in plan.builder_flags:
+            config.set_flag(getattr(trt.BuilderFlag, flag))
+        profile = None
+        if o.dynamic_batch:
+            inp = network.get_input(0)
+            rest = tuple(inp.shape)[1:]
+            profile = builder.create_optimization_profile()
+            profile.set_shape(inp.name, (1, *rest), (max(1, o.max_batch // 2), *rest),
+                              (o.max_batch, *rest))
+            config.add_optimization_profile(profile)
+        if o.layer_info:
+            config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
+        if supports_progress_monitor(trt):
+            config.progress_monitor = make_progress_monitor(trt, ProgressSink())
+        device = device_identity("cuda")
+        cache_path = ctx.store_root / "timing-cache" / (
+            f"tensorrt-{trt.__version__}-{device_slug(device)}.cache")
+        timing_cache = None
+        if supports_timing_cache(trt):
+            try:
+                cached = cache_path.read_bytes()
+            except OSError:
+                cached = b""
+            timing_cache = config.create_timing_cache(cached)
+            if not config.set_timing_cache(timing_cache, False):
+                log.warning("tensorrt_timing_cache_rejected", path=str(cache_path))
+                timing_cache = config.create_timing_cache(b"")
+                config.set_timing_cache(timing_cache, False)
+        calib_cache = None
+        if plan.calibrator:
+            calib = o.extra.get("calibration_sha256") or "synthetic"
+            calib_cache = ctx.model_dir / "calibration" / (
+                f"tensorrt-{trt.__version__}-{ctx.onnx_path.stem}-{calib[:12]}.cache")
+            batch = o.max_batch if o.dynamic_batch else 1
+            config.int8_calibrator = make_entropy_calibrator(trt, ctx.calibration, batch,
+                                                             calib_cache)
+            if profile is not None:
+                config.set_calibration_profile(profile)
+        t0 = time.perf_counter()
+        if build_api(trt) == "build_serialized_network":
+            serialized = builder.build_serialized_network(network, config)
+        else:
+            engine = builder.build_engine(network, config)
+            serialized = engine.serialize() if engine is not None else None
+        if serialized is None:
+            raise UserError(
+                f"TensorRT {trt.__version__} could not build a {o.precision} engine: "
+                f"{'; '.join(logger.errors[-3:]) or 'see the tensorrt_log events'}; try a "
+                "larger --workspace-mb or another precision")
+        data = _host_bytes(serialized)
+        with open(out, "wb") as f:
+            f.write(data)
+        extra: dict[str, Any] = {
+            "tensorrt": trt.__version__, "flags": list(plan.builder_flags),
+            "strongly_typed": plan.strongly_typed, "onnx": plan.onnx,
+            "build_api": build_api(trt), "workspace_mb": o.workspace_mb,
+            "opt_level": o.opt_level if supports_opt_level(trt) else None,
+            "tensorrt_build_seconds": round(time.perf_counter() - t0, 3),
+            "calibration_cache": str(calib_cache) if calib_cache else None,
+            "notes": list(plan.notes)}
+        if timing_cache is not None:
+            with build_lock(cache_path.with_suffix(".lock"), cache_path.name):
+                self._save_timing_cache(trt, config, cache_path)
+            extra["timing_cache"] = str(cache_path)
+        if o.layer_info:
+            extra["layer_info"] = self._write_layer_info(trt, logger, data, ctx, out)
+        return extra
+
+    @staticmethod
+    def _save_timing_cache(trt: Any, config: Any, path: Path) -> None:
+        """Merge this build's timings into the cache on disk (other builds may have added)."""
+        cache = config.get_timing_cache()
+        try:
+            on_disk = path.read_bytes()
+        except OSError:
+            on_disk = b""
+        if on_disk:
+            cache.combine(config.create_timing_cache(on_disk), False)
+        try:
+            atomic_write_bytes(path, _host_bytes(cache.serialize()))
+        except OSError as exc:  # a cache is an optimisation: never fail the build for it
+            log.warning("tensorrt_timing_cache_not_saved", path=str(path), error=str(exc))
+
+    @staticmethod
+    def _write_layer_info(trt: Any, logger: Any, data: bytes, ctx: BuildContext,
+                          out: Path) -> str | None:
+        """Per-layer JSON (precision, tactic, fusions) beside the engine."""
+        runtime = trt.Runtime(logger)
+        engine = runtime.deserialize_cuda_engine(data)
+        if engine is None:
+            return None
+        info = engine.create_engine_inspector().get_engine_information(
+            trt.LayerInformationFormat.JSON)
+        stem = out.name.split(".tmp-")[0].lstrip(".")
+        path = ctx.model_dir / f"{stem}.layers.json"
+        atomic_write_bytes(path, info.encode())
+        return os.path.relpath(path, ctx.model_dir)
+
+    def open_for_validation(self, ctx: BuildContext, artifact: Any) -> Any:
+        from stgcnd.backends.tensorrt_backend import TensorRTBackend
+
+        return TensorRTBackend.from_artifact(artifact)

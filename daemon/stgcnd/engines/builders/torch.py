@@ -1,0 +1,45 @@
+"""PyTorch: nothing to write but the manifest.
+
+The torch backend folds BatchNorm from the loaded checkpoint at start (milliseconds), so a
+stored copy of folded weights would only be a second source of truth. The manifest still
+records the key and the validation result, so `stgcnd engines list` shows what was checked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from stgcnd.engines.builders.base import BuildContext, Builder
+from stgcnd.engines.options import BuildOptions
+from stgcnd.errors import BackendUnavailable, UserError
+from stgcnd.versions import module_version
+
+
+class TorchBuilder(Builder):
+    name = "torch"
+    suffix = None
+
+    def version(self) -> str | None:
+        v = module_version("torch")
+        if v is None:
+            raise BackendUnavailable("torch is not installed; pip install torch")
+        return v
+
+    def check(self, options: BuildOptions) -> None:
+        if options.precision == "int8":
+            raise UserError("the torch backend runs fp32 or fp16; for int8 use --backend "
+                            "onnxruntime (CPU) or tensorrt (GPU)")
+
+    def needs_qdq(self, options: BuildOptions) -> bool:
+        return False
+
+    def build(self, ctx: BuildContext, out: Path) -> dict[str, Any]:
+        return {"graph": "bn-folded at load"}
+
+    def open_for_validation(self, ctx: BuildContext, artifact: Any) -> Any:
+        from stgcnd.backends.torch_backend import TorchBackend
+
+        o = ctx.options
+        return TorchBackend(ctx.model, o.precision, o.device, max_batch=o.max_batch,
+                            threads=o.threads)

@@ -1,0 +1,158 @@
+"""What device an artefact was built for: GPU name and compute capability, Jetson release.
+
+A TensorRT engine runs only on the GPU model (compute capability) and TensorRT release it was
+built with, and a JetPack upgrade changes both; these values go into the engine store's cache
+key so that any change rebuilds with a log line saying what changed.
+
+The GPU is asked through torch only when torch is already imported (the TensorRT path must
+not import it), else through the CUDA driver (libcuda, as on Jetson where nvidia-smi is
+missing or limited), else nvidia-smi.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+# CUdevice_attribute values from cuda.h (stable since CUDA 2.x).
+_CU_ATTR_CC_MAJOR = 75
+_CU_ATTR_CC_MINOR = 76
+
+
+def parse_tegra_release(text: str) -> str | None:
+    """L4T release from /etc/nv_tegra_release: '# R36 (release), REVISION: 3.0, ...' -> '36.3.0'."""
+    m = re.search(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([0-9.]+)", text)
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def parse_dpkg_version(text: str) -> str | None:
+    """The version column of `dpkg-query -W PKG` output: 'nvidia-l4t-core\t36.3.0-2024...'."""
+    parts = text.strip().split()
+    return parts[1] if len(parts) >= 2 else None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_bytes().decode(errors="replace").replace("\x00", "").strip()
+    except OSError:
+        return None
+
+
+def _dpkg(package: str) -> str | None:
+    if not shutil.which("dpkg-query"):
+        return None
+    try:
+        out = subprocess.run(["dpkg-query", "-W", "-f", "${Package}\t${Version}\n", package],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_dpkg_version(out.stdout) if out.returncode == 0 else None
+
+
+def jetson_identity(root: Path = Path("/")) -> dict[str, Any] | None:
+    """Jetson module, L4T and JetPack, or None off a Jetson. `root` is for tests."""
+    release = _read(root / "etc/nv_tegra_release")
+    model = _read(root / "proc/device-tree/model")
+    if release is None and (model is None or "jetson" not in model.lower()):
+        return None
+    l4t = parse_tegra_release(release or "")
+    info: dict[str, Any] = {"module": model, "l4t": l4t}
+    if root == Path("/"):
+        core = _dpkg("nvidia-l4t-core")
+        if core:
+            info["l4t_core"] = core
+        jetpack = _dpkg("nvidia-jetpack")
+        if jetpack:
+            info["jetpack"] = jetpack
+    return info
+
+
+def _gpu_from_torch() -> dict[str, Any] | None:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_available():
+            return None
+        major, minor = torch.cuda.get_device_capability(0)
+        return {"name": torch.cuda.get_device_name(0), "compute_capability": f"{major}.{minor}"}
+    except Exception:
+        return None
+
+
+def _gpu_from_driver() -> dict[str, Any] | None:
+    for lib in ("libcuda.so.1", "libcuda.so"):
+        try:
+            cuda = ctypes.CDLL(lib)
+            break
+        except OSError:
+            continue
+    else:
+        return None
+    dev = ctypes.c_int()
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), 0) != 0:
+        return None
+    name = ctypes.create_string_buffer(256)
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    if (cuda.cuDeviceGetName(name, 256, dev) != 0
+            or cuda.cuDeviceGetAttribute(ctypes.byref(major), _CU_ATTR_CC_MAJOR, dev) != 0
+            or cuda.cuDeviceGetAttribute(ctypes.byref(minor), _CU_ATTR_CC_MINOR, dev) != 0):
+        return None
+    return {"name": name.value.decode(errors="replace"),
+            "compute_capability": f"{major.value}.{minor.value}"}
+
+
+def parse_nvidia_smi(text: str) -> dict[str, Any] | None:
+    """First line of `nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader`."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    if "," not in line:
+        return None
+    name, cc = (s.strip() for s in line.rsplit(",", 1))
+    return {"name": name, "compute_capability": cc}
+
+
+def _gpu_from_nvidia_smi() -> dict[str, Any] | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap",
+                              "--format=csv,noheader", "-i", "0"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_nvidia_smi(out.stdout) if out.returncode == 0 else None
+
+
+@lru_cache(maxsize=1)
+def gpu_identity() -> dict[str, Any] | None:
+    """GPU 0's name and compute capability, or None without a usable GPU."""
+    return _gpu_from_torch() or _gpu_from_driver() or _gpu_from_nvidia_smi()
+
+
+def device_identity(device: str) -> dict[str, Any]:
+    """The device part of a cache key: 'cpu' -> the CPU architecture; 'cuda' -> GPU + Jetson."""
+    ident: dict[str, Any] = {"kind": device, "machine": platform.machine()}
+    if device == "cuda":
+        gpu = gpu_identity()
+        ident["gpu"] = gpu["name"] if gpu else None
+        ident["compute_capability"] = gpu["compute_capability"] if gpu else None
+        jetson = jetson_identity()
+        if jetson:
+            ident["jetson"] = jetson
+    return ident
+
+
+def device_slug(identity: dict[str, Any]) -> str:
+    """A file-name-safe tag of a device: 'cpu-x86_64', 'cuda-sm87-orin'."""
+    if identity.get("kind") != "cuda":
+        return f"cpu-{identity.get('machine', 'unknown')}"
+    cc = str(identity.get("compute_capability") or "unknown").replace(".", "")
+    gpu = re.sub(r"[^a-z0-9]+", "-", str(identity.get("gpu") or "gpu").lower()).strip("-")
+    return f"cuda-sm{cc}-{gpu}"[:80]

@@ -1,0 +1,595 @@
+"""The engine store: build once per (model, backend, precision, device), reuse on every start.
+
+Layout under the root ($STGCND_ENGINE_DIR, else the daemon's default: systemd's
+StateDirectory/engines, `engines/` in a checkout, else ~/.cache/stgcnd/engines):
+
+    <model-id>/model.json                       what the model is (for `stgcnd engines list`)
+    <model-id>/onnx/model-b1.onnx (+ .json)     exported fp32 ONNX, static batch 1
+    <model-id>/onnx/model-dynamic.onnx          ... with a dynamic batch axis
+    <model-id>/onnx/model-b1.int8-<calib>.onnx  Q/DQ INT8 ONNX per calibration data set
+    <model-id>/<backend>-<precision>-<device>-<batch>.<ext>   the artefact
+    <model-id>/<backend>-<precision>-<device>-<batch>.json    its manifest (key, validation)
+    <model-id>/.locks/                           flock files, one per artefact / ONNX
+    timing-cache/tensorrt-<version>-<device>.cache           TensorRT timing caches
+
+The model id names the model's input and source (checkpoint path or demo, layout, persons,
+frames), so several configured models live side by side; the checkpoint's *content* and the
+export settings are in the ONNX's key, so an edited checkpoint re-exports in place.
+
+Every file is written to a temp file, fsynced and renamed; a manifest is only trusted when the
+artefact's size and sha256 match it. A build killed at any point leaves the old artefact (still
+matching its manifest) or a mismatch that the next start rebuilds: never a broken engine used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stgcnd.engines.builders import BuildContext, Builder, get_builder
+from stgcnd.engines.keys import describe_key_change, file_sha256, key_digest, make_key_parts
+from stgcnd.engines.lock import build_lock
+from stgcnd.engines.options import BACKENDS, BuildOptions
+from stgcnd.errors import UserError, ValidationError
+from stgcnd.fsutil import atomic_write_json
+from stgcnd.log import get_logger
+
+log = get_logger(__name__)
+
+MANIFEST_FORMAT = "stgcnd-engine-manifest/1"
+MODEL_FORMAT = "stgcnd-store-model/1"
+EXPORT_VARIANT = "optimized"
+# Test hook: seconds to sleep after the artefact's temp file is written and before it is
+# committed, so tests can kill a build half-way. Never set in production.
+PAUSE_ENV = "STGCND_TEST_PAUSE_BUILD"
+
+
+def default_root() -> Path:
+    """$STGCND_ENGINE_DIR, else the daemon's default (systemd StateDirectory, ./engines in a
+    checkout, else the user cache), so that commands and the daemon share one store."""
+    env = os.environ.get("STGCND_ENGINE_DIR")
+    if env:
+        return Path(env)
+    try:
+        from stgcnd.server.config import default_engines_dir
+    except ImportError:
+        return Path("engines")
+    return default_engines_dir()
+
+
+DEFAULT_ROOT = default_root()
+
+
+@dataclass
+class Artifact:
+    backend: str
+    precision: str
+    path: Path | None           # None: the artefact is its manifest alone (torch)
+    onnx_path: Path
+    manifest: dict[str, Any]
+    reused: bool
+    reason: str | None          # why it was (re)built; None when reused
+    manifest_path: Path | None = None
+
+
+def _is_loaded_model(obj: Any) -> bool:
+    return hasattr(obj, "module") and hasattr(obj, "spec")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-.")[:40] or "model"
+
+
+def model_id(spec: Any) -> str:
+    """Directory name of a model: readable stem + hash of its source and input shape."""
+    if spec.checkpoint is None:
+        source: dict[str, Any] = {"demo": {"seed": spec.seed, "num_class": spec.num_class,
+                                           "strategy": spec.strategy,
+                                           "two_stream": spec.two_stream}}
+        stem = "demo"
+    else:
+        source = {"checkpoint": str(Path(spec.checkpoint).expanduser().resolve())}
+        stem = Path(spec.checkpoint).stem
+    ident = {**source, "layout": spec.layout, "persons": spec.persons, "frames": spec.frames}
+    return f"{_slug(stem)}-{key_digest(ident)[:10]}"
+
+
+def export_key(spec: Any, checkpoint_sha256: str | None, dynamic_batch: bool) -> dict[str, Any]:
+    """What the exported ONNX depends on; any change re-exports it."""
+    return {"checkpoint_sha256": checkpoint_sha256,
+            "demo_seed": spec.seed if spec.checkpoint is None else None,
+            "layout": spec.layout, "persons": spec.persons, "frames": spec.frames,
+            "motion": spec.motion, "graph_op": spec.graph_op, "dynamic_batch": dynamic_batch,
+            "variant": EXPORT_VARIANT}
+
+
+def _sidecar(onnx_path: Path) -> Path:
+    """Where stgcnd.export writes an ONNX file's JSON sidecar (that module imports torch)."""
+    return onnx_path.with_name(onnx_path.name + ".json")
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_failure(what: Path, exc: OSError) -> UserError:
+    why = exc.strerror or str(exc)
+    return UserError(f"cannot write {what}: {why}; free space on that disk or make it writable "
+                     "(or pass --engines DIR elsewhere). The previous artefact, if any, is kept")
+
+
+class EngineStore:
+    def __init__(self, root: Path | str | None = None) -> None:
+        self.root = Path(root) if root is not None else DEFAULT_ROOT
+
+    # --- paths ---------------------------------------------------------------------------
+
+    def model_dir(self, spec: Any) -> Path:
+        return self.root / model_id(spec)
+
+    @staticmethod
+    def onnx_path(model_dir: Path, dynamic_batch: bool) -> Path:
+        return model_dir / "onnx" / ("model-dynamic.onnx" if dynamic_batch else "model-b1.onnx")
+
+    @staticmethod
+    def artifact_stem(backend: str, options: BuildOptions, device: str) -> str:
+        return f"{backend}-{options.precision}-{device}-{options.batch_tag}"
+
+    def timing_cache_path(self, version: str, device_slug: str) -> Path:
+        return self.root / "timing-cache" / f"tensorrt-{version}-{device_slug}.cache"
+
+    # --- public API ----------------------------------------------------------------------
+
+    def prepare(self, model: Any, backend: str, options: BuildOptions | None = None, *,
+                rebuild: str | None = None, validate: bool = True) -> Artifact:
+        """Export/re-export the ONNX and build or reuse the artefact; returns it.
+
+        `model` is a LoadedModel, or a ModelSpec (loaded only if something must be built).
+        `rebuild` forces a rebuild and is logged as its reason, e.g. when the backend failed
+        to load the stored artefact ("failed to load: incompatible device").
+        """
+        options = options or BuildOptions()
+        if backend not in BACKENDS:
+            raise UserError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        builder = get_builder(backend)
+        options = self._resolve_options(builder, options)
+        builder.check(options)
+        spec = model.spec if _is_loaded_model(model) else model
+        mdir = self.model_dir(spec)
+        device = builder.device_kind(options)
+        stem = self.artifact_stem(backend, options, device)
+        try:
+            mdir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _write_failure(mdir, exc) from None
+        with build_lock(mdir / ".locks" / f"{stem}.lock", stem):
+            env = builder.environment(options)
+            if rebuild is None:
+                found = self._current(spec, model, builder, options, env, mdir, stem)
+                if isinstance(found, Artifact):
+                    return found
+                reason = found
+            else:
+                reason = rebuild
+            loaded = model if _is_loaded_model(model) else self._load(spec)
+            onnx_path = self._ensure_onnx(loaded, mdir, options.dynamic_batch)
+            parts = self._key_parts(loaded.spec, builder, options, env, onnx_path)
+            if rebuild is None:
+                why = self._stale_reason(mdir, stem, builder, parts)
+                if why is None:  # the re-export gave the same graph: nothing to rebuild
+                    return self._reused(mdir, stem, builder, options, onnx_path)
+                reason = f"{reason}; {why}" if reason.startswith("ONNX") else why
+            return self._build(loaded, builder, options, env, parts, mdir, stem, onnx_path,
+                               reason or "missing", validate)
+
+    def find(self, spec: Any, backend: str, options: BuildOptions | None = None
+             ) -> Artifact | None:
+        """The stored artefact if it is current, without loading the model (no torch)."""
+        options = options or BuildOptions()
+        builder = get_builder(backend)
+        options = self._resolve_options(builder, options)
+        mdir = self.model_dir(spec)
+        stem = self.artifact_stem(backend, options, builder.device_kind(options))
+        if not (mdir / f"{stem}.json").exists():
+            return None
+        with build_lock(mdir / ".locks" / f"{stem}.lock", stem):
+            found = self._current(spec, spec, builder, options, builder.environment(options),
+                                  mdir, stem)
+        return found if isinstance(found, Artifact) else None
+
+    def list(self) -> list[dict[str, Any]]:
+        """Every manifest in the store, with whether it still matches this machine."""
+        rows = []
+        for manifest_path in sorted(self.root.glob("*/*.json")):
+            if manifest_path.name == "model.json":
+                continue
+            m = _read_json(manifest_path)
+            if not m or m.get("format") != MANIFEST_FORMAT:
+                continue
+            art = m.get("artifact")
+            path = manifest_path.parent / art if art else None
+            rows.append({
+                "model": manifest_path.parent.name, "backend": m.get("backend"),
+                "precision": m.get("precision"), "device": m.get("device"),
+                "max_batch": m.get("max_batch"),
+                "backend_version": m.get("key_parts", {}).get("backend_version"),
+                "path": str(path or manifest_path), "size_bytes": m.get("size_bytes"),
+                "built_at": m.get("built_at"), "build_seconds": m.get("build_seconds"),
+                "validation": m.get("validation"),
+                "status": self._status(manifest_path, m),
+            })
+        return rows
+
+    def prune(self, dry_run: bool = False) -> list[dict[str, Any]]:
+        """Remove what can never be used again here; returns [{path, reason}].
+
+        Leftovers of killed builds; artefacts whose file is missing or does not match its
+        manifest; artefacts built for another backend version or device than this machine's
+        (kept when that backend is not installed here, as the store may be on its way to
+        another device).
+        """
+        removed: list[dict[str, Any]] = []
+
+        def drop(path: Path, reason: str) -> None:
+            removed.append({"path": str(path), "reason": reason})
+            log.info("engine_pruned", path=str(path), reason=reason, dry_run=dry_run)
+            if not dry_run:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+
+        for mdir in sorted(p for p in self.root.glob("*") if p.is_dir()):
+            for tmp in sorted(mdir.rglob(".*")):
+                if tmp.is_file() and self._is_dead_temp(mdir, tmp):
+                    drop(tmp, "left over from an interrupted write")
+            for manifest_path in sorted(mdir.glob("*.json")):
+                m = _read_json(manifest_path)
+                if manifest_path.name == "model.json" or not m:
+                    continue
+                if m.get("format") != MANIFEST_FORMAT:
+                    continue
+                status = self._status(manifest_path, m)
+                if status.startswith("stale") or status.startswith("corrupt"):
+                    if m.get("artifact"):
+                        drop(manifest_path.parent / m["artifact"], status)
+                    drop(manifest_path, status)
+        return removed
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _resolve_options(self, builder: Builder, options: BuildOptions) -> BuildOptions:
+        """Fill in the calibration data's sha256 (the key uses the data, not the path)."""
+        if options.precision != "int8":
+            return options
+        if options.calibration is None:
+            if not options.allow_synthetic_calibration:
+                # Also when a synthetically calibrated artefact is stored: reusing it must be
+                # asked for as explicitly as building it.
+                from stgcnd.engines.calibration import refuse_without_calibration
+
+                refuse_without_calibration()
+            return options
+        path = Path(options.calibration)
+        if not path.is_file():
+            raise UserError(f"calibration file {path} does not exist; record windows to an "
+                            ".npz/.npy or pass --allow-synthetic-calibration")
+        return dataclasses.replace(options, extra={**options.extra,
+                                                   "calibration_sha256": file_sha256(path)})
+
+    @staticmethod
+    def _load(spec: Any) -> Any:
+        from stgcnd.model import load_model
+
+        return load_model(spec)
+
+    def _checkpoint_sha(self, model: Any, spec: Any) -> str | None:
+        if _is_loaded_model(model):
+            return model.checkpoint_sha256
+        if spec.checkpoint is None:
+            return None
+        try:
+            return file_sha256(Path(spec.checkpoint))
+        except OSError as exc:
+            raise UserError(f"cannot read checkpoint {spec.checkpoint}: {exc.strerror}") from None
+
+    def _onnx_stale_reason(self, spec: Any, checkpoint_sha: str | None, path: Path
+                           ) -> str | None:
+        sidecar = _read_json(_sidecar(path))
+        if sidecar is None or not path.exists():
+            return "missing"
+        want = export_key(spec, checkpoint_sha, sidecar.get("dynamic_batch", False))
+        have = sidecar.get("store_export_key")
+        if have != want:
+            changes = describe_key_change(have or {}, want)
+            return "export key changed: " + "; ".join(changes)
+        if path.stat().st_size != sidecar.get("store_size_bytes"):
+            return "corrupt: size differs from its sidecar"
+        return None
+
+    def _ensure_onnx(self, model: Any, mdir: Path, dynamic_batch: bool) -> Path:
+        path = self.onnx_path(mdir, dynamic_batch)
+        with build_lock(mdir / ".locks" / f"{path.stem}.lock", path.name):
+            reason = self._onnx_stale_reason(model.spec, model.checkpoint_sha256, path)
+            if reason is None:
+                return path
+            from stgcnd.export.onnx_export import export_model
+            from stgcnd.model.optimized import optimize_for_export
+
+            log.info("onnx_export_needed", path=str(path), reason=reason)
+            # Without onnxruntime (a TensorRT-only Jetson) the export is checked by onnx only;
+            # the built engine is validated against PyTorch anyway.
+            check = importlib.util.find_spec("onnxruntime") is not None
+            try:
+                res = export_model(model, path, dynamic_batch=dynamic_batch, validate=check,
+                                   module=optimize_for_export(model), variant=EXPORT_VARIANT)
+                sidecar = {**res.sidecar,
+                           "store_export_key": export_key(model.spec, model.checkpoint_sha256,
+                                                         dynamic_batch),
+                           "store_size_bytes": path.stat().st_size}
+                atomic_write_json(_sidecar(path), sidecar)
+                atomic_write_json(mdir / "model.json", {
+                    "format": MODEL_FORMAT, "model_id": mdir.name, "spec": model.spec.to_dict(),
+                    "checkpoint_sha256": model.checkpoint_sha256,
+                    "num_class": model.num_class, "labels": list(model.labels)})
+            except OSError as exc:
+                raise _write_failure(path, exc) from None
+        return path
+
+    def _onnx_sha(self, path: Path) -> str:
+        sidecar = _read_json(_sidecar(path)) or {}
+        return str(sidecar.get("onnx_sha256"))
+
+    def _key_parts(self, spec: Any, builder: Builder, options: BuildOptions,
+                   env: dict[str, Any], onnx_path: Path) -> dict[str, Any]:
+        return make_key_parts(
+            onnx_sha256=self._onnx_sha(onnx_path), backend=builder.name,
+            backend_version=env["backend_version"], device=env["device"],
+            options=options.key_dict(builder.name), input_shape=list(spec.input_shape),
+            batch_range=[1, options.max_batch])
+
+    def _stale_reason(self, mdir: Path, stem: str, builder: Builder,
+                      parts: dict[str, Any]) -> str | None:
+        manifest = _read_json(mdir / f"{stem}.json")
+        art = mdir / f"{stem}{builder.suffix}" if builder.suffix else None
+        if manifest is None and (mdir / f"{stem}.json").exists():
+            return "corrupt: manifest unreadable"
+        if manifest is None or (art is not None and not art.exists()):
+            return "missing"
+        if manifest.get("key") != key_digest(parts):
+            return "key changed: " + "; ".join(
+                describe_key_change(manifest.get("key_parts") or {}, parts))
+        if art is not None:
+            return self._integrity_problem(art, manifest)
+        return None
+
+    @staticmethod
+    def _integrity_problem(art: Path, manifest: dict[str, Any]) -> str | None:
+        size = art.stat().st_size
+        if size != manifest.get("size_bytes"):
+            return (f"failed to load: corrupt (size {size} bytes, manifest says "
+                    f"{manifest.get('size_bytes')}; truncated?)")
+        if file_sha256(art) != manifest.get("sha256"):
+            return "failed to load: corrupt (sha256 differs from the manifest)"
+        return None
+
+    def _current(self, spec: Any, model: Any, builder: Builder, options: BuildOptions,
+                 env: dict[str, Any], mdir: Path, stem: str) -> Artifact | str:
+        """The artefact if ONNX and artefact are current (no torch needed), else why not."""
+        dynamic = options.dynamic_batch
+        onnx_path = self.onnx_path(mdir, dynamic)
+        onnx_reason = self._onnx_stale_reason(spec, self._checkpoint_sha(model, spec), onnx_path)
+        if onnx_reason is not None:
+            if onnx_reason == "missing" and not (mdir / f"{stem}.json").exists():
+                return "missing"
+            return f"ONNX {onnx_reason}"
+        parts = self._key_parts(spec, builder, options, env, onnx_path)
+        why = self._stale_reason(mdir, stem, builder, parts)
+        if why is not None:
+            return why
+        return self._reused(mdir, stem, builder, options, onnx_path)
+
+    def _reused(self, mdir: Path, stem: str, builder: Builder, options: BuildOptions,
+                onnx_path: Path) -> Artifact:
+        manifest = _read_json(mdir / f"{stem}.json") or {}
+        path = mdir / f"{stem}{builder.suffix}" if builder.suffix else None
+        log.info("engine_reused", backend=builder.name, precision=options.precision,
+                 path=str(path or mdir / f"{stem}.json"), key=str(manifest.get("key"))[:12])
+        return Artifact(builder.name, options.precision, path, onnx_path, manifest, True, None,
+                        mdir / f"{stem}.json")
+
+    def _ensure_qdq(self, model: Any, options: BuildOptions, onnx_path: Path
+                    ) -> tuple[Path, Any, dict[str, Any]]:
+        """The Q/DQ INT8 ONNX for this calibration data (made once, shared by backends)."""
+        from stgcnd.engines.calibration import calibration_windows
+        from stgcnd.engines.quantize import quantize_qdq
+
+        windows, info = calibration_windows(options, model.spec)
+        calib = options.extra.get("calibration_sha256") or "synthetic"
+        source_sha = self._onnx_sha(onnx_path)
+        tag = hashlib.sha256(f"{source_sha}:{calib}".encode()).hexdigest()[:12]
+        path = onnx_path.with_name(f"{onnx_path.stem}.int8-{tag}.onnx")
+        sidecar = path.with_name(path.name + ".json")
+        with build_lock(path.parent.parent / ".locks" / f"{path.stem}.lock", path.name):
+            meta = _read_json(sidecar)
+            if (meta and path.exists() and meta.get("source_onnx_sha256") == source_sha
+                    and meta.get("calibration") == calib
+                    and meta.get("size_bytes") == path.stat().st_size):
+                return path, windows, info
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.onnx")
+            try:
+                q = quantize_qdq(onnx_path, tmp, windows, options.dynamic_batch)
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+                atomic_write_json(sidecar, {"source_onnx_sha256": source_sha,
+                                            "calibration": calib, "calibration_source": info,
+                                            "quantization": q,
+                                            "size_bytes": path.stat().st_size,
+                                            "sha256": file_sha256(path)})
+            except OSError as exc:
+                raise _write_failure(path, exc) from None
+            finally:
+                tmp.unlink(missing_ok=True)
+        return path, windows, info
+
+    def _build(self, model: Any, builder: Builder, options: BuildOptions, env: dict[str, Any],
+               parts: dict[str, Any], mdir: Path, stem: str, onnx_path: Path, reason: str,
+               validate: bool) -> Artifact:
+        log.info("engine_build_started", backend=builder.name, precision=options.precision,
+                 model=mdir.name, reason=reason)
+        for old_tmp in mdir.glob(f".{stem}.tmp-*"):
+            old_tmp.unlink(missing_ok=True)  # a killed build's leftovers (we hold the lock)
+        qdq_path, windows, calib_info = (None, None, {})
+        if builder.needs_qdq(options):
+            qdq_path, windows, calib_info = self._ensure_qdq(model, options, onnx_path)
+        elif options.precision == "int8":
+            from stgcnd.engines.calibration import calibration_windows
+
+            windows, calib_info = calibration_windows(options, model.spec)
+        ctx = BuildContext(model, options, onnx_path, qdq_path, mdir, self.root, windows,
+                           calib_info)
+        final = mdir / f"{stem}{builder.suffix}" if builder.suffix else None
+        tmp = mdir / f".{stem}.tmp-{os.getpid()}{builder.suffix or '.json'}"
+        manifest_path = mdir / f"{stem}.json"
+        t0 = time.perf_counter()
+        try:
+            try:
+                extra = builder.build(ctx, tmp)
+            except OSError as exc:
+                raise _write_failure(final or manifest_path, exc) from None
+            build_seconds = time.perf_counter() - t0
+            if final is not None:
+                with open(tmp, "rb+") as f:
+                    os.fsync(f.fileno())
+            self._test_pause(tmp)
+            manifest = self._manifest(model, builder, options, env, parts, stem, onnx_path,
+                                      qdq_path, calib_info, extra, build_seconds,
+                                      tmp if final is not None else None)
+            validation: dict[str, Any] | None = None
+            if validate:
+                draft = Artifact(builder.name, options.precision,
+                                 tmp if final is not None else None, onnx_path, manifest,
+                                 False, reason, manifest_path)
+                validation = self._validate(builder, ctx, draft)
+            manifest["validation"] = validation
+            try:
+                if final is not None:
+                    os.replace(tmp, final)
+                atomic_write_json(manifest_path, manifest)
+            except OSError as exc:
+                raise _write_failure(manifest_path, exc) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        log.info("engine_rebuilt", backend=builder.name, precision=options.precision,
+                 model=mdir.name, reason=reason, path=str(final or manifest_path),
+                 build_seconds=round(build_seconds, 3), size_bytes=manifest["size_bytes"],
+                 validation=validation)
+        return Artifact(builder.name, options.precision, final, onnx_path, manifest, False,
+                        reason, manifest_path)
+
+    @staticmethod
+    def _test_pause(tmp: Path) -> None:
+        pause = os.environ.get(PAUSE_ENV)
+        if pause:
+            log.warning("build_test_pause", path=str(tmp), seconds=float(pause))
+            time.sleep(float(pause))
+
+    def _manifest(self, model: Any, builder: Builder, options: BuildOptions,
+                  env: dict[str, Any], parts: dict[str, Any], stem: str, onnx_path: Path,
+                  qdq_path: Path | None, calib_info: dict[str, Any], extra: dict[str, Any],
+                  build_seconds: float, artefact: Path | None) -> dict[str, Any]:
+        from stgcnd.versions import tool_versions
+
+        mdir = onnx_path.parent.parent
+        return {
+            "format": MANIFEST_FORMAT, "backend": builder.name, "precision": options.precision,
+            "device": builder.device_kind(options),
+            "artifact": f"{stem}{builder.suffix}" if artefact is not None else None,
+            "onnx": str(onnx_path.relative_to(mdir)),
+            "source_onnx": str((qdq_path or onnx_path).relative_to(mdir)),
+            "key": key_digest(parts), "key_parts": parts,
+            "input_shape": list(model.spec.input_shape), "num_class": model.num_class,
+            "labels": list(model.labels), "max_batch": options.max_batch,
+            "dynamic_batch": options.dynamic_batch, "model": model.spec.to_dict(),
+            "checkpoint_sha256": model.checkpoint_sha256,
+            "size_bytes": artefact.stat().st_size if artefact is not None else 0,
+            "sha256": file_sha256(artefact) if artefact is not None else None,
+            "build_seconds": round(build_seconds, 3),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "calibration": calib_info or None, "builder": extra,
+            "versions": tool_versions(), "validation": None,
+        }
+
+    def _validate(self, builder: Builder, ctx: BuildContext, draft: Artifact
+                  ) -> dict[str, Any]:
+        from stgcnd.engines.validate import validate_backend
+        from stgcnd.errors import BackendUnavailable
+
+        try:
+            backend = builder.open_for_validation(ctx, draft)
+        except (BackendUnavailable, ImportError) as exc:
+            log.warning("engine_validation_skipped", backend=builder.name, reason=str(exc))
+            return {"skipped": str(exc)}
+        try:
+            result = validate_backend(ctx.model, backend)
+        finally:
+            backend.close()
+        if not result["finite"]:
+            raise ValidationError(
+                f"the {builder.name} {ctx.options.precision} artefact returns NaN/inf on "
+                "synthetic windows; it is not kept. Try another precision, or report this "
+                "with `stgcnd doctor` output")
+        return result
+
+    def _status(self, manifest_path: Path, m: dict[str, Any]) -> str:
+        """current | stale: ... | corrupt: ... | unknown: ... (backend not installed here)."""
+        art = m.get("artifact")
+        if art:
+            path = manifest_path.parent / art
+            if not path.exists():
+                return "corrupt: artefact file missing"
+            if path.stat().st_size != m.get("size_bytes"):
+                return "corrupt: size differs from the manifest"
+        try:
+            builder = get_builder(str(m.get("backend")))
+            version = builder.version()
+        except UserError as exc:
+            return f"unknown: {exc}"
+        from stgcnd.engines.device import device_identity
+
+        parts = m.get("key_parts") or {}
+        if parts.get("backend_version") != version:
+            return (f"stale: built with {m.get('backend')} {parts.get('backend_version')}, "
+                    f"this machine has {version}")
+        if parts.get("device") != device_identity(str(m.get("device"))):
+            return "stale: built for another device"
+        return "current"
+
+    def _is_dead_temp(self, mdir: Path, tmp: Path) -> bool:
+        m = re.match(r"\.(.+)\.tmp-(\d+)", tmp.name)
+        if m:
+            pid = int(m.group(2))
+            try:
+                os.kill(pid, 0)
+                return False  # the writing process is alive
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                return False
+        # fsutil.atomic_write temp files: '.<name>.<random>.part'; give live writers an hour.
+        return tmp.name.endswith(".part") and time.time() - tmp.stat().st_mtime > 3600

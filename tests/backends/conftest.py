@@ -1,0 +1,37 @@
+"""Small models for backend tests: T=24 frames keeps a CPU forward pass in the milliseconds."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from stgcnd.model import ModelSpec, load_model
+from stgcnd.model.synthetic import synthetic_windows
+from tests.conftest import write_checkpoint
+
+FRAMES = 24
+
+
+@pytest.fixture(scope="session")
+def small_model(tmp_path_factory, two_stream_state):
+    path = write_checkpoint(tmp_path_factory.mktemp("bk") / "m.pt", two_stream_state)
+    return load_model(ModelSpec(checkpoint=path, frames=FRAMES, persons=2, graph_op="einsum"))
+
+
+@pytest.fixture(scope="session")
+def windows(small_model) -> np.ndarray:
+    spec = small_model.spec
+    # Realistic skeletons, one with an empty person slot.
+    return np.concatenate([
+        synthetic_windows(3, spec.frames, spec.persons, spec.num_node, seed=11),
+        synthetic_windows(1, spec.frames, spec.persons, spec.num_node, present=1, seed=12),
+    ])
+
+
+def resource_counts() -> dict[str, int]:
+    gc.collect()
+    return {"threads": threading.active_count(), "fds": len(os.listdir("/proc/self/fd"))}

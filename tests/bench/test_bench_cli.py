@@ -1,0 +1,67 @@
+"""`stgcnd bench` end to end on the CPU (a short window so that it takes seconds)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from tests.conftest import REPO
+
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    p for p in (str(REPO / "daemon"), os.environ.get("PYTHONPATH")) if p)}
+
+
+def test_bench_cpu_rows(tmp_path, checkpoint_path):
+    out_json, out_csv = tmp_path / "bench.json", tmp_path / "bench.csv"
+    proc = subprocess.run(
+        [sys.executable, "-m", "stgcnd", "bench", "--checkpoint", str(checkpoint_path),
+         "--frames", "16", "--persons", "1", "2", "--backends", "torch", "--iterations", "3",
+         "--warmup", "1", "--sessions", "1", "2", "--json", str(out_json), "--csv",
+         str(out_csv)], capture_output=True, text=True, timeout=300, cwd=REPO,
+        env=ENV)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out_json.read_text())
+    # Per persons count: the baseline, then torch fp32 with 1 and 2 sessions.
+    assert [(r["backend"], r["persons"], r["sessions"]) for r in rows] == [
+        ("torch-eager", 1, 1), ("torch", 1, 1), ("torch", 1, 2),
+        ("torch-eager", 2, 1), ("torch", 2, 1), ("torch", 2, 2)]
+    for r in rows:
+        assert r["precision"] == "fp32" and r["batch"] == 1 and r["frames"] == 16
+        assert r["min_ms"] <= r["median_ms"] <= r["p99_ms"] <= r["max_ms"]
+        assert r["iterations"] == 3 * r["sessions"]
+        assert r["max_abs_diff"] <= 1e-4 and r["top1_agreement"] == 1.0
+    for base, row in ((rows[0], rows[1]), (rows[3], rows[4])):
+        assert "eager" in base["backend"] and base["speedup"] == 1.0
+        assert np.isclose(row["speedup"], base["median_ms"] / row["median_ms"])
+        assert np.isclose(row["windows_per_s"], 1e3 / row["mean_ms"])
+    with open(out_csv) as f:
+        assert [r["backend"] for r in csv.DictReader(f)][:2] == ["torch-eager", "torch"]
+    # The table on stdout, progress on stderr.
+    assert "speedup" in proc.stdout and "torch-eager" in proc.stdout
+    assert "[M=2 B=1]" in proc.stderr
+
+
+def test_bench_rejects_bad_flags():
+    proc = subprocess.run([sys.executable, "-m", "stgcnd", "bench", "--batch", "0"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO,
+                          env=ENV)
+    assert proc.returncode == 2 and "error" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_doctor_json():
+    proc = subprocess.run([sys.executable, "-m", "stgcnd", "doctor", "--json"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env=ENV)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["python"].startswith(sys.version.split()[0])
+    assert set(report["backends"]) == {"tensorrt", "torch", "onnxruntime"}
+    import torch
+
+    assert report["versions"]["torch"] == torch.__version__
+    assert report["cuda"]["available"] == torch.cuda.is_available()

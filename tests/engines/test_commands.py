@@ -1,0 +1,48 @@
+"""`stgcnd build`, `stgcnd validate` and `stgcnd engines` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.engines.conftest import FRAMES, REPO
+
+
+def stgcnd(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stgcnd", "--log-format", "json", *args],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def test_build_reuses_and_validate_reports(store_root, tmp_path):
+    model = ["--frames", str(FRAMES), "--engines", str(store_root), "--backend", "onnxruntime"]
+    r = stgcnd("build", *model)
+    assert r.returncode == 0, r.stderr
+    assert "reused onnxruntime fp32" in r.stdout
+    out = tmp_path / "v.json"
+    r = stgcnd("validate", *model, "--count", "6", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    v = json.loads(out.read_text())
+    assert v["windows"] == 6 and v["passed"] and v["top1_agreement"] == 1.0
+    assert v["max_abs_diff"] < 1e-4 and set(v) >= {"mean_abs_diff", "thresholds", "artifact"}
+    r = stgcnd("validate", *model, "--count", "6", "--min-top1", "1.01")
+    assert r.returncode == 3 and "FAILED: top-1 agreement" in r.stdout
+
+
+def test_engines_list_and_prune(store_root):
+    r = stgcnd("engines", "list", "--engines", str(store_root), "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(x["backend"], x["precision"], x["status"]) for x in rows] == [
+        ("onnxruntime", "fp32", "current")]
+    r = stgcnd("engines", "prune", "--engines", str(store_root))
+    assert r.returncode == 0 and "0 file(s) removed" in r.stdout
+
+
+def test_user_errors_are_one_line(store_root):
+    r = stgcnd("build", "--frames", str(FRAMES), "--engines", str(store_root),
+               "--backend", "onnxruntime", "--precision", "int8")
+    assert r.returncode == 2
+    err = [line for line in r.stderr.splitlines() if not line.startswith("{")]
+    assert len(err) == 1 and "--allow-synthetic-calibration" in err[0]
+    assert "Traceback" not in r.stderr
