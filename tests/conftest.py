@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from stgcnd.model.demo import demo_state_dict
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from stgcnd.model.spec import GRAPH_OPS, MOTION_FORMULAS
+from stgcnd.model.spec import MOTION_FORMULAS
 
 MotionFormula = Literal["first-difference", "second-difference"]
 GraphOp = Literal["einsum", "matmul"]
