@@ -332,3 +332,30 @@ def test_watchdog_goes_silent_while_a_worker_is_stuck(tmp_path):
     assert any("WATCHDOG" in m for m in d.notify.read(1.5))  # pinging again
     assert d.stop() == 0
     d.close()
+
+
+def test_logs_summarize_counts_a_daemon_run(tmp_path):
+    """Issue 6: the daemon's own log, read back by `stgcnd logs summarize`, gives the counts."""
+    import json
+
+    d = Daemon(tmp_path).start()
+    ok, bad = 5, 2
+    with Client(d.endpoint, camera_id="cam3") as c:
+        for i in range(ok):
+            c.infer(synthetic_windows(1, FRAMES, 1, seed=i)[0])
+    for _ in range(bad):
+        rep = raw_request(d.endpoint, encode_request(
+            "infer", 1, "cam3", arrays=[np.zeros((3, FRAMES, 33, 2), np.float32)]))
+        assert rep["code"] == "bad-shape"
+    assert d.stop() == 0  # the last latency interval is flushed at shutdown
+    r = subprocess.run([sys.executable, "-m", "stgcnd", "logs", "summarize", str(d.log_path),
+                        "--camera", "cam3", "--json"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    (stream,) = summary["streams"]
+    assert (stream["camera"], stream["model"]) == ("cam3", "demo")
+    assert stream["requests"] == ok + bad and stream["ok"] == ok and stream["errors"] == bad
+    assert stream["busy"] == 0 and stream["expired"] == 0
+    assert stream["latency"]["max_ms"] > 0
+    d.close()

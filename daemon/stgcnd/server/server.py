@@ -230,9 +230,17 @@ class Server:
         except zmq.ZMQError as exc:  # the client vanished (EHOSTUNREACH) or is not reading
             log.debug("reply_dropped", reason=exc.strerror)
 
-    def _reply_error(self, identity: bytes, exc: ProtocolError, client: str) -> None:
+    def _reply_error(self, identity: bytes, exc: ProtocolError, req: Request | None) -> None:
         self.counters["errors"] += 1
-        self.errors.report(client, exc.code.value, exc.message)
+        if req is None:
+            # Undecodable: the sender's camera is unknown and identities are cheap, so these
+            # are rate-limited per error code.
+            self.errors.report(f"<{exc.code.value}>", exc.code.value, exc.message)
+        else:
+            self.errors.report(req.camera, exc.code.value, exc.message)
+            if req.op in ("infer", "push"):
+                model = req.model or next(iter(self.models))
+                self.latency.record(req.camera, model, 0.0, "error")
         self._send(identity, encode_reply(exc.req_id, error=(exc.code.value, exc.message)))
 
     def _read_requests(self, limit: int) -> None:
@@ -250,9 +258,7 @@ class Server:
                 req = decode_request(msg[1:], self.limits)
                 self._dispatch(identity, req, received)
             except ProtocolError as exc:
-                # Undecodable messages are rate-limited per error code (their sender's camera
-                # is unknown and identities are cheap); decoded ones per camera.
-                self._reply_error(identity, exc, req.camera if req else f"<{exc.code.value}>")
+                self._reply_error(identity, exc, req)
             except Exception as exc:
                 log.exception("request_crashed", error=str(exc))
                 self._send(identity, encode_reply(None, error=(ErrorCode.INTERNAL.value,

@@ -139,6 +139,7 @@ class CameraWorker(threading.Thread):
         now = time.monotonic()
         queue_ms = (now - work.received) * 1e3
         outcome = "error"
+        ran = True  # False for push replies that only buffered a frame: no latency to record
         try:
             if self.drain_deadline is not None and now > self.drain_deadline:
                 outcome = "error"
@@ -154,7 +155,7 @@ class CameraWorker(threading.Thread):
                 outcome = "ok"
                 return encode_reply(req.id, {"reset": [model.name]})
             if req.op == "push":
-                frames, outcome = self._push(work, model, queue_ms)
+                frames, outcome, ran = self._push(work, model, queue_ms)
                 return frames
             result, outcome = self._infer(work, model, req.arrays[0], queue_ms)
             return encode_reply(req.id, result)
@@ -173,7 +174,7 @@ class CameraWorker(threading.Thread):
             self.requests += 1
             self.last_activity = time.monotonic()
             total_ms = (time.monotonic() - work.received) * 1e3
-            if req.op in ("infer", "push"):
+            if req.op in ("infer", "push") and ran:
                 self._record(self.camera, work.model, total_ms, outcome)
 
     def _infer(self, work: Work, model: ServedModel, window: np.ndarray, queue_ms: float
@@ -204,11 +205,13 @@ class CameraWorker(threading.Thread):
                 "probs": probs.tolist(), "label": label, "label_name": model.labels[label],
                 "timings": timings}, "ok"
 
-    def _push(self, work: Work, model: ServedModel, queue_ms: float) -> tuple[list[bytes], str]:
+    def _push(self, work: Work, model: ServedModel, queue_ms: float
+              ) -> tuple[list[bytes], str, bool]:
+        """(reply frames, outcome, whether an inference ran)."""
         req = work.request
         last = self._last_push.get(model.name)
         if last is not None and last[0] == req.id:
-            return last[1], "ok"  # a client's resend after a timeout: do not append twice
+            return last[1], "ok", False  # a resend after a client timeout: do not append twice
         ring = self._rings.get(model.name)
         if ring is None or ring.frames != model.input_shape[1]:
             ring = self._rings[model.name] = FrameRing(model.input_shape, model.config.stride)
@@ -221,4 +224,4 @@ class CameraWorker(threading.Thread):
             result.update(inferred)
         frames = encode_reply(req.id, result)
         self._last_push[model.name] = (req.id, frames)
-        return frames, outcome
+        return frames, outcome, due
