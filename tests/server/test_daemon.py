@@ -308,7 +308,7 @@ def test_watchdog_goes_silent_while_a_worker_is_stuck(tmp_path):
     big = 450
     d = Daemon(tmp_path, env={"WATCHDOG_USEC": "400000"},
                models=f'[[models]]\nname = "big"\nframes = {big}\npersons = 3\n'
-                      'backend = "torch"\n', stall_timeout=0.2)
+                      'backend = "torch"\ndevice = "cpu"\n', stall_timeout=0.2)
     d.config_path.write_text(d.config_path.read_text().replace("warmup_runs = 1",
                                                                "warmup_runs = 0"))
     d.start()

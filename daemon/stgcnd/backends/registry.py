@@ -74,6 +74,20 @@ def torch_cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def default_device(backend: str) -> str:
+    """Where an explicitly named backend runs when the user did not say: the GPU if it can."""
+    if backend == "tensorrt":
+        return "cuda"
+    if backend == "torch":
+        return "cuda" if torch_cuda_available() else "cpu"
+    if backend == "onnxruntime" and _importable("onnxruntime"):
+        import onnxruntime
+
+        return "cuda" if "CUDAExecutionProvider" in onnxruntime.get_available_providers() \
+            else "cpu"
+    return "cpu"
+
+
 def _is_loaded_model(obj: Any) -> bool:
     return hasattr(obj, "module") and hasattr(obj, "spec")
 

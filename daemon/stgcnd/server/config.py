@@ -22,6 +22,7 @@ else:  # pragma: no cover - Python 3.10 (JetPack 6)
 DEFAULT_CONFIG_PATH = Path("/etc/stgcnd/stgcnd.toml")
 BACKENDS = ("auto", "tensorrt", "torch", "onnxruntime")
 PRECISIONS = ("fp32", "fp16", "int8")
+DEVICES = ("auto", "cpu", "cuda")
 
 
 def default_runtime_dir() -> Path:
@@ -51,6 +52,7 @@ class ModelConfig:
     motion: str = "first-difference"
     labels: tuple[str, ...] = ()
     backend: str = "auto"
+    device: str = "auto"       # auto: the GPU when the backend can use one, else the CPU
     precision: str = "fp32"
     stride: int = 1            # push mode: one prediction every `stride` frames once full
     max_batch: int = 1
@@ -151,6 +153,8 @@ def _check(config: Config) -> Config:
         where = f"{config.source}: model {m.name!r}"
         if m.backend not in BACKENDS:
             raise UserError(f"{where}: backend must be one of {', '.join(BACKENDS)}")
+        if m.device not in DEVICES:
+            raise UserError(f"{where}: device must be one of {', '.join(DEVICES)}")
         if m.precision not in PRECISIONS:
             raise UserError(f"{where}: precision must be one of {', '.join(PRECISIONS)}")
         if m.layout not in LAYOUTS:

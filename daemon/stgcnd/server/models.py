@@ -95,7 +95,7 @@ def load_models(config: Config, generation: int = 1,
     Models whose configuration is unchanged (`keep`) are reused as they are. Any failure is
     fatal to the whole load: the daemon never serves half a configuration.
     """
-    from stgcnd.backends.registry import open_backend
+    from stgcnd.backends.registry import default_device, open_backend
     from stgcnd.engines.options import BuildOptions
     from stgcnd.engines.store import EngineStore
 
@@ -108,7 +108,10 @@ def load_models(config: Config, generation: int = 1,
                 loaded[mc.name] = old
                 continue
             t0 = time.perf_counter()
-            options = BuildOptions(precision=mc.precision, max_batch=mc.max_batch,
+            # For "auto" backends the registry picks the device along with the backend.
+            device = (mc.device if mc.device != "auto" else
+                      "cpu" if mc.backend == "auto" else default_device(mc.backend))
+            options = BuildOptions(precision=mc.precision, max_batch=mc.max_batch, device=device,
                                    dynamic_batch=mc.max_batch > 1, calibration=mc.calibration,
                                    allow_synthetic_calibration=mc.allow_synthetic_calibration,
                                    cuda_graph=mc.cuda_graph)
