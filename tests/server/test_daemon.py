@@ -304,11 +304,12 @@ def test_sighup_reload_keeps_cameras(tmp_path):
 
 
 def test_watchdog_goes_silent_while_a_worker_is_stuck(tmp_path):
-    # A model big enough that one CPU inference takes seconds: a real "stuck" call.
+    # A model big enough that one single-threaded CPU inference takes about a second on any
+    # machine: a real call that is "stuck" for much longer than stall_timeout.
     big = 450
-    d = Daemon(tmp_path, env={"WATCHDOG_USEC": "400000"},
+    d = Daemon(tmp_path, env={"WATCHDOG_USEC": "200000"},
                models=f'[[models]]\nname = "big"\nframes = {big}\npersons = 3\n'
-                      'backend = "torch"\ndevice = "cpu"\n', stall_timeout=0.2)
+                      'backend = "torch"\ndevice = "cpu"\nthreads = 1\n', stall_timeout=0.1)
     d.config_path.write_text(d.config_path.read_text().replace("warmup_runs = 1",
                                                                "warmup_runs = 0"))
     d.start()
@@ -322,9 +323,9 @@ def test_watchdog_goes_silent_while_a_worker_is_stuck(tmp_path):
 
     t = threading.Thread(target=slow)
     t.start()
-    time.sleep(0.4)
-    d.notify.read(0.05)  # pings sent before the stall was noticed
-    silent = d.notify.read(0.3)
+    time.sleep(0.25)  # > stall_timeout + one ping interval
+    d.notify.read(0.02)  # pings sent before the stall was noticed
+    silent = d.notify.read(0.25)
     assert not done.is_set(), "the inference ended too soon to observe a stall"
     assert not any("WATCHDOG" in m for m in silent), silent
     assert any(e.get("event") == "watchdog_stall" for e in d.log_events())

@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backends", nargs="+", default=None, choices=BENCH_BACKENDS,
                    help="backends to time besides the eager baseline (default: all that run "
                         "on --device)")
-    p.add_argument("--precisions", nargs="+", default=None, choices=("fp32", "fp16", "bf16", "int8"),
+    p.add_argument("--precisions", nargs="+", default=None,
+                   choices=("fp32", "fp16", "bf16", "int8"),
                    help="default: fp32 on cpu; fp32 fp16 on cuda (bf16: torch on the CPU "
                         "only; int8: onnxruntime / tensorrt)")
     p.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes (default: 1)")

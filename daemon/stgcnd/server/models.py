@@ -114,7 +114,7 @@ def load_models(config: Config, generation: int = 1,
             options = BuildOptions(precision=mc.precision, max_batch=mc.max_batch, device=device,
                                    dynamic_batch=mc.max_batch > 1, calibration=mc.calibration,
                                    allow_synthetic_calibration=mc.allow_synthetic_calibration,
-                                   cuda_graph=mc.cuda_graph)
+                                   cuda_graph=mc.cuda_graph, threads=mc.threads)
             spec = _spec(mc)
             try:
                 backend = open_backend(spec, mc.backend, options, store)
