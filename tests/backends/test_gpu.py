@@ -38,7 +38,9 @@ def test_cuda_parity(small_model, gpu_windows, precision, tol, cuda_graph):
         assert set(s.last_timings) == {"h2d_ms", "compute_ms", "d2h_ms", "total_ms"}
     assert np.max(np.abs(full - ref)) <= tol
     assert np.max(np.abs(ones - ref[:4])) <= tol
-    np.testing.assert_array_equal(full, again)
+    # Repeated runs agree to far below the tolerance (cuDNN may pick kernels whose reduction
+    # order, hence last bits, varies between calls; a bitwise check flaked once on the H100).
+    np.testing.assert_allclose(full, again, rtol=0, atol=tol / 100)
     assert np.array_equal(full.argmax(1), ref.argmax(1))
 
 
