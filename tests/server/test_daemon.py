@@ -360,3 +360,21 @@ def test_logs_summarize_counts_a_daemon_run(tmp_path):
     assert stream["busy"] == 0 and stream["expired"] == 0
     assert stream["latency"]["max_ms"] > 0
     d.close()
+
+
+def test_idle_cameras_are_reclaimed_and_come_back(tmp_path):
+    d = Daemon(tmp_path, idle_timeout=0.5).start()
+    w = np.zeros((3, FRAMES, 33, 1), np.float32)
+    with Client(d.endpoint, camera_id="sleepy") as c:
+        first = c.infer(w)
+        assert "sleepy" in c.stats()["cameras"]
+        deadline = time.monotonic() + 10
+        while "sleepy" in c.stats()["cameras"] and time.monotonic() < deadline:
+            time.sleep(0.2)  # reclaimed at the next stats tick after 0.5 s idle
+        assert "sleepy" not in c.stats()["cameras"]
+        assert c.stats()["models"]["demo"]["sessions"] == 0  # its session was closed
+        np.testing.assert_allclose(c.infer(w).logits, first.logits, atol=1e-6)  # a new one
+    assert any(e.get("event") == "camera_reclaimed" and e.get("camera") == "sleepy"
+               for e in d.log_events())
+    assert d.stop() == 0
+    d.close()
