@@ -16,6 +16,7 @@ import numpy as np
 from stgcnd.backends.base import Backend, BackendInfo, Session
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.log import get_logger
+from stgcnd.runtimes import import_onnxruntime
 
 log = get_logger(__name__)
 
@@ -23,20 +24,11 @@ INPUT_NAME = "input"
 OUTPUT_NAME = "output"
 
 
-def _ort() -> Any:
-    try:
-        import onnxruntime
-    except ImportError:
-        raise BackendUnavailable("onnxruntime is not installed; pip install "
-                                 "'stgcnd[onnxruntime]' (or onnxruntime-gpu for CUDA)") from None
-    return onnxruntime
-
-
 class OnnxRuntimeBackend(Backend):
     def __init__(self, model_path: Path, input_shape: tuple[int, ...], num_class: int,
                  max_batch: int = 1, precision: str = "fp32", threads: int = 0,
                  device: str = "cpu") -> None:
-        ort = _ort()
+        ort = import_onnxruntime()
         self.model_path = Path(model_path)
         if not self.model_path.is_file():
             raise UserError(f"ONNX model {self.model_path} not found; rebuild it with "
@@ -73,7 +65,7 @@ class OnnxRuntimeBackend(Backend):
                    int(m.get("max_batch", 1)), artifact.precision, threads, device)
 
     def _make_session(self) -> Any:
-        ort = _ort()
+        ort = import_onnxruntime()
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = self.threads
         opts.inter_op_num_threads = 1

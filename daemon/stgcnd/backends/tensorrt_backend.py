@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from stgcnd import runtimes
 from stgcnd.backends.base import Backend, BackendInfo, Session
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.log import get_logger
@@ -55,12 +56,8 @@ _logger_lock = threading.Lock()
 
 
 def import_tensorrt() -> Any:
-    try:
-        import tensorrt as trt
-    except ImportError:
-        raise BackendUnavailable("TensorRT is not importable; on a Jetson use a venv made "
-                                 "with --system-site-packages so JetPack's tensorrt is "
-                                 "visible") from None
+    """The `tensorrt` module, checked for the name-based tensor API this backend uses."""
+    trt = runtimes.import_tensorrt()
     missing = missing_api(trt)
     if missing:
         raise BackendUnavailable(f"TensorRT {version_of(trt)} lacks {', '.join(missing)}; stgcnd "

@@ -18,14 +18,6 @@ def key_digest(parts: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(parts).encode()).hexdigest()
 
 
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def make_key_parts(*, onnx_sha256: str, backend: str, backend_version: str | None,
                    device: dict[str, Any], options: dict[str, Any],
                    input_shape: list[int], batch_range: list[int]) -> dict[str, Any]:

@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from stgcnd.engines.builders import BuildContext, Builder, get_builder
-from stgcnd.engines.keys import describe_key_change, file_sha256, key_digest, make_key_parts
+from stgcnd.engines.keys import describe_key_change, key_digest, make_key_parts
 from stgcnd.engines.lock import build_lock
 from stgcnd.engines.options import BACKENDS, BuildOptions
 from stgcnd.errors import UserError, ValidationError
-from stgcnd.fsutil import atomic_write_json
+from stgcnd.fsutil import atomic_write_json, file_sha256
 from stgcnd.log import get_logger
 
 log = get_logger(__name__)

@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from stgcnd.errors import BackendUnavailable, UserError, ValidationError
+from stgcnd.errors import UserError, ValidationError
 from stgcnd.fsutil import atomic_write_bytes, atomic_write_json
 from stgcnd.log import get_logger
 from stgcnd.model import LoadedModel, reference_logits
 from stgcnd.model.synthetic import synthetic_windows
+from stgcnd.runtimes import import_onnxruntime
 from stgcnd.versions import tool_versions
 
 log = get_logger(__name__)
@@ -70,12 +71,7 @@ def check_onnx(data: bytes) -> None:
 
 
 def ort_session(path_or_bytes: Path | bytes, threads: int = 0) -> Any:
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        raise BackendUnavailable(
-            "onnxruntime is not installed; install it with pip install 'stgcnd[onnxruntime]' "
-            "(or pass --skip-validation to export without checking the graph)") from None
+    ort = import_onnxruntime()
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.log_severity_level = 3

@@ -8,7 +8,6 @@ num_class, the partitions K and the joints V come from the checkpoint, and so do
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,14 +33,6 @@ class CheckpointInfo:
     in_channels: int
     edge_importance: bool
     adjacency: dict[str, torch.Tensor]  # stream prefix ("" for single stream) -> A
-
-
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:

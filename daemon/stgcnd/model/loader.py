@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from stgcnd.errors import CheckpointError
+from stgcnd.fsutil import file_sha256
 from stgcnd.log import get_logger
 from stgcnd.model.checkpoint import (
     CheckpointInfo,
     check_against_spec,
     describe,
-    file_sha256,
     inspect_state_dict,
     load_strict,
     read_state_dict,

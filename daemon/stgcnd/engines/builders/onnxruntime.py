@@ -14,16 +14,8 @@ from typing import Any
 
 from stgcnd.engines.builders.base import BuildContext, Builder
 from stgcnd.engines.options import BuildOptions
+from stgcnd.runtimes import import_onnxruntime
 from stgcnd.errors import BackendUnavailable, UserError
-
-
-def _ort() -> Any:
-    try:
-        import onnxruntime
-    except ImportError:
-        raise BackendUnavailable("onnxruntime is not installed; pip install "
-                                 "'stgcnd[onnxruntime]' (or onnxruntime-gpu for CUDA)") from None
-    return onnxruntime
 
 
 def _probe_space(path: Path, nbytes: int) -> None:
@@ -42,14 +34,14 @@ class OnnxRuntimeBuilder(Builder):
     suffix = ".onnx"
 
     def version(self) -> str | None:
-        return str(_ort().__version__)
+        return str(import_onnxruntime().__version__)
 
     def check(self, options: BuildOptions) -> None:
         if options.precision == "fp16":
             raise UserError("the onnxruntime backend builds fp32 or int8 (Q/DQ); for fp16 use "
                             "--backend tensorrt, or torch on a GPU")
         if options.device == "cuda" and "CUDAExecutionProvider" not in \
-                _ort().get_available_providers():
+                import_onnxruntime().get_available_providers():
             raise BackendUnavailable("onnxruntime has no CUDA execution provider here; "
                                      "pip install onnxruntime-gpu, or use --device cpu")
 
@@ -59,7 +51,7 @@ class OnnxRuntimeBuilder(Builder):
         return ["CPUExecutionProvider"]
 
     def build(self, ctx: BuildContext, out: Path) -> dict[str, Any]:
-        ort = _ort()
+        ort = import_onnxruntime()
         if ctx.options.precision == "int8":
             assert ctx.qdq_onnx_path is not None
             shutil.copyfile(ctx.qdq_onnx_path, out)

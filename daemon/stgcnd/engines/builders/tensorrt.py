@@ -27,21 +27,12 @@ from typing import Any
 
 from stgcnd.engines.builders.base import BuildContext, Builder
 from stgcnd.engines.options import BuildOptions
+from stgcnd.runtimes import import_tensorrt
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.fsutil import atomic_write_bytes
 from stgcnd.log import get_logger
 
 log = get_logger(__name__)
-
-
-def import_tensorrt() -> Any:
-    try:
-        import tensorrt
-    except ImportError as exc:
-        raise BackendUnavailable(
-            f"tensorrt is not importable ({exc}); on a Jetson use a venv made with "
-            "--system-site-packages so that JetPack's tensorrt is visible") from None
-    return tensorrt
 
 
 def trt_version(trt: Any) -> tuple[int, ...]:
