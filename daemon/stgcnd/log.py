@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from typing import Any, Literal, TextIO
 
 import structlog
@@ -51,6 +52,14 @@ def configure_logging(level: str | int = "info", fmt: LogFormat = "auto",
         logger_factory=structlog.WriteLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
+    warnings.showwarning = _log_warning
+
+
+def _log_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+    # Python warnings (ours or a library's) become log events instead of raw stderr lines.
+    structlog.get_logger().warning("python_warning", category=category.__name__,
+                                   message=str(message), location=f"{filename}:{lineno}")
 
 
 def get_logger(name: str | None = None, **initial: Any) -> Any:

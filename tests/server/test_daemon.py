@@ -349,6 +349,9 @@ def test_logs_summarize_counts_a_daemon_run(tmp_path):
             "infer", 1, "cam3", arrays=[np.zeros((3, FRAMES, 33, 2), np.float32)]))
         assert rep["code"] == "bad-shape"
     assert d.stop() == 0  # the last latency interval is flushed at shutdown
+    lines = d.log_path.read_text().splitlines()
+    assert lines and all(line.startswith("{") for line in lines), [
+        line for line in lines if not line.startswith("{")][:3]  # JSON lines only
     r = subprocess.run([sys.executable, "-m", "stgcnd", "logs", "summarize", str(d.log_path),
                         "--camera", "cam3", "--json"], capture_output=True, text=True,
                        timeout=120)

@@ -126,12 +126,23 @@ class TorchBackend(Backend):
 
 
 class _CpuSession(Session):
+    """Copies each batch into the session's own float32 input buffer: the daemon's windows are
+    read-only views of ZeroMQ frames (torch refuses to wrap those without a warning), and
+    float16 windows are widened in the same copy."""
+
     backend: TorchBackend
+
+    def __init__(self, backend: TorchBackend) -> None:
+        super().__init__(backend)
+        shape = (backend.info.max_batch, *backend.info.input_shape)
+        self.host_in = torch.empty(shape, dtype=torch.float32)
 
     def _infer(self, batch: np.ndarray) -> np.ndarray:
         t0 = time.perf_counter()
+        x = self.host_in[: batch.shape[0]]
+        x.numpy()[...] = batch
         with torch.inference_mode():
-            out = self.backend.forward(torch.from_numpy(batch).float()).numpy()
+            out = self.backend.forward(x).numpy()
         ms = (time.perf_counter() - t0) * 1e3
         self.last_timings = {"h2d_ms": 0.0, "compute_ms": ms, "d2h_ms": 0.0, "total_ms": ms}
         return out
