@@ -35,6 +35,7 @@ class NotifySocket:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(str(path))
         self.messages: list[dict[str, str]] = []
+        self._cursor = 0  # wait_for() resumes after the last message it returned
 
     def read(self, timeout: float) -> list[dict[str, str]]:
         """Messages received within `timeout` seconds (returns early on none pending)."""
@@ -53,12 +54,16 @@ class NotifySocket:
         return got
 
     def wait_for(self, key: str, timeout: float = 120.0) -> dict[str, str]:
+        """The next message with `key` after the last one returned (nothing read is lost)."""
         end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            for msg in self.read(0.2):
-                if key in msg:
-                    return msg
-        raise AssertionError(f"no {key} within {timeout} s; got {self.messages}")
+        while True:
+            for i in range(self._cursor, len(self.messages)):
+                if key in self.messages[i]:
+                    self._cursor = i + 1
+                    return self.messages[i]
+            if time.monotonic() >= end:
+                raise AssertionError(f"no {key} within {timeout} s; got {self.messages}")
+            self.read(0.2)
 
     def close(self) -> None:
         self.sock.close()

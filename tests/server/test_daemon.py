@@ -381,3 +381,32 @@ def test_idle_cameras_are_reclaimed_and_come_back(tmp_path):
                for e in d.log_events())
     assert d.stop() == 0
     d.close()
+
+
+def test_unloadable_model_fails_startup_clearly(tmp_path):
+    d = Daemon(tmp_path, models=f'[[models]]\nname = "x"\nframes = {FRAMES}\n'
+                                f'checkpoint = "{tmp_path / "missing.pt"}"\nbackend = "torch"\n')
+    d.start(wait_ready=False)
+    assert d.proc.wait(timeout=120) == 2
+    text = d.log_path.read_text()
+    assert "model 'x'" in text and "checkpoint not found" in text
+    assert "Traceback" not in text
+    assert not any("READY" in m for m in d.notify.read(0.2))
+    d.close()
+
+
+def test_bad_config_on_reload_keeps_serving(tmp_path):
+    d = Daemon(tmp_path).start()
+    with Client(d.endpoint, camera_id="steady") as c:
+        before = c.infer(np.zeros((3, FRAMES, 33, 1), np.float32))
+        d.config_path.write_text("[server\nbroken")
+        d.signal(signal.SIGHUP)
+        d.notify.wait_for("RELOADING", timeout=10)
+        assert "reload failed" in d.notify.wait_for("READY", timeout=60)["STATUS"]
+        after = c.infer(np.zeros((3, FRAMES, 33, 1), np.float32))
+        np.testing.assert_allclose(after.logits, before.logits, atol=1e-6)
+    failed = [e for e in d.log_events() if e.get("event") == "reload"
+              and e.get("phase") == "failed"]
+    assert failed and "invalid TOML" in failed[0]["error"]
+    assert d.stop() == 0
+    d.close()

@@ -372,17 +372,24 @@ class Server:
         if isinstance(result, BaseException):
             log.error("reload", phase="failed", error=str(result),
                       action="still serving the previous configuration")
-        elif result is not None:
-            old = self.models
-            self.generation += 1
-            self.models = result
-            self.config = self._pending_config
-            for name, model in old.items():
-                if result.get(name) is not model:
-                    model.retired = True
-                    model.maybe_close()
-            log.info("reload", phase="done", models=list(result), generation=self.generation)
-        self.notifier.ready(f"serving {', '.join(self.models)} (reloaded)")
+            note = f"reload failed: {result}"
+        else:
+            if result is not None:
+                self._swap_models(result)
+            note = "reloaded"
+        self.notifier.ready(f"serving {', '.join(self.models)} ({note})")
+
+    def _swap_models(self, models: dict[str, ServedModel]) -> None:
+        """Serve the reloaded models; retired ones close once their last session is gone."""
+        old = self.models
+        self.generation += 1
+        self.models = models
+        self.config = self._pending_config
+        for name, model in old.items():
+            if models.get(name) is not model:
+                model.retired = True
+                model.maybe_close()
+        log.info("reload", phase="done", models=list(models), generation=self.generation)
 
     # -- shutdown --------------------------------------------------------------------------
     def shutdown(self) -> int:
