@@ -369,13 +369,18 @@ def test_idle_cameras_are_reclaimed_and_come_back(tmp_path):
     d = Daemon(tmp_path, idle_timeout=0.5).start()
     w = np.zeros((3, FRAMES, 33, 1), np.float32)
     with Client(d.endpoint, camera_id="sleepy") as c:
+        assert c.stats()["models"]["demo"]["warm_sessions"] == 2  # built before READY
         first = c.infer(w)
-        assert "sleepy" in c.stats()["cameras"]
+        st = c.stats()
+        assert "sleepy" in st["cameras"]
+        # The camera took a warm session rather than building one.
+        assert (st["models"]["demo"]["sessions"], st["models"]["demo"]["warm_sessions"]) == (1, 1)
         deadline = time.monotonic() + 10
         while "sleepy" in c.stats()["cameras"] and time.monotonic() < deadline:
             time.sleep(0.2)  # reclaimed at the next stats tick after 0.5 s idle
         assert "sleepy" not in c.stats()["cameras"]
-        assert c.stats()["models"]["demo"]["sessions"] == 0  # its session was closed
+        demo = c.stats()["models"]["demo"]
+        assert (demo["sessions"], demo["warm_sessions"]) == (0, 2)  # its session came back
         np.testing.assert_allclose(c.infer(w).logits, first.logits, atol=1e-6)  # a new one
     assert any(e.get("event") == "camera_reclaimed" and e.get("camera") == "sleepy"
                for e in d.log_events())

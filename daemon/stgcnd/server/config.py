@@ -60,6 +60,7 @@ class ModelConfig:
     allow_synthetic_calibration: bool = False
     cuda_graph: bool = False
     threads: int = 0           # CPU intra-op threads (0: the library's default, all cores)
+    warm_sessions: int = 2     # sessions kept open and warm for cameras that arrive
 
 
 @dataclass(frozen=True)
@@ -160,9 +161,10 @@ def _check(config: Config) -> Config:
             raise UserError(f"{where}: precision must be one of {', '.join(PRECISIONS)}")
         if m.layout not in LAYOUTS:
             raise UserError(f"{where}: layout must be one of {', '.join(LAYOUTS)}")
-        if m.persons < 1 or m.frames < 3 or m.stride < 1 or m.max_batch < 1 or m.threads < 0:
+        if m.persons < 1 or m.frames < 3 or m.stride < 1 or m.max_batch < 1 or m.threads < 0 \
+                or m.warm_sessions < 0:
             raise UserError(f"{where}: persons, stride and max_batch must be >= 1, frames >= 3, "
-                            "threads >= 0")
+                            "threads and warm_sessions >= 0")
     s = config.server
     if s.stats_interval <= 0 or s.queue_size < 1 or s.drain_timeout <= 0:
         raise UserError(f"{config.source}: stats_interval and drain_timeout must be > 0, "

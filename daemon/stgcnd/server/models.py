@@ -19,16 +19,23 @@ log = get_logger(__name__)
 
 @dataclass
 class ServedModel:
-    """One configured model's loaded backend. Sessions are opened by camera workers."""
+    """One configured model's loaded backend, and its sessions.
+
+    Camera workers take sessions with `open_session` and give them back with
+    `release_session`. Up to `config.warm_sessions` released sessions are kept open and warm
+    (stream, buffers, CUDA graph already made), so a new camera's first request does not pay
+    for building a session.
+    """
 
     config: ModelConfig
     backend: Any                       # stgcnd.backends.base.Backend
     labels: tuple[str, ...]
     demo: bool
     generation: int
-    open_sessions: int = 0
+    open_sessions: int = 0             # held by camera workers
     retired: bool = False
     compute_ms_ewma: float = 0.0       # for deadline checks: can this request still make it?
+    warm: list[Any] = field(default_factory=list, repr=False)  # open, idle, ready sessions
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -42,6 +49,8 @@ class ServedModel:
     def open_session(self) -> Any:
         with self._lock:
             self.open_sessions += 1
+            if self.warm:
+                return self.warm.pop()
         try:
             return self.backend.open_session()
         except BaseException:
@@ -50,21 +59,32 @@ class ServedModel:
             raise
 
     def release_session(self, session: Any) -> None:
-        try:
+        with self._lock:
+            self.open_sessions -= 1
+            keep = (not self.retired and not session.closed
+                    and len(self.warm) < self.config.warm_sessions)
+            if keep:
+                self.warm.append(session)
+        if not keep:
             session.close()
-        finally:
-            with self._lock:
-                self.open_sessions -= 1
-            self.maybe_close()
+        self.maybe_close()
 
     def maybe_close(self) -> None:
-        """Close a retired model's backend once its last session is gone."""
+        """Close a retired model once its last session is back."""
         with self._lock:
             if not (self.retired and self.open_sessions == 0):
                 return
             self.retired = False  # close once
-        self.backend.close()
+        self.close()
         log.info("model_closed", model=self.name, generation=self.generation)
+
+    def close(self) -> None:
+        """Close the warm sessions, then the backend. Sessions held by workers must be back."""
+        with self._lock:
+            warm, self.warm = self.warm, []
+        for session in warm:
+            session.close()
+        self.backend.close()
 
     def observe_compute(self, ms: float) -> None:
         self.compute_ms_ewma = ms if not self.compute_ms_ewma else \
@@ -133,26 +153,28 @@ def load_models(config: Config, generation: int = 1,
     except BaseException:
         for name, served in loaded.items():
             if (keep or {}).get(name) is not served:
-                served.backend.close()
+                served.close()
         raise
     return loaded
 
 
 def warm_up(model: ServedModel, runs: int) -> None:
-    """Run a few inferences so lazy allocations and kernel selection happen before READY=1."""
-    if runs <= 0:
-        return
+    """Open the model's warm sessions and run each a few times, before READY=1, so that lazy
+    allocations, kernel selection and CUDA graph capture are done before a camera arrives."""
     from stgcnd.model.synthetic import synthetic_windows
 
     _, t, v, m = model.input_shape
     x = synthetic_windows(1, t, m, v, seed=0)
-    session = model.open_session()
+    sessions = [model.open_session() for _ in range(max(model.config.warm_sessions, 1))]
     try:
-        for _ in range(runs):
-            session.infer(x)
-        model.observe_compute(session.last_timings.get("total_ms", 0.0))
+        for session in sessions:
+            for _ in range(runs):
+                session.infer(x)
+            if runs:
+                model.observe_compute(session.last_timings.get("total_ms", 0.0))
     finally:
-        model.release_session(session)
+        for session in sessions:
+            model.release_session(session)
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:

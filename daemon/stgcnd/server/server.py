@@ -323,7 +323,7 @@ class Server:
                             for c, w in self.workers.items()},
                 "models": {n: {"backend": m.backend.info.name,
                                "precision": m.backend.info.precision,
-                               "sessions": m.open_sessions,
+                               "sessions": m.open_sessions, "warm_sessions": len(m.warm),
                                "compute_ms_ewma": round(m.compute_ms_ewma, 3)}
                            for n, m in self.models.items()}}
 
@@ -416,7 +416,7 @@ class Server:
         self._log_stats()
         for model in self.models.values():
             if not stuck:
-                model.backend.close()
+                model.close()
         self._close_sockets()
         self.notifier.close()
         code = 1 if (self._fatal or stuck) else 0
