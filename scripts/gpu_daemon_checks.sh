@@ -27,6 +27,7 @@ backend = "torch"
 device = "cuda"
 precision = "fp16"
 cuda_graph = true
+warm_sessions = ${WARM:-4}
 TOML
 python3 -m stgcnd --log-format json serve --config "$tmp/gpu.toml" > "$OUT/daemon.log" 2>&1 &
 pid=$!
