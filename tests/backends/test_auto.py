@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
+import torch
 
 from stgcnd.backends.registry import AUTO_CACHE_NAME, open_backend
 from stgcnd.engines.options import BuildOptions
@@ -13,6 +15,7 @@ from stgcnd.model import ModelSpec, load_model, reference_logits
 from stgcnd.model.synthetic import synthetic_windows
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, auto picks a GPU backend")
 def test_auto_measures_both_cpu_backends_and_remembers(tmp_path):
     model = load_model(ModelSpec(frames=30))
     store = EngineStore(tmp_path / "engines")

@@ -52,11 +52,13 @@ def test_eager_cuda_baseline(small_model, gpu_windows):
 
 
 @pytest.mark.parametrize("precision,cuda_graph,atol", [("fp32", False, 1e-5),
-                                                       ("fp16", True, 2e-3)])
+                                                       ("fp16", True, 1e-2)])
 def test_concurrent_streams_match_sequential(small_model, gpu_windows, precision, cuda_graph,
                                              atol):
-    # Equal up to rounding: cuDNN may pick split reductions whose order varies between runs
-    # (seen on the H100: one fp16 ulp, 1e-3, with and without graphs).
+    # Equal up to rounding. Sessions that autotune at the same time may get different cuDNN
+    # algorithms (another reduction order): seen on the H100, 1e-3 and once 2.9e-3 in fp16.
+    # fp16's own parity bound (1e-2) still catches any mix-up between sessions' buffers: the
+    # 16 windows' logits differ from each other by ~1e-1.
     with TorchBackend(small_model, precision, "cuda", cuda_graph=cuda_graph,
                       max_batch=4) as backend:
         with backend.open_session() as s:
