@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import stat
 import threading
 import time
 from pathlib import Path
@@ -19,11 +17,12 @@ from typing import Any
 import zmq
 
 from stgcnd import __version__
-from stgcnd.errors import UserError
 from stgcnd.log import get_logger
 from stgcnd.server.config import Config, load_config
+from stgcnd.server.errorlog import ClientErrorLog
 from stgcnd.server.models import ServedModel, load_models
 from stgcnd.server.notify import Notifier
+from stgcnd.server.transport import bind_router
 from stgcnd.server.worker import REPLY_ENDPOINT, CameraWorker, Work
 from stgcnd_client.protocol import (
     ErrorCode,
@@ -39,27 +38,6 @@ from stgcnd_client.protocol import (
 log = get_logger(__name__)
 
 LOOP_TICK_MS = 100
-ERROR_LOG_WINDOW_S = 10.0
-
-
-class ClientErrorLog:
-    """Log a client's bad requests once per window, then how many were suppressed."""
-
-    def __init__(self) -> None:
-        self._state: dict[str, tuple[float, int]] = {}
-
-    def report(self, client: str, code: str, message: str) -> None:
-        now = time.monotonic()
-        since, suppressed = self._state.get(client, (0.0, 0))
-        if now - since >= ERROR_LOG_WINDOW_S:
-            if suppressed:
-                log.warning("client_error_suppressed", client=client, count=suppressed)
-            log.warning("request_rejected", client=client, code=code, message=message)
-            self._state[client] = (now, 0)
-        else:
-            self._state[client] = (since, suppressed + 1)
-        if len(self._state) > 10_000:  # bounded memory under identity churn
-            self._state.clear()
 
 
 class Server:
@@ -131,28 +109,8 @@ class Server:
                  version=__version__, pid=os.getpid())
 
     def _bind(self) -> None:
-        endpoint = self.config.endpoint
         self._ctx = zmq.Context()
-        router = self._ctx.socket(zmq.ROUTER)
-        router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        router.setsockopt(zmq.SNDHWM, self.config.server.sndhwm)
-        router.setsockopt(zmq.RCVHWM, self.config.server.rcvhwm)
-        # Messages up to twice the limit still get a "too-large" reply; beyond that ZeroMQ
-        # drops the peer's connection before we could read (and allocate) it.
-        router.setsockopt(zmq.MAXMSGSIZE, 2 * self.config.server.max_message_bytes)
-        if endpoint.startswith("ipc://"):
-            self._ipc_path = Path(endpoint[len("ipc://"):])
-            prepare_ipc_path(self._ipc_path)
-        try:
-            router.bind(endpoint)
-        except zmq.ZMQError as exc:
-            router.close()
-            raise UserError(f"cannot listen on {endpoint}: {exc.strerror}; is another stgcnd "
-                            "running, or is the address wrong?") from None
-        if self._ipc_path is not None:
-            os.chmod(self._ipc_path, self.config.server.socket_mode)
-        self._router = router
+        self._router, self._ipc_path = bind_router(self._ctx, self.config)
         self._replies = self._ctx.socket(zmq.PULL)
         self._replies.setsockopt(zmq.LINGER, 0)
         self._replies.bind(REPLY_ENDPOINT)
@@ -448,27 +406,6 @@ class Server:
             self._ctx.term()
         if self._ipc_path is not None:
             self._ipc_path.unlink(missing_ok=True)
-
-
-def prepare_ipc_path(path: Path) -> None:
-    """Create the socket's directory; remove a stale socket file left by a killed daemon."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists():
-        return
-    if not stat.S_ISSOCK(path.stat().st_mode):
-        raise UserError(f"{path} exists and is not a socket; remove it or choose another "
-                        "endpoint")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
-    except (ConnectionRefusedError, FileNotFoundError):
-        path.unlink(missing_ok=True)  # nobody listens: a killed daemon's leftover
-        log.info("stale_socket_removed", path=str(path))
-        return
-    finally:
-        probe.close()
-    raise UserError(f"another process is listening on {path}; stop it first "
-                    "(systemctl stop stgcnd) or choose another endpoint")
 
 
 def run_server(config: Config, config_path: Path | None = None) -> int:
