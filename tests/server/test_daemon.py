@@ -415,3 +415,20 @@ def test_bad_config_on_reload_keeps_serving(tmp_path):
     assert failed and "invalid TOML" in failed[0]["error"]
     assert d.stop() == 0
     d.close()
+
+
+def test_camera_count_is_bounded(tmp_path):
+    d = Daemon(tmp_path, max_cameras=2).start()
+    w = np.zeros((3, FRAMES, 33, 1), np.float32)
+    for cam in ("a", "b"):
+        with Client(d.endpoint, camera_id=cam) as c:
+            c.infer(w)
+    with Client(d.endpoint, camera_id="c", retries=0) as c:
+        with pytest.raises(Busy, match="max_cameras=2"):
+            c.infer(w)
+        c.ping()  # still served: only new cameras are refused
+        assert set(c.stats()["cameras"]) == {"a", "b"}
+    with Client(d.endpoint, camera_id="a") as c:
+        c.infer(w)  # known cameras keep working
+    assert d.stop() == 0
+    d.close()

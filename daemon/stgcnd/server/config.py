@@ -71,6 +71,7 @@ class ServerConfig:
     socket_mode: int = 0o660
     queue_size: int = 8                # per camera; a full queue answers busy at once
     idle_timeout: float = 300.0        # camera sessions idle this long are reclaimed
+    max_cameras: int = 64              # cameras served at once (each: a thread + sessions)
     drain_timeout: float = 10.0        # SIGTERM: finish in-flight work within this
     stall_timeout: float = 30.0        # a worker busy this long in one call stops the watchdog
     max_message_bytes: int = 4 * 1024 * 1024
@@ -166,9 +167,9 @@ def _check(config: Config) -> Config:
             raise UserError(f"{where}: persons, stride and max_batch must be >= 1, frames >= 3, "
                             "threads and warm_sessions >= 0")
     s = config.server
-    if s.stats_interval <= 0 or s.queue_size < 1 or s.drain_timeout <= 0:
+    if s.stats_interval <= 0 or s.queue_size < 1 or s.drain_timeout <= 0 or s.max_cameras < 1:
         raise UserError(f"{config.source}: stats_interval and drain_timeout must be > 0, "
-                        "queue_size >= 1")
+                        "queue_size and max_cameras >= 1")
     return config
 
 

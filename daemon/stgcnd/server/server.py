@@ -251,6 +251,15 @@ class Server:
         deadline = None if req.timeout_ms is None else received + req.timeout_ms / 1e3
         worker = self.workers.get(req.camera)
         if worker is None or not worker.is_alive():
+            if worker is None and len(self.workers) >= self.config.server.max_cameras:
+                # Each camera costs a thread and sessions: a client inventing camera ids must
+                # not exhaust them. Idle cameras are reclaimed after idle_timeout.
+                self.counters["busy"] += 1
+                self._send(identity, encode_reply(req.id, error=(
+                    ErrorCode.BUSY.value, f"this daemon already serves max_cameras="
+                    f"{self.config.server.max_cameras} cameras; retry later or raise "
+                    "[server] max_cameras")))
+                return
             worker = CameraWorker(req.camera, self._ctx, lambda: self.models,
                                   self.config.server.queue_size, self._record, self._on_fatal)
             worker.start()
