@@ -82,11 +82,13 @@ class Daemon:
         self.env = {**os.environ, "NOTIFY_SOCKET": str(self.notify.path),
                     "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc: subprocess.Popen | None = None
+        self.start_args: list[str] = []  # global stgcnd flags, e.g. ["--log-level", "debug"]
 
     def start(self, wait_ready: bool = True) -> Daemon:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the daemon
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stgcnd", "--log-format", "json", "serve", "--config",
+            [sys.executable, "-m", "stgcnd", "--log-format", "json", *self.start_args, "serve",
+             "--config",
              str(self.config_path)], stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
             cwd=REPO)
         if wait_ready:

@@ -432,3 +432,28 @@ def test_camera_count_is_bounded(tmp_path):
         c.infer(w)  # known cameras keep working
     assert d.stop() == 0
     d.close()
+
+
+def test_debug_level_logs_each_request_for_exact_percentiles(tmp_path):
+    import json
+
+    d = Daemon(tmp_path)
+    d.start_args = ["--log-level", "debug"]
+    d.start()
+    with Client(d.endpoint, camera_id="cam7") as c:
+        totals = [c.infer(synthetic_windows(1, FRAMES, 1, seed=i)[0]).timings["total_ms"]
+                  for i in range(6)]
+    assert d.stop() == 0
+    reqs = [e for e in d.log_events() if e.get("event") == "request" and e["camera"] == "cam7"]
+    assert len(reqs) == 6 and all(e["outcome"] == "ok" for e in reqs)
+    assert {"queue_ms", "compute_ms", "request_id"} <= set(reqs[0])
+    # The logged total also covers encoding the reply, so it is a little larger.
+    logged = sorted(e["total_ms"] for e in reqs)
+    assert all(0 <= got - want < 1.0 for got, want in zip(logged, sorted(totals)))
+    r = subprocess.run([sys.executable, "-m", "stgcnd", "logs", "summarize", str(d.log_path),
+                        "--camera", "cam7", "--json"], capture_output=True, text=True,
+                       timeout=120)
+    (stream,) = json.loads(r.stdout)["streams"]
+    assert stream["latency"]["method"].startswith("exact")
+    assert stream["latency"]["max_ms"] == pytest.approx(logged[-1], abs=1e-3)
+    d.close()

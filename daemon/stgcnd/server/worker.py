@@ -69,6 +69,7 @@ class CameraWorker(threading.Thread):
         self._sessions: dict[str, tuple[ServedModel, Any]] = {}
         self._rings: dict[str, FrameRing] = {}
         self._last_push: dict[str, tuple[int, list[bytes]]] = {}
+        self._timings: dict[str, float] = {}  # the current request's stage timings
 
     # -- called from the main thread -------------------------------------------------------
     def submit(self, work: Work) -> bool:
@@ -176,6 +177,11 @@ class CameraWorker(threading.Thread):
             total_ms = (time.monotonic() - work.received) * 1e3
             if req.op in ("infer", "push") and ran:
                 self._record(self.camera, work.model, total_ms, outcome)
+                # Per request, at debug level only (`--log-level debug`): exact percentiles
+                # for `stgcnd logs summarize`; free when the level filters it out.
+                log.debug("request", camera=self.camera, model=work.model, request_id=req.id,
+                          outcome=outcome, total_ms=round(total_ms, 3), **self._timings)
+            self._timings = {}
 
     def _infer(self, work: Work, model: ServedModel, window: np.ndarray, queue_ms: float
                ) -> tuple[dict[str, Any], str]:
@@ -199,8 +205,9 @@ class CameraWorker(threading.Thread):
         probs = softmax(logits.astype(np.float64))
         label = int(np.argmax(logits))
         timings = {**{k: round(v, 3) for k, v in timings.items() if k != "total_ms"},
-                   "queue_ms": round(queue_ms, 3), "compute_ms": round(compute_ms, 3),
-                   "total_ms": round((time.monotonic() - work.received) * 1e3, 3)}
+                   "queue_ms": round(queue_ms, 3), "compute_ms": round(compute_ms, 3)}
+        self._timings = timings
+        timings = {**timings, "total_ms": round((time.monotonic() - work.received) * 1e3, 3)}
         return {"model": model.name, "logits": logits.astype(float).tolist(),
                 "probs": probs.tolist(), "label": label, "label_name": model.labels[label],
                 "timings": timings}, "ok"
