@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -37,14 +38,17 @@ class CameraStats:
 
 def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: float,
                stats: CameraStats, stop: threading.Event, model: str | None = None,
-               timeout: float = 5.0) -> None:
+               timeout: float = 5.0, start_delay: float = 0.0) -> None:
     """One camera thread: its own Client (ZeroMQ sockets are per thread)."""
+    if stop.wait(start_delay):
+        return
+    stats.started = time.monotonic()
     with Client(endpoint, camera_id=camera, timeout=timeout) as client:
         info = client.hello()
         m = next((x for x in info.models if x.name == model), None) if model else \
             next((x for x in info.models if x.default), info.models[0])
         _, t, v, persons = m.input_shape
-        seed = abs(hash(camera)) % 10_000
+        seed = zlib.crc32(camera.encode())  # stable across runs, unlike hash()
         clip = synthetic_windows(1, t, persons, v, seed=seed)[0]  # (3, T, V, M)
         period = 1.0 / fps
         next_at = time.monotonic()
@@ -91,9 +95,12 @@ def simulate(endpoint: str, cameras: int = 4, fps: float = 25.0, mode: str = "pu
     out = out or sys.stdout
     stop = threading.Event()
     stats = [CameraStats(f"cam{i + 1}") for i in range(cameras)]
+    # Real cameras do not start on the same frame: spread the starts over one second, so that
+    # push-mode predictions (every `stride` frames) do not all land at the same moment.
     threads = [threading.Thread(target=run_camera, name=s.camera, daemon=True,
-                                args=(endpoint, s.camera, fps, mode, duration, s, stop, model))
-               for s in stats]
+                                args=(endpoint, s.camera, fps, mode, duration, s, stop, model),
+                                kwargs={"start_delay": i / cameras})
+               for i, s in enumerate(stats)]
     for th in threads:
         th.start()
     live = getattr(out, "isatty", lambda: False)()
