@@ -457,3 +457,20 @@ def test_debug_level_logs_each_request_for_exact_percentiles(tmp_path):
     assert stream["latency"]["method"].startswith("exact")
     assert stream["latency"]["max_ms"] == pytest.approx(logged[-1], abs=1e-3)
     d.close()
+
+
+def test_skeleton_window_push_and_window_agree_through_the_daemon(daemon):
+    """The camera-side helper end to end: per-person landmarks -> frames pushed one by one
+    give the same prediction as the window the helper assembles, sent whole."""
+    from stgcnd_client import SkeletonWindow
+
+    people_per_frame = synthetic_windows(1, FRAMES + 3, 1, seed=12)[0]  # (3, T, V, 1)
+    win = SkeletonWindow(frames=FRAMES, persons=1)
+    with Client(daemon.endpoint, camera_id="mediapipe-cam") as c:
+        c.reset()
+        last = None
+        for t in range(FRAMES + 3):
+            landmarks = people_per_frame[:, t, :, 0].T  # one person: (33, 3) x, y, visibility
+            last = c.push(win.frame([landmarks]))
+        assert win.ready and last is not None
+        np.testing.assert_allclose(c.infer(win.window()).logits, last.logits, atol=1e-5)
