@@ -26,8 +26,24 @@ pytestmark = pytest.mark.slow
 def daemon(tmp_path_factory):
     d = Daemon(tmp_path_factory.mktemp("daemon")).start()
     yield d
-    assert d.stop() == 0
+    code = d.stop()
     d.close()
+    assert code == 0
+
+
+@pytest.fixture
+def new_daemon(tmp_path):
+    """Make daemons for one test; each is stopped at teardown, whether the test passed or not."""
+    made: list[Daemon] = []
+
+    def make(*args, **kwargs) -> Daemon:
+        d = Daemon(*args, **kwargs)
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        d.close()
 
 
 @pytest.fixture(scope="module")
@@ -231,8 +247,8 @@ def test_stats_and_latency_log(daemon):
 
 # -- lifecycle: each test runs its own daemon -----------------------------------------------
 
-def test_sigterm_under_load_drains_and_exits_zero(tmp_path):
-    d = Daemon(tmp_path).start()
+def test_sigterm_under_load_drains_and_exits_zero(tmp_path, new_daemon):
+    d = new_daemon(tmp_path).start()
     outcomes: list[str] = []
     stop = threading.Event()
 
@@ -271,12 +287,12 @@ def test_sigterm_under_load_drains_and_exits_zero(tmp_path):
     d.close()
 
 
-def test_sigkill_then_restart_reuses_engine_and_socket(tmp_path):
-    d = Daemon(tmp_path).start()
+def test_sigkill_then_restart_reuses_engine_and_socket(tmp_path, new_daemon):
+    d = new_daemon(tmp_path).start()
     d.proc.kill()
     d.proc.wait()
     assert (tmp_path / "d.sock").exists()  # the stale socket a killed daemon leaves
-    d2 = Daemon(tmp_path, config_path=d.config_path).start()
+    d2 = new_daemon(tmp_path, config_path=d.config_path).start()
     with Client(d2.endpoint, camera_id="again") as c:
         c.ping()
     assert d2.stop() == 0
@@ -285,8 +301,8 @@ def test_sigkill_then_restart_reuses_engine_and_socket(tmp_path):
     d2.close()
 
 
-def test_sighup_reload_keeps_cameras(tmp_path):
-    d = Daemon(tmp_path).start()
+def test_sighup_reload_keeps_cameras(tmp_path, new_daemon):
+    d = new_daemon(tmp_path).start()
     with Client(d.endpoint, camera_id="steady") as c:
         c.infer(np.zeros((3, FRAMES, 33, 1), np.float32))
         write_config(d.config_path, d.endpoint, d.engines,
@@ -303,11 +319,11 @@ def test_sighup_reload_keeps_cameras(tmp_path):
     d.close()
 
 
-def test_watchdog_goes_silent_while_a_worker_is_stuck(tmp_path):
+def test_watchdog_goes_silent_while_a_worker_is_stuck(tmp_path, new_daemon):
     # A model big enough that one single-threaded CPU inference takes about a second on any
     # machine: a real call that is "stuck" for much longer than stall_timeout.
     big = 450
-    d = Daemon(tmp_path, env={"WATCHDOG_USEC": "200000"},
+    d = new_daemon(tmp_path, env={"WATCHDOG_USEC": "200000"},
                models=f'[[models]]\nname = "big"\nframes = {big}\npersons = 3\n'
                       'backend = "torch"\ndevice = "cpu"\nthreads = 1\n', stall_timeout=0.1)
     d.config_path.write_text(d.config_path.read_text().replace("warmup_runs = 1",
@@ -335,11 +351,11 @@ def test_watchdog_goes_silent_while_a_worker_is_stuck(tmp_path):
     d.close()
 
 
-def test_logs_summarize_counts_a_daemon_run(tmp_path):
+def test_logs_summarize_counts_a_daemon_run(tmp_path, new_daemon):
     """Issue 6: the daemon's own log, read back by `stgcnd logs summarize`, gives the counts."""
     import json
 
-    d = Daemon(tmp_path).start()
+    d = new_daemon(tmp_path).start()
     ok, bad = 5, 2
     with Client(d.endpoint, camera_id="cam3") as c:
         for i in range(ok):
@@ -365,8 +381,8 @@ def test_logs_summarize_counts_a_daemon_run(tmp_path):
     d.close()
 
 
-def test_idle_cameras_are_reclaimed_and_come_back(tmp_path):
-    d = Daemon(tmp_path, idle_timeout=0.5).start()
+def test_idle_cameras_are_reclaimed_and_come_back(tmp_path, new_daemon):
+    d = new_daemon(tmp_path, idle_timeout=0.5).start()
     w = np.zeros((3, FRAMES, 33, 1), np.float32)
     with Client(d.endpoint, camera_id="sleepy") as c:
         assert c.stats()["models"]["demo"]["warm_sessions"] == 2  # built before READY
@@ -388,8 +404,8 @@ def test_idle_cameras_are_reclaimed_and_come_back(tmp_path):
     d.close()
 
 
-def test_unloadable_model_fails_startup_clearly(tmp_path):
-    d = Daemon(tmp_path, models=f'[[models]]\nname = "x"\nframes = {FRAMES}\n'
+def test_unloadable_model_fails_startup_clearly(tmp_path, new_daemon):
+    d = new_daemon(tmp_path, models=f'[[models]]\nname = "x"\nframes = {FRAMES}\n'
                                 f'checkpoint = "{tmp_path / "missing.pt"}"\nbackend = "torch"\n')
     d.start(wait_ready=False)
     assert d.proc.wait(timeout=120) == 2
@@ -400,8 +416,8 @@ def test_unloadable_model_fails_startup_clearly(tmp_path):
     d.close()
 
 
-def test_bad_config_on_reload_keeps_serving(tmp_path):
-    d = Daemon(tmp_path).start()
+def test_bad_config_on_reload_keeps_serving(tmp_path, new_daemon):
+    d = new_daemon(tmp_path).start()
     with Client(d.endpoint, camera_id="steady") as c:
         before = c.infer(np.zeros((3, FRAMES, 33, 1), np.float32))
         d.config_path.write_text("[server\nbroken")
@@ -417,8 +433,8 @@ def test_bad_config_on_reload_keeps_serving(tmp_path):
     d.close()
 
 
-def test_camera_count_is_bounded(tmp_path):
-    d = Daemon(tmp_path, max_cameras=2).start()
+def test_camera_count_is_bounded(tmp_path, new_daemon):
+    d = new_daemon(tmp_path, max_cameras=2).start()
     w = np.zeros((3, FRAMES, 33, 1), np.float32)
     for cam in ("a", "b"):
         with Client(d.endpoint, camera_id=cam) as c:
@@ -434,10 +450,10 @@ def test_camera_count_is_bounded(tmp_path):
     d.close()
 
 
-def test_debug_level_logs_each_request_for_exact_percentiles(tmp_path):
+def test_debug_level_logs_each_request_for_exact_percentiles(tmp_path, new_daemon):
     import json
 
-    d = Daemon(tmp_path)
+    d = new_daemon(tmp_path)
     d.start_args = ["--log-level", "debug"]
     d.start()
     with Client(d.endpoint, camera_id="cam7") as c:
