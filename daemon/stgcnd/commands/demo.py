@@ -49,6 +49,17 @@ def wait_ready(endpoint: str, proc: subprocess.Popen, timeout: float) -> None:
     raise UserError(f"the daemon did not answer within {timeout:.0f} s")
 
 
+def _die_with_parent() -> None:
+    """In the daemon child: get SIGTERM if `stgcnd demo` dies, so no daemon is left behind."""
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: the demo's own finally-block still stops the daemon
+
+
 def run(args: argparse.Namespace) -> int:
     from stgcnd.demo.camera_sim import simulate
 
@@ -68,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"starting daemon: {' '.join(cmd)}\n  log: {log_path}", file=sys.stderr)
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         try:
             wait_ready(endpoint, proc, timeout=300.0)
             rows = simulate(endpoint, args.cameras, args.fps, args.mode, args.duration)
