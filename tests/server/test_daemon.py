@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -51,20 +52,26 @@ def reference():
     return load_model(ModelSpec(frames=FRAMES, labels=("normal", "shoplifting")))
 
 
-def raw_request(endpoint: str, frames: list[bytes], timeout_ms: int = 5000) -> dict:
-    """Send hand-built frames from a DEALER; return the decoded reply."""
-    ctx = zmq.Context.instance()
-    s = ctx.socket(zmq.DEALER)
+@contextlib.contextmanager
+def raw_dealer(endpoint: str):
+    """A bare DEALER socket, for hand-built frames the client library would never send."""
+    s = zmq.Context.instance().socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     s.connect(endpoint)
     try:
+        yield s
+    finally:
+        s.close()
+
+
+def raw_request(endpoint: str, frames: list[bytes], timeout_ms: int = 5000) -> dict:
+    """Send hand-built frames from a DEALER; return the decoded reply."""
+    with raw_dealer(endpoint) as s:
         s.send_multipart(frames)
         assert s.poll(timeout_ms), "no reply"
         rep = decode_reply(s.recv_multipart())
-        return {"id": rep.id, "ok": rep.ok, "code": rep.error.code if rep.error else None,
-                "message": rep.error.message if rep.error else None, "result": rep.result}
-    finally:
-        s.close()
+    return {"id": rep.id, "ok": rep.ok, "code": rep.error.code if rep.error else None,
+            "message": rep.error.message if rep.error else None, "result": rep.result}
 
 
 def test_ready_status_and_hello(daemon):
@@ -204,33 +211,25 @@ def test_client_killed_mid_request_changes_nothing(daemon, reference):
 
 
 def test_full_queue_answers_busy_at_once(daemon):
-    ctx = zmq.Context.instance()
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(daemon.endpoint)
     w = np.random.default_rng(0).random((3, FRAMES, 33, 1), dtype=np.float32)
     n = 40
-    for i in range(n):
-        s.send_multipart(encode_request("infer", i, "flood", arrays=[w]))
-    replies = []
-    while len(replies) < n and s.poll(30000):
-        replies.append(decode_reply(s.recv_multipart()))
-    s.close()
+    with raw_dealer(daemon.endpoint) as s:
+        for i in range(n):
+            s.send_multipart(encode_request("infer", i, "flood", arrays=[w]))
+        replies = []
+        while len(replies) < n and s.poll(30000):
+            replies.append(decode_reply(s.recv_multipart()))
     assert len(replies) == n and len({r.id for r in replies}) == n  # exactly one reply each
     codes = [r.error.code if r.error else "ok" for r in replies]
     assert codes.count("busy") > 0 and codes.count("ok") > 0
 
 
 def test_expired_requests_do_not_run(daemon):
-    ctx = zmq.Context.instance()
-    s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(daemon.endpoint)
     w = np.random.default_rng(0).random((3, FRAMES, 33, 1), dtype=np.float32)
-    for i in range(6):
-        s.send_multipart(encode_request("infer", i, "hurry", arrays=[w], timeout_ms=0.5))
-    replies = [decode_reply(s.recv_multipart()) for _ in range(6) if s.poll(30000)]
-    s.close()
+    with raw_dealer(daemon.endpoint) as s:
+        for i in range(6):
+            s.send_multipart(encode_request("infer", i, "hurry", arrays=[w], timeout_ms=0.5))
+        replies = [decode_reply(s.recv_multipart()) for _ in range(6) if s.poll(30000)]
     assert len(replies) == 6
     assert any(r.error and r.error.code == "expired" for r in replies)
 

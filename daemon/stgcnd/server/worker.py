@@ -143,7 +143,6 @@ class CameraWorker(threading.Thread):
         ran = True  # False for push replies that only buffered a frame: no latency to record
         try:
             if self.drain_deadline is not None and now > self.drain_deadline:
-                outcome = "error"
                 raise ProtocolError(ErrorCode.SHUTTING_DOWN,
                                     "the daemon is shutting down; retry on its restart", req.id)
             model = self._models().get(work.model)
@@ -153,13 +152,13 @@ class CameraWorker(threading.Thread):
             if req.op == "reset":
                 self._rings.pop(model.name, None)
                 self._last_push.pop(model.name, None)
-                outcome = "ok"
-                return encode_reply(req.id, {"reset": [model.name]})
-            if req.op == "push":
-                frames, outcome, ran = self._push(work, model, queue_ms)
-                return frames
-            result, outcome = self._infer(work, model, req.arrays[0], queue_ms)
-            return encode_reply(req.id, result)
+                reply = encode_reply(req.id, {"reset": [model.name]})
+            elif req.op == "push":
+                reply, ran = self._push(work, model, queue_ms)
+            else:
+                reply = encode_reply(req.id, self._infer(work, model, req.arrays[0], queue_ms))
+            outcome = "ok"  # failures leave through the except clauses below
+            return reply
         except ProtocolError as exc:
             if exc.code == ErrorCode.EXPIRED:
                 outcome = "expired"
@@ -184,7 +183,7 @@ class CameraWorker(threading.Thread):
             self._timings = {}
 
     def _infer(self, work: Work, model: ServedModel, window: np.ndarray, queue_ms: float
-               ) -> tuple[dict[str, Any], str]:
+               ) -> dict[str, Any]:
         if work.deadline is not None:
             # Answer expired without running when even a typical run would end too late.
             eta = time.monotonic() + model.compute_ms_ewma / 1e3
@@ -210,25 +209,23 @@ class CameraWorker(threading.Thread):
         timings = {**timings, "total_ms": round((time.monotonic() - work.received) * 1e3, 3)}
         return {"model": model.name, "logits": logits.astype(float).tolist(),
                 "probs": probs.tolist(), "label": label, "label_name": model.labels[label],
-                "timings": timings}, "ok"
+                "timings": timings}
 
     def _push(self, work: Work, model: ServedModel, queue_ms: float
-              ) -> tuple[list[bytes], str, bool]:
-        """(reply frames, outcome, whether an inference ran)."""
+              ) -> tuple[list[bytes], bool]:
+        """(reply frames, whether an inference ran)."""
         req = work.request
         last = self._last_push.get(model.name)
         if last is not None and last[0] == req.id:
-            return last[1], "ok", False  # a resend after a client timeout: do not append twice
+            return last[1], False  # a resend after a client timeout: do not append twice
         ring = self._rings.get(model.name)
         if ring is None or ring.frames != model.input_shape[1]:
             ring = self._rings[model.name] = FrameRing(model.input_shape, model.config.stride)
         due = ring.append(req.arrays[0])
         result: dict[str, Any] = {"model": model.name, "ready": due, "frames": ring.buffered,
                                   "seq": ring.received}
-        outcome = "ok"
         if due:
-            inferred, outcome = self._infer(work, model, ring.window(), queue_ms)
-            result.update(inferred)
+            result.update(self._infer(work, model, ring.window(), queue_ms))
         frames = encode_reply(req.id, result)
         self._last_push[model.name] = (req.id, frames)
-        return frames, outcome, due
+        return frames, due
