@@ -11,6 +11,18 @@ thread at a time, runs concurrently with other sessions, and is closed explicitl
         logits = s.infer(batch)            # (B, 3, T, V, M) float32/float16 -> (B, K) float32
         s.last_timings                     # {"h2d_ms", "compute_ms", "d2h_ms", "total_ms"}
     backend.close()
+
+The daemon's executors use the batched form instead (Triton's model instance): a `BatchRunner`
+is one executor's device resources, made and warmed before READY and then used by that one
+thread only. It holds one prepared batch shape per *bucket* (a CUDA graph, or an execution
+context on its own optimization profile) and one *lane* per client (its own CUDA stream and
+pinned host rows), so that a camera joining costs nothing on the device:
+
+    runner = backend.open_runner(buckets=(1, 2, 4, 8), lanes=64)   # in the executor thread
+    runner.warm_up()                               # every bucket, before READY
+    logits = runner.run([w0, w1, w2], lanes=[5, 0, 17])   # (3, K): padded into bucket 4
+    runner.last_timings                            # {"compute_ms", "total_ms", "bucket"}
+    runner.close()                                 # in the same thread
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,13 +100,110 @@ class Session(ABC):
         self.close()
 
 
+class BatchRunner(ABC):
+    """One executor's prepared device resources for one model: buckets and client lanes.
+
+    Created, used and closed by one thread (the executor's): pycuda and CUDA-graph objects must
+    not be made in one thread and collected in another. Nothing is built on `run`: every bucket
+    is prepared in the constructor or `warm_up`, every lane in the constructor.
+    """
+
+    def __init__(self, backend: Backend, buckets: Sequence[int], lanes: int) -> None:
+        self.backend = backend
+        self.buckets = normalize_buckets(buckets, backend.info.max_batch)
+        self.lanes = max(int(lanes), 1)
+        self.last_timings: dict[str, float] = {}
+        self.compute_ms: dict[int, float] = {}   # bucket -> warmed-up compute time estimate
+
+    @property
+    def max_batch(self) -> int:
+        return self.buckets[-1]
+
+    def bucket_for(self, n: int) -> int:
+        """The smallest prepared batch shape that holds n windows."""
+        for b in self.buckets:
+            if b >= n:
+                return b
+        raise ValueError(f"batch of {n} exceeds the largest bucket {self.buckets[-1]}")
+
+    def run(self, windows: Sequence[np.ndarray], lanes: Sequence[int]) -> np.ndarray:
+        """Logits (n, K) float32 (a copy) for n windows (3, T, V, M), one per client lane."""
+        n = len(windows)
+        if not 1 <= n <= self.max_batch or len(lanes) != n:
+            raise ValueError(f"run takes 1..{self.max_batch} windows with one lane each")
+        t0 = time.perf_counter()
+        out = self._run(windows, lanes, self.bucket_for(n))
+        self.last_timings.setdefault("total_ms", (time.perf_counter() - t0) * 1e3)
+        return out
+
+    @abstractmethod
+    def _run(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
+             ) -> np.ndarray:
+        """Run n windows padded to `bucket`; set self.last_timings (compute_ms, total_ms)."""
+
+    def warm_up(self, runs: int = 3) -> dict[int, float]:
+        """Run every bucket `runs` times on realistic data; record and return each bucket's
+        compute time (ms, the median of the warmed runs): the deadline estimate, set-up free."""
+        from stgcnd.model.synthetic import synthetic_windows
+
+        _c, t, v, m = self.backend.info.input_shape
+        x = synthetic_windows(1, t, m, v, seed=0)[0]
+        for b in self.buckets:
+            times = []
+            for _ in range(max(runs, 1) + 1):  # the first run pays lazy set-up: not counted
+                self.run([x] * b, list(range(b)) if b <= self.lanes else [0] * b)
+                times.append(self.last_timings.get("compute_ms",
+                                                   self.last_timings["total_ms"]))
+            self.compute_ms[b] = sorted(times[1:])[len(times[1:]) // 2]
+        return dict(self.compute_ms)
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Free the runner's streams, graphs, contexts and buffers (in the owning thread)."""
+
+
+class SessionRunner(BatchRunner):
+    """The generic runner for CPU backends: one session, windows stacked into one host batch.
+
+    CPU runtimes have no streams to give a client, so lanes are only indices here; any batch
+    size runs as it is (no padding: a CPU's cost grows with every padded window).
+    """
+
+    def __init__(self, backend: Backend, buckets: Sequence[int], lanes: int) -> None:
+        super().__init__(backend, buckets, lanes)
+        self.session = backend.open_session()
+        self.batch = np.empty((self.max_batch, *backend.info.input_shape), dtype=np.float32)
+
+    def _run(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
+             ) -> np.ndarray:
+        n = len(windows)
+        for i, w in enumerate(windows):
+            np.copyto(self.batch[i], w, casting="same_kind")
+        out = np.array(self.session.infer(self.batch[:n]), dtype=np.float32)
+        self.last_timings = dict(self.session.last_timings)
+        return out
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def normalize_buckets(buckets: Sequence[int], max_batch: int) -> tuple[int, ...]:
+    """Sorted unique bucket sizes within 1..max_batch, always including 1 and the largest
+    size allowed (so that every batch the scheduler may form has a bucket)."""
+    top = max(1, min(max(buckets, default=1), max_batch))
+    return tuple(sorted({1, top, *(b for b in buckets if 1 <= b <= top)}))
+
+
 class Backend(ABC):
-    """A model loaded into one runtime; a factory of sessions."""
+    """A model loaded into one runtime; a factory of sessions and batch runners."""
 
     info: BackendInfo
 
     @abstractmethod
     def open_session(self) -> Session: ...
+
+    def open_runner(self, buckets: Sequence[int], lanes: int) -> BatchRunner:
+        """One executor's device resources; call from the executor thread that will use it."""
+        return SessionRunner(self, buckets, lanes)
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free what the backend holds (engine, weights). Sessions must be closed first."""
