@@ -219,7 +219,7 @@ def resolve_auto(model_or_spec: Any, options: Any, store: Any) -> tuple[str, Any
             log.warning("precision_fallback", backend="torch", asked=options.precision,
                         using=precision)
         return "torch", dataclasses.replace(options, device="cuda", precision=precision)
-    cpu_options = dataclasses.replace(options, device="cpu")
+    cpu_options = dataclasses.replace(options, device="cpu", cuda_graph=False)
     if cpu_options.precision == "fp16":
         log.warning("precision_fallback", backend="cpu", asked="fp16", using="fp32",
                     reason="no GPU; CPU backends run fp32 (or int8 with onnxruntime)")

@@ -55,12 +55,22 @@ class ModelConfig:
     device: str = "auto"       # auto: the GPU when the backend can use one, else the CPU
     precision: str = "fp32"
     stride: int = 1            # push mode: one prediction every `stride` frames once full
-    max_batch: int = 1
+    # Batching across cameras: the largest batch (0 = auto: 64 on a GPU, 16 on a CPU), the
+    # batch shapes prepared before READY (a batch runs in the smallest bucket that holds it),
+    # how long a batch may wait to fill (0: never wait while the device is idle) and how many
+    # executors (each with its own runner, streams and graphs) share the model's queue.
+    max_batch: int = 0
+    buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    max_queue_delay_us: int = 0
+    instances: int = 1
+    # One CUDA stream per camera for its window's upload and its result's download, ordered
+    # against the batch by events; false moves a batch in one copy each way (docs/benchmarks.md
+    # compares the two).
+    client_streams: bool = True
     calibration: Path | None = None
     allow_synthetic_calibration: bool = False
-    cuda_graph: bool = False
+    cuda_graph: bool = True    # on CUDA: one graph per bucket, captured before READY
     threads: int = 0           # CPU intra-op threads (0: the library's default, all cores)
-    warm_sessions: int = 2     # sessions kept open and warm for cameras that arrive
 
 
 @dataclass(frozen=True)
@@ -70,10 +80,10 @@ class ServerConfig:
     stats_interval: float = 10.0       # seconds between latency / system log events
     socket_mode: int = 0o660
     queue_size: int = 8                # per camera; a full queue answers busy at once
-    idle_timeout: float = 300.0        # camera sessions idle this long are reclaimed
-    max_cameras: int = 64              # cameras served at once (each: a thread + sessions)
+    idle_timeout: float = 300.0        # camera state idle this long is reclaimed
+    max_cameras: int = 64              # cameras served at once (each: a lane per executor)
     drain_timeout: float = 10.0        # SIGTERM: finish in-flight work within this
-    stall_timeout: float = 30.0        # a worker busy this long in one call stops the watchdog
+    stall_timeout: float = 30.0        # an executor busy this long in one batch stops the watchdog
     max_message_bytes: int = 4 * 1024 * 1024
     sndhwm: int = 1000
     rcvhwm: int = 1000
@@ -122,7 +132,12 @@ def _coerce(cls: type, where: str, raw: dict[str, Any]) -> Any:
                     value = [v.strip() for v in value.split(",") if v.strip()]
                 if not isinstance(value, (list, tuple)):
                     raise TypeError("expected a list")
-                value = tuple(str(v) for v in value)
+                if "int" in ftype:
+                    if any(isinstance(v, bool) for v in value):
+                        raise TypeError("expected integers")
+                    value = tuple(int(v) for v in value)
+                else:
+                    value = tuple(str(v) for v in value)
             elif isinstance(default, bool):
                 if isinstance(value, str):
                     if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
@@ -162,10 +177,13 @@ def _check(config: Config) -> Config:
             raise UserError(f"{where}: precision must be one of {', '.join(PRECISIONS)}")
         if m.layout not in LAYOUTS:
             raise UserError(f"{where}: layout must be one of {', '.join(LAYOUTS)}")
-        if m.persons < 1 or m.frames < 3 or m.stride < 1 or m.max_batch < 1 or m.threads < 0 \
-                or m.warm_sessions < 0:
-            raise UserError(f"{where}: persons, stride and max_batch must be >= 1, frames >= 3, "
-                            "threads and warm_sessions >= 0")
+        if m.persons < 1 or m.frames < 3 or m.stride < 1 or m.max_batch < 0 or m.threads < 0:
+            raise UserError(f"{where}: persons and stride must be >= 1, frames >= 3, max_batch "
+                            "(0 = auto) and threads >= 0")
+        if not m.buckets or any(b < 1 for b in m.buckets) or m.instances < 1 \
+                or not 0 <= m.max_queue_delay_us <= 1_000_000:
+            raise UserError(f"{where}: buckets must be batch sizes >= 1 (e.g. [1, 2, 4, 8]), "
+                            "instances >= 1, max_queue_delay_us in 0..1000000")
     s = config.server
     if s.stats_interval <= 0 or s.queue_size < 1 or s.drain_timeout <= 0 or s.max_cameras < 1:
         raise UserError(f"{config.source}: stats_interval and drain_timeout must be > 0, "
