@@ -86,7 +86,8 @@ def _camera_row(plan: LoadPlan, c: CameraResult) -> dict[str, Any]:
     cols = select(c.columns, _in(c.columns, plan.warmup, plan.end))
     rtt = distribution(cols["rtt_ms"][cols["code"] == ""])
     counts = _counts(cols)
-    return {"camera": c.camera_id, "joining": c.joining, **counts, "dropped_sends": c.dropped,
+    return {"camera": c.camera_id, "joining": c.joining, "start_s": c.start, **counts,
+            "dropped_sends": c.dropped,
             "round_trip_p50_ms": rtt["p50"], "round_trip_p99_ms": rtt["p99"],
             "first_reply_ms": c.first_reply_ms, "stopped": c.stopped}
 

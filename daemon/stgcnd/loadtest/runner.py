@@ -21,7 +21,8 @@ from stgcnd_client import Client, ClientError
 START_DELAY_S = 0.3
 # Spawned processes import numpy and pyzmq and build their data before they are ready.
 SPAWN_TIMEOUT_S = 120.0
-CONTROL_TIMEOUT_S = 10.0
+# The parent's hello and stats calls: at least this long, even with a short --timeout-ms.
+CONTROL_TIMEOUT_S = 1.0
 
 
 def describe_target(info: Any, model: str | None) -> ModelTarget:
