@@ -50,6 +50,7 @@ def check_sane(r: dict, cameras: int) -> None:
     # The server's whole time is inside the client's round trip.
     assert server["total"]["p50"] <= r["prediction_round_trip_ms"]["p99"]
     assert r["overhead_ms"]["p50"] > 0
+    assert r["load_cpu"]["us_per_request"] > 0 and r["load_cpu"]["requests"] >= r["requests"]
 
 
 def check_cpu(r: dict, stats: dict) -> None:

@@ -47,7 +47,7 @@ def cameras() -> list[CameraResult]:
 def samples(first: float | None, last: float | None) -> dict:
     return {"first": CpuSample(first, "stats" if first is not None else None, 7),
             "last": CpuSample(last, "stats" if last is not None else None, 7),
-            "first_at_s": 1.0, "last_at_s": 3.0}
+            "first_at_s": 1.0, "last_at_s": 3.0, "load_cpu_s": 0.8}
 
 
 def test_counts_rates_and_latency_over_the_measured_interval():
@@ -65,6 +65,8 @@ def test_counts_rates_and_latency_over_the_measured_interval():
     # 0.5 s of daemon CPU over 5 replies.
     assert r["daemon_cpu"]["us_per_request"] == pytest.approx(1e5)
     assert r["daemon_cpu"]["source"] == "stats" and r["daemon_cpu"]["sampled_s"] == [0.0, 2.0]
+    # The load processes' CPU over all 8 requests they sent, warm-up and tail included.
+    assert r["load_cpu"]["requests"] == 8 and r["load_cpu"]["us_per_request"] == pytest.approx(1e5)
     assert has_failures(r)
     json.dumps(r, allow_nan=False)  # what --json writes must be strict JSON
 

@@ -13,6 +13,8 @@ What counts (all over the measured interval: requests *due* in [warmup, warmup +
   the daemon and the client library add to the model's run.
 - daemon_cpu.us_per_request: the daemon's CPU time between the two stats samples (at the start
   and the end of the measured interval) divided by the replies in that interval.
+- load_cpu.us_per_request: the load processes' own CPU time over the whole run (warm-up
+  included) per request they sent, to tell when the load generator shares the daemon's cores.
 """
 
 from __future__ import annotations
@@ -106,6 +108,8 @@ def build_report(plan: LoadPlan, target: ModelTarget, cameras: list[CameraResult
                      "send_lag_ms": distribution(cols["lag_ms"])}
     cpu = per_request(samples["first"], samples["last"], counts["replies"])
     cpu["sampled_s"] = [samples["first_at_s"] - plan.warmup, samples["last_at_s"] - plan.warmup]
+    sent = sum(c.columns["code"].size for c in cameras)  # the whole run, like load_cpu_s
+    load_cpu_s = samples.get("load_cpu_s")
     return {
         "config": plan.to_dict(),
         "model": model or {"name": target.name, "input_shape": list(target.input_shape),
@@ -118,6 +122,9 @@ def build_report(plan: LoadPlan, target: ModelTarget, cameras: list[CameraResult
         **_latency(cols),
         "open_loop": open_loop,
         "daemon_cpu": cpu,
+        "load_cpu": {"cpu_s": load_cpu_s, "requests": sent,
+                     "us_per_request": (load_cpu_s / sent * 1e6 if load_cpu_s is not None and sent
+                                        else None)},
         "join": _join(plan, cameras),
         "stopped_cameras": {c.camera_id: c.stopped for c in cameras if c.stopped},
         "cameras": [_camera_row(plan, c) for c in cameras],
@@ -173,6 +180,9 @@ def format_table(r: dict[str, Any]) -> str:
     lines.append(f"  daemon CPU per request: {cpu['us_per_request']:.1f} us ({cpu['source']})"
                  if cpu["us_per_request"] is not None else
                  f"  daemon CPU per request: n/a ({cpu['note']})")
+    load = r["load_cpu"]
+    if load["us_per_request"] is not None:
+        lines.append(f"  load generator CPU per request: {load['us_per_request']:.1f} us")
     ol = r["open_loop"]
     if ol is not None:
         lines.append(f"  open loop: {ol['late_sends']} late sends (> {ol['late_ms']:g} ms; send "

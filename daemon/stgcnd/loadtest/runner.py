@@ -114,7 +114,7 @@ def _run_processes(plan: LoadPlan, target: ModelTarget, control: _Control
                 p.join(5.0)
     cameras = [c for msg in sorted(done, key=lambda m: m[1]) for c in msg[2]]
     samples = {"first": first, "last": last, "first_at_s": first_at - t0,
-               "last_at_s": last_at - t0}
+               "last_at_s": last_at - t0, "load_cpu_s": sum(msg[3] for msg in done)}
     return cameras, samples
 
 

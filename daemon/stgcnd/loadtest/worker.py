@@ -4,7 +4,8 @@ Protocol with the parent, over one result queue shared by all processes:
   ("ready", process)              every camera built its data; those present from the start
                                   are connected and answered a ping
   ... the parent sets `start_wall` and the `go` event ...
-  ("done", process, [CameraResult]) once every camera thread has finished
+  ("done", process, [CameraResult], cpu_s) once every camera thread has finished; cpu_s is
+                                  this process's own CPU time over the run (all threads)
   ("failed", process, message)    something went wrong before the run could start
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -55,6 +57,7 @@ def _run(process: int, plan: LoadPlan, target: ModelTarget, results: Any, go: An
     watcher.start()
     go.wait()
     clock.start_at(start_wall.value)
+    cpu0 = time.process_time()
     # Every thread ends by the run's end plus one request's timeout; allow a margin on top.
     limit = plan.end + plan.timeout_ms / 1e3 + 10.0
     for t in threads:
@@ -66,7 +69,8 @@ def _run(process: int, plan: LoadPlan, target: ModelTarget, results: Any, go: An
     for c in cameras:
         if c.camera.camera_id in unfinished:
             c.result.stopped = "still running at the end of the run (hung request?)"
-    results.put(("done", process, [c.result for c in cameras]))
+    cpu_s = time.process_time() - cpu0
+    results.put(("done", process, [c.result for c in cameras], cpu_s))
 
 
 def _forward_stop(stop: Any, local_stop: threading.Event) -> None:
