@@ -74,7 +74,7 @@ def test_counts_rates_and_latency_over_the_measured_interval():
 def test_join_is_reported_apart():
     j = build_report(PLAN, TARGET, cameras(), samples(1.0, 2.0))["join"]
     assert j["cameras"] == 1 and j["at_s"] == 0.5 and j["window_s"] == 1.0
-    assert j["first_reply_ms"]["per_camera"] == [10.0] and j["never_replied"] == 0
+    assert j["first_reply_ms"]["per_camera"] == {"b": 10.0} and j["never_replied"] == 0
     # Only the running camera's requests due in [1.5, 2.5) s: the busy one, not the lost one.
     assert j["running_cameras"]["errors"] == {"busy": 1}
     assert j["running_cameras"]["lost_replies"] == 0

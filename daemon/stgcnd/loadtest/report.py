@@ -73,7 +73,7 @@ def _join(plan: LoadPlan, cameras: list[CameraResult]) -> dict[str, Any] | None:
     return {
         "cameras": len(joiners), "at_s": start - plan.warmup, "window_s": end - start,
         "first_reply_ms": {**distribution([f for f in first if f is not None]),
-                           "per_camera": first},
+                           "per_camera": {c.camera_id: c.first_reply_ms for c in joiners}},
         "first_prediction_ms": distribution(
             [c.first_prediction_ms for c in joiners if c.first_prediction_ms is not None]),
         "never_replied": sum(f is None for f in first),
