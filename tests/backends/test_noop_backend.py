@@ -37,6 +37,21 @@ def test_zero_logits_of_the_right_shape_and_timings():
         s.infer(x[:2].astype(np.float16))
 
 
+def test_batch_runner_for_the_daemons_executors():
+    """The executors' form (backend.open_runner): zero rows per window, every bucket warmed."""
+    backend = NoopBackend((3, 8, 33, 1), num_class=3, max_batch=8)
+    runner = backend.open_runner(buckets=(1, 2, 4, 8), lanes=16)
+    try:
+        estimates = runner.warm_up(runs=2)
+        assert sorted(estimates) == [1, 2, 4, 8] and all(v >= 0 for v in estimates.values())
+        x = synthetic_windows(3, 8, 1, seed=9)
+        out = runner.run(list(x), lanes=[5, 0, 15])
+        assert out.shape == (3, 3) and out.dtype == np.float32 and not out.any()
+        assert {"compute_ms", "total_ms"} <= set(runner.last_timings)
+    finally:
+        runner.close()
+
+
 def test_session_copies_the_input_into_its_own_buffer():
     backend = NoopBackend((3, 8, 33, 1), num_class=2, max_batch=2)
     x = synthetic_windows(2, 8, 1, seed=2)
