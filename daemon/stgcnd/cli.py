@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "stgcnd.commands.serve",
     "stgcnd.commands.demo",
     "stgcnd.commands.camera_sim",
+    "stgcnd.commands.loadtest",
     "stgcnd.commands.export",
     "stgcnd.commands.build",
     "stgcnd.commands.validate",

@@ -3,7 +3,8 @@
 "auto" resolves to: tensorrt when TensorRT and pycuda import and a GPU is present; else torch
 on CUDA; else whichever CPU backend (torch or onnxruntime) runs this model faster on this
 machine, measured with a few batch-1 runs of each and remembered in the store directory
-(`auto-backend.json`, keyed by model and machine).
+(`auto-backend.json`, keyed by model and machine). "noop" (zero logits, for measuring the
+daemon itself) runs only when named; "auto" never picks it.
 
 This module imports neither torch nor tensorrt at import time, and the tensorrt path never
 imports torch when the engine is already built (`spec` in, no LoadedModel needed).
@@ -27,7 +28,7 @@ from stgcnd.log import get_logger
 
 log = get_logger(__name__)
 
-BACKENDS = ("tensorrt", "torch", "onnxruntime")
+BACKENDS = ("tensorrt", "torch", "onnxruntime", "noop")
 AUTO_CACHE_NAME = "auto-backend.json"
 AUTO_PROBE_RUNS = 3
 
@@ -63,6 +64,7 @@ def available_backends() -> dict[str, str | None]:
     out["torch"] = None if _importable("torch") else "torch is not installed"
     out["onnxruntime"] = (None if _importable("onnxruntime")
                           else "onnxruntime is not installed (pip install onnxruntime)")
+    out["noop"] = None  # numpy only; never picked by "auto" (it computes nothing)
     return out
 
 
@@ -254,6 +256,12 @@ def _load(model_or_spec: Any, backend: str, options: Any, store: Any) -> Backend
         artifact = _prepare(model_or_spec, backend, options, store)
         return OnnxRuntimeBackend.from_artifact(artifact, threads=options.threads,
                                                 device=options.device)
+    if backend == "noop":
+        from stgcnd.backends.noop_backend import NoopBackend
+
+        # No artefact and no store: the spec's shape is all it needs (see noop_backend).
+        return NoopBackend.from_spec(_spec_of(model_or_spec), max_batch=options.max_batch,
+                                     precision=options.precision)
     if backend == "torch":
         from stgcnd.backends.torch_backend import TorchBackend
 

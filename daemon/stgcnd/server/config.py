@@ -20,7 +20,7 @@ else:  # pragma: no cover - Python 3.10 (JetPack 6)
     import tomli as tomllib
 
 DEFAULT_CONFIG_PATH = Path("/etc/stgcnd/stgcnd.toml")
-BACKENDS = ("auto", "tensorrt", "torch", "onnxruntime")
+BACKENDS = ("auto", "tensorrt", "torch", "onnxruntime", "noop")
 PRECISIONS = ("fp32", "fp16", "int8")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -170,7 +170,8 @@ def _check(config: Config) -> Config:
     for m in config.models:
         where = f"{config.source}: model {m.name!r}"
         if m.backend not in BACKENDS:
-            raise UserError(f"{where}: backend must be one of {', '.join(BACKENDS)}")
+            raise UserError(f"{where}: backend must be one of {', '.join(BACKENDS)} "
+                            "(noop: zero logits, for measuring the daemon itself)")
         if m.device not in DEVICES:
             raise UserError(f"{where}: device must be one of {', '.join(DEVICES)}")
         if m.precision not in PRECISIONS:
