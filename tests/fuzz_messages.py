@@ -201,7 +201,7 @@ class Generator:
         choice = self.rng.choice((
             [2**63, 0], [0, 2**63], [2**32, 2**32, 0], [2**64 - 1, 0], [0] * 8, [0],
             [2**22] * 7 + [0], [], [1], [1] * 9, [-1, 3], [3, -5, 33, 1], [2**40, 2**40],
-            good[:-1], good + [1], [g + 1 for g in good], [good[0], 0, *good[2:]],
+            good[:-1], [*good, 1], [g + 1 for g in good], [good[0], 0, *good[2:]],
             list(reversed(good)), [self.rng.randrange(-2, 2**20) for _ in range(len(good))],
         ))
         count = math.prod(choice) if all(isinstance(d, int) and d >= 0 for d in choice) else -1
@@ -234,14 +234,14 @@ class Generator:
         how = self.rng.choice(("extra-frame", "missing-frame", "extra-spec", "no-specs",
                                "five-arrays"))
         if how == "extra-frame":
-            arrays = arrays + [self.payload("push") or b"x"]
+            arrays = [*arrays, self.payload("push") or b"x"]
         elif how == "missing-frame":
             arrays = arrays[:-1] if arrays else []
             if op not in ("infer", "push"):
                 h["arrays"] = [{"dtype": "float32", "shape": [1]}]
         elif how == "extra-spec":
             h["arrays"] = h["arrays"] + [{"dtype": "float32", "shape": [1]}]
-            arrays = arrays + [b"\0\0\0\0"]
+            arrays = [*arrays, b"\x00\x00\x00\x00"]
         elif how == "no-specs":
             h["arrays"] = []
             if not arrays:
@@ -338,7 +338,7 @@ class Generator:
                                  1e-9, 1e308, 2**63 - 1, -(2**63), True, "100"))
         op = self.rng.choice(OPS)
         h, arrays = self.valid_request(op, timeout_ms=value)
-        bad = (isinstance(value, bool) or isinstance(value, str)
+        bad = (isinstance(value, (bool, str))
                or not math.isfinite(value) or value < 0)
         allowed = frozenset({"malformed"}) if bad else None
         return [self.case("timeout", h, arrays, f"{op} timeout_ms={value!r}", allowed)]
