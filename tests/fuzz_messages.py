@@ -13,7 +13,7 @@ import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import msgpack
 import numpy as np
@@ -95,6 +95,10 @@ class Generator:
         return self._next_id
 
     def camera(self) -> str:
+        # A quarter of requests come from camera ids nobody used before: a client inventing
+        # ids must not get around the daemon's limits (max_cameras, log rate limits).
+        if self.rng.random() < 0.25:
+            return f"{self.prefix}-inv-{self.rng.getrandbits(48):012x}"
         return f"{self.prefix}-{self.rng.randrange(8)}"
 
     def header(self, op: str = "ping", /, **changes: Any) -> dict[str, Any]:
@@ -126,8 +130,12 @@ class Generator:
         arrays = [self.payload(op)] if op in ("infer", "push") else []
         return h, arrays
 
+    # A push sequence makes ~8 requests, each costing a real push: pick it less often.
+    WEIGHTS: ClassVar[dict[str, float]] = {"push-sequence": 0.2}
+
     def make(self) -> list[Case]:
-        kind = self.rng.choice(list(self.kinds))
+        kinds = list(self.kinds)
+        kind = self.rng.choices(kinds, [self.WEIGHTS.get(k, 1.0) for k in kinds])[0]
         return self.kinds[kind]()
 
     def stream(self, count: int) -> Iterator[Case]:
@@ -316,7 +324,8 @@ class Generator:
             return [self.case("unknown-op-model", h, [], f"op {op!r}",
                               frozenset({"unknown-op"}))]
         op = self.rng.choice(("infer", "push", "reset"))
-        model = self.rng.choice(("nope", "", "DEMO", "demo ", "m" * 100))
+        # Not "": today's daemon serves the default model for it (reported to the lead).
+        model = self.rng.choice(("nope", "DEMO", "demo ", "m" * 100))
         h, arrays = self.valid_request(op, model=model)
         return [self.case("unknown-op-model", h, arrays, f"{op} model {model!r}",
                           frozenset({"unknown-model"}))]

@@ -83,11 +83,11 @@ def test_decode_request_only_raises_protocol_error():
             except Exception as exc:
                 pytest.fail(f"seed {SEED} case {n}: {type(exc).__name__}: {exc}\n"
                             f"{case.describe()}\nframes={[f[:80] for f in frames]!r}")
-            if frames is case.frames and case.allowed is not None:
-                assert outcome in case.allowed | {"busy", "expired", "unknown-model", "ok"} \
-                    if outcome in ("ok", "unknown-model") else outcome in case.allowed, (
-                        f"seed {SEED} case {n}: got {outcome}, allowed {sorted(case.allowed)}:"
-                        f" {case.describe()}")
+            # "ok" here may still become e.g. unknown-model in the daemon, which knows models.
+            if frames is case.frames and case.allowed is not None and outcome != "ok":
+                assert outcome in case.allowed, (
+                    f"seed {SEED} case {n}: got {outcome}, allowed {sorted(case.allowed)}: "
+                    f"{case.describe()}")
             seen[outcome] = seen.get(outcome, 0) + 1
     # The generators must reach deep: valid requests and most error codes.
     assert {"ok", "malformed", "bad-shape", "bad-dtype", "bad-size", "non-finite",
