@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from stgcnd.errors import UserError
+from stgcnd.errors import BuildCancelled, UserError
 from stgcnd.log import get_logger
 from stgcnd.model.spec import default_labels
 from stgcnd.server.config import Config, ModelConfig
@@ -109,20 +109,27 @@ def _spec(mc: ModelConfig) -> Any:
 
 
 def load_models(config: Config, generation: int = 1,
-                keep: dict[str, ServedModel] | None = None) -> dict[str, ServedModel]:
+                keep: dict[str, ServedModel] | None = None,
+                cancel: threading.Event | None = None) -> dict[str, ServedModel]:
     """Build or reuse every configured model's artefact, load it and warm it up.
 
     Models whose configuration is unchanged (`keep`) are reused as they are. Any failure is
     fatal to the whole load: the daemon never serves half a configuration.
+
+    `cancel`: when set (SIGTERM during a first-start build), a running build is abandoned
+    within seconds, leaving nothing partial in the store, and BuildCancelled is raised;
+    builds then run in a child process (see stgcnd.engines.child_build).
     """
     from stgcnd.backends.registry import default_device, open_backend
     from stgcnd.engines.options import BuildOptions
     from stgcnd.engines.store import EngineStore
 
-    store = EngineStore(config.engines_dir)
+    store = EngineStore(config.engines_dir, cancel=cancel)
     loaded: dict[str, ServedModel] = {}
     try:
         for mc in config.models:
+            if cancel is not None and cancel.is_set():
+                raise BuildCancelled("start-up cancelled")
             old = (keep or {}).get(mc.name)
             if old is not None and old.config == mc:
                 loaded[mc.name] = old

@@ -17,6 +17,7 @@ from typing import Any
 import zmq
 
 from stgcnd import __version__
+from stgcnd.errors import BuildCancelled
 from stgcnd.log import get_logger
 from stgcnd.server.config import Config, load_config
 from stgcnd.server.errorlog import ClientErrorLog
@@ -96,8 +97,9 @@ class Server:
         ext.start()
         try:
             # Backends create or retain the process's one CUDA context as they load, here in
-            # the main thread and before any worker exists.
-            self.models = load_models(self.config, self.generation)
+            # the main thread and before any worker exists. SIGTERM/SIGINT (self._stop)
+            # abandons a first-start build: BuildCancelled, nothing partial kept.
+            self.models = load_models(self.config, self.generation, cancel=self._stop)
         finally:
             keepalive.set()
         self._bind()
@@ -417,8 +419,20 @@ class Server:
             self._ipc_path.unlink(missing_ok=True)
 
 
+    def startup_cancelled(self) -> int:
+        """SIGTERM/SIGINT arrived during startup(): nothing is served yet, stop at once."""
+        self.notifier.stopping("stopped during start-up")
+        self.notifier.close()
+        log.info("shutdown_complete", exit_code=0, phase="startup",
+                 reason="signal during start-up; the engine build was abandoned")
+        return 0
+
+
 def run_server(config: Config, config_path: Path | None = None) -> int:
     server = Server(config, config_path)
     server.install_signal_handlers()
-    server.startup()
+    try:
+        server.startup()
+    except BuildCancelled:
+        return server.startup_cancelled()
     return server.serve()
