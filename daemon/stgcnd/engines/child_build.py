@@ -65,7 +65,7 @@ def _child_main(conn: Any, root: str, spec: Any, backend: str, options: Any,
 def remove_leftovers(root: Path, pid: int) -> list[str]:
     """Delete the temp files a (dead) writer `pid` left anywhere in the store."""
     removed = []
-    for path in root.rglob(f".*.tmp-{pid}*"):
+    for path in root.rglob(f".*.tmp-{pid}.*"):  # '.' after the pid: not pid 42 for 4242
         try:
             path.unlink()
             removed.append(str(path))

@@ -146,7 +146,9 @@ def load_models(config: Config, generation: int = 1,
             try:
                 backend = open_backend(spec, mc.backend, options, store)
             except UserError as exc:
-                raise UserError(f"model {mc.name!r}: {exc}") from None
+                # Name the model, keep the type (StoreReadOnly, CheckpointError...) and hint.
+                exc.args = (f"model {mc.name!r}: {exc}",)
+                raise exc from None
             labels = tuple(mc.labels) or tuple(getattr(backend.info, "details", {}).get(
                 "labels", ())) or default_labels(backend.info.num_class)
             served = ServedModel(mc, backend, labels, demo=mc.checkpoint is None,
