@@ -20,6 +20,7 @@ import pytest
 
 from stgcnd.engines.options import BuildOptions
 from stgcnd.engines.store import EngineStore
+from stgcnd.fsutil import file_sha256
 from stgcnd.model.spec import ModelSpec
 from stgcnd_client import Client
 from tests.conftest import REPO
@@ -98,7 +99,7 @@ def _infer_ok(d: Daemon) -> None:
 # --- #12.7: read-only store ----------------------------------------------------------------
 
 def test_read_only_store_with_current_artefacts_serves(seed_store, tmp_path, daemons):
-    root, art, _ = _store(seed_store, tmp_path)
+    root, _art, _ = _store(seed_store, tmp_path)
     before = sorted(p.name for p in root.rglob("*"))
     with read_only(root) as prefix:
         d = PrefixedDaemon(tmp_path, prefix, config_path=_config(tmp_path))
@@ -190,8 +191,6 @@ def test_sigterm_during_first_build_stops_promptly_and_leaves_nothing(tmp_path, 
     assert not list(root.glob("*/onnxruntime-int8-*"))  # no artefact, no manifest
     for onnx in root.rglob("*.onnx"):  # an ONNX committed before the signal is whole
         sidecar = json.loads(Path(str(onnx) + ".json").read_text())
-        from stgcnd.fsutil import file_sha256
-
         assert file_sha256(onnx) == sidecar.get("onnx_sha256", sidecar.get("sha256"))
     for lock in root.rglob("*.lock"):  # every lock is free again
         with open(lock) as f:
