@@ -418,7 +418,6 @@ class Server:
         if self._ipc_path is not None:
             self._ipc_path.unlink(missing_ok=True)
 
-
     def startup_cancelled(self) -> int:
         """SIGTERM/SIGINT arrived during startup(): nothing is served yet, stop at once."""
         self.notifier.stopping("stopped during start-up")
