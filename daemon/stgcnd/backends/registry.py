@@ -205,7 +205,10 @@ def fastest_cpu_backend(model: Any, options: Any, store: Any) -> str:
     cache[key] = {"backend": best, "median_ms": timings, "machine": machine_key(),
                   "model": model_key(model), "precision": options.precision,
                   "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    atomic_write_json(cache_path, cache)
+    try:
+        atomic_write_json(cache_path, cache)
+    except OSError as exc:  # a read-only store: measure again next start, serve now
+        log.warning("auto_backend_not_cached", path=str(cache_path), error=exc.strerror)
     log.info("auto_backend_measured", backend=best, **{f"{k}_ms": round(v, 2)
                                                        for k, v in timings.items()})
     return best
@@ -232,15 +235,60 @@ def resolve_auto(model_or_spec: Any, options: Any, store: Any) -> tuple[str, Any
 
 # --- loading -------------------------------------------------------------------------------
 
-def _prepare(model_or_spec: Any, backend: str, options: Any, store: Any) -> Any:
-    """The store's artefact; for tensorrt, from the manifest alone when already built."""
+def _prepare(model_or_spec: Any, backend: str, options: Any, store: Any,
+             rebuild: str | None = None) -> Any:
+    """The store's artefact; from the manifest alone (no torch) when already built."""
+    if rebuild is not None:
+        return store.prepare(model_or_spec, backend, options, rebuild=rebuild)
     if backend == "tensorrt" and not _is_loaded_model(model_or_spec):
         find = getattr(store, "find", None)
         if find is not None:
             artifact = find(model_or_spec, backend, options)
             if artifact is not None:
                 return artifact
-    return store.prepare(_loaded(model_or_spec), backend, options)
+    # The store loads the model (torch) only if it must export or build.
+    return store.prepare(model_or_spec, backend, options)
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _load_artifact(model_or_spec: Any, backend: str, options: Any, store: Any,
+                   load: Any) -> Backend:
+    """load(artifact); a stored artefact that fails to load is rebuilt once.
+
+    A file can match its manifest and still not load: a TensorRT engine after a driver or
+    library change that the key did not see, an ONNX that this runtime rejects. Rebuilding
+    is the fix the user would apply, so the store does it, with the reason in
+    `engine_rebuilt`; a rebuilt artefact that fails too is one clear error, not a traceback.
+    """
+    artifact = _prepare(model_or_spec, backend, options, store)
+    try:
+        return load(artifact)
+    except BackendUnavailable:
+        raise  # the runtime is missing or lacks the device: a rebuild cannot help
+    except Exception as exc:
+        if not artifact.reused:
+            raise _load_failure(backend, artifact, exc) from None
+        reason = f"failed to load: {_first_line(str(exc)) or type(exc).__name__}"
+        log.warning("engine_load_failed", backend=backend, path=str(artifact.path),
+                    error=_first_line(str(exc)), action="rebuilding it once")
+    artifact = _prepare(model_or_spec, backend, options, store, rebuild=reason)
+    try:
+        return load(artifact)
+    except BackendUnavailable:
+        raise
+    except Exception as exc:
+        raise _load_failure(backend, artifact, exc) from None
+
+
+def _load_failure(backend: str, artifact: Any, exc: BaseException) -> UserError:
+    return UserError(f"the {backend} {artifact.precision} artefact {artifact.path} fails to "
+                     f"load just after it was built: {_first_line(str(exc)) or type(exc).__name__}"
+                     "; check the runtime install with `stgcnd doctor`, or try another "
+                     "backend/precision")
 
 
 def _load(model_or_spec: Any, backend: str, options: Any, store: Any) -> Backend:
@@ -248,14 +296,15 @@ def _load(model_or_spec: Any, backend: str, options: Any, store: Any) -> Backend
         from stgcnd.backends.tensorrt_backend import TensorRTBackend, import_tensorrt
 
         import_tensorrt()  # a clear error before any export/build work
-        artifact = _prepare(model_or_spec, backend, options, store)
-        return TensorRTBackend.from_artifact(artifact, cuda_graph=options.cuda_graph)
+        return _load_artifact(model_or_spec, backend, options, store,
+                              lambda a: TensorRTBackend.from_artifact(
+                                  a, cuda_graph=options.cuda_graph))
     if backend == "onnxruntime":
         from stgcnd.backends.onnxruntime_backend import OnnxRuntimeBackend
 
-        artifact = _prepare(model_or_spec, backend, options, store)
-        return OnnxRuntimeBackend.from_artifact(artifact, threads=options.threads,
-                                                device=options.device)
+        return _load_artifact(model_or_spec, backend, options, store,
+                              lambda a: OnnxRuntimeBackend.from_artifact(
+                                  a, threads=options.threads, device=options.device))
     if backend == "noop":
         from stgcnd.backends.noop_backend import NoopBackend
 

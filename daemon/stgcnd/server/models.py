@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -9,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from stgcnd.errors import UserError
+from stgcnd.errors import BuildCancelled, UserError
 from stgcnd.log import get_logger
 from stgcnd.model.spec import default_labels
 from stgcnd.server.config import Config, ModelConfig
@@ -172,21 +173,28 @@ AUTO_MAX_BATCH_CPU = 16
 
 def load_models(config: Config, generation: int = 1,
                 keep: dict[str, ServedModel] | None = None,
-                start: Callable[[ServedModel], None] | None = None) -> dict[str, ServedModel]:
+                start: Callable[[ServedModel], None] | None = None,
+                cancel: threading.Event | None = None) -> dict[str, ServedModel]:
     """Build or reuse every configured model's artefact, load it, and `start` its executors
     (which warm every bucket) before returning.
 
     Models whose configuration is unchanged (`keep`) are reused as they are. Any failure is
     fatal to the whole load: the daemon never serves half a configuration.
+
+    `cancel`: when set (SIGTERM during a first-start build), a running build is abandoned
+    within seconds, leaving nothing partial in the store, and BuildCancelled is raised;
+    builds then run in a child process (see stgcnd.engines.child_build).
     """
     from stgcnd.backends.registry import default_device, open_backend
     from stgcnd.engines.options import BuildOptions
     from stgcnd.engines.store import EngineStore
 
-    store = EngineStore(config.engines_dir)
+    store = EngineStore(config.engines_dir, cancel=cancel)
     loaded: dict[str, ServedModel] = {}
     try:
         for mc in config.models:
+            if cancel is not None and cancel.is_set():
+                raise BuildCancelled("start-up cancelled")
             old = (keep or {}).get(mc.name)
             if old is not None and old.config == mc:
                 loaded[mc.name] = old
@@ -205,7 +213,9 @@ def load_models(config: Config, generation: int = 1,
             try:
                 backend = open_backend(spec, mc.backend, options, store)
             except UserError as exc:
-                raise UserError(f"model {mc.name!r}: {exc}") from None
+                # Name the model, keep the type (StoreReadOnly, CheckpointError...) and hint.
+                exc.args = (f"model {mc.name!r}: {exc}",)
+                raise exc from None
             labels = tuple(mc.labels) or tuple(getattr(backend.info, "details", {}).get(
                 "labels", ())) or default_labels(backend.info.num_class)
             served = ServedModel(mc, backend, labels, demo=mc.checkpoint is None,

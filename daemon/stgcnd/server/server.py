@@ -25,6 +25,7 @@ from typing import Any
 import zmq
 
 from stgcnd import __version__
+from stgcnd.errors import BuildCancelled
 from stgcnd.log import get_logger
 from stgcnd.server.cameras import CameraState, CameraTable, PushRecord
 from stgcnd.server.config import Config, load_config
@@ -114,7 +115,10 @@ class Server:
         try:
             # Backends create or retain the process's one CUDA context as they load, here in
             # the main thread; each executor then prepares and warms its own runner.
-            self.models = load_models(self.config, self.generation, start=self._start_model)
+            # SIGTERM/SIGINT (self._stop) abandons a first-start build: BuildCancelled,
+            # nothing partial kept.
+            self.models = load_models(self.config, self.generation, start=self._start_model,
+                                      cancel=self._stop)
         finally:
             keepalive.set()
         self._router, self._ipc_path = bind_router(self._ctx, self.config)
@@ -409,7 +413,7 @@ class Server:
                 # New and changed models get their own executors, warmed here, while the
                 # current ones keep serving.
                 models = load_models(config, self.generation + 1, keep=self.models,
-                                     start=self._start_model)
+                                     start=self._start_model, cancel=self._stop)
                 self._reload_result = models
                 self._pending_config = config
             except BaseException as exc:
@@ -513,9 +517,20 @@ class Server:
         if self._ipc_path is not None:
             self._ipc_path.unlink(missing_ok=True)
 
+    def startup_cancelled(self) -> int:
+        """SIGTERM/SIGINT arrived during startup(): nothing is served yet, stop at once."""
+        self.notifier.stopping("stopped during start-up")
+        self.notifier.close()
+        log.info("shutdown_complete", exit_code=0, phase="startup",
+                 reason="signal during start-up; the engine build was abandoned")
+        return 0
+
 
 def run_server(config: Config, config_path: Path | None = None) -> int:
     server = Server(config, config_path)
     server.install_signal_handlers()
-    server.startup()
+    try:
+        server.startup()
+    except BuildCancelled:
+        return server.startup_cancelled()
     return server.serve()
