@@ -243,9 +243,14 @@ def _prepare(model_or_spec: Any, backend: str, options: Any, store: Any) -> Any:
 
 def _load(model_or_spec: Any, backend: str, options: Any, store: Any) -> Backend:
     if backend == "tensorrt":
-        from stgcnd.backends.tensorrt_backend import TensorRTBackend, import_tensorrt
+        from stgcnd.backends.tensorrt_backend import (
+            TensorRTBackend,
+            import_tensorrt,
+            serving_options,
+        )
 
-        import_tensorrt()  # a clear error before any export/build work
+        # A clear error before any export/build work; fp16 on TensorRT 11 serves fp32.
+        options = serving_options(import_tensorrt(), options)
         artifact = _prepare(model_or_spec, backend, options, store)
         return TensorRTBackend.from_artifact(artifact, cuda_graph=options.cuda_graph)
     if backend == "onnxruntime":
