@@ -56,6 +56,11 @@ REQUIRED_API: dict[str, tuple[str, ...]] = {
     "DataType": ("FLOAT", "HALF", "INT8", "INT32", "BOOL"),
 }
 
+# pycuda names the sessions and runners call (tests check them against a real pycuda build).
+PYCUDA_API = ("Stream", "Event", "wait_for_event", "record", "time_since", "synchronize",
+              "mem_alloc", "memset_d8", "pagelocked_empty", "memcpy_htod_async",
+              "memcpy_dtoh_async", "retain_primary_context", "get_current", "push", "pop")
+
 # I/O data types by enum *name*: INT64 and BF16 appear in 10.x, FP4/E8M0 in 11.x; a name the
 # running release lacks simply never occurs.
 _NUMPY_BY_TRT_NAME = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8,
@@ -219,22 +224,25 @@ class TensorIO:
 
 def engine_io(trt: Any, engine: Any, max_batch: int) -> list[TensorIO]:
     """The engine's I/O tensors; dynamic batch dimensions bounded by the largest batch any
-    optimization profile takes, and by max_batch."""
-    tensors = []
+    optimization profile takes, and by max_batch (outputs too: no larger than the inputs)."""
+    found = []
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)
         is_input = engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
         shape = tuple(int(d) for d in engine.get_tensor_shape(name))
+        found.append((name, is_input, shape))
+    profiles = int(getattr(engine, "num_optimization_profiles", 1))
+    top = max_batch
+    max_shapes: dict[str, tuple[int, ...]] = {}
+    for name, is_input, shape in found:
         if is_input and any(d < 0 for d in shape):
-            prof_max = max((profile_shapes(engine, name, p)[2]
-                            for p in range(int(getattr(engine, "num_optimization_profiles", 1)))),
+            prof_max = max((profile_shapes(engine, name, p)[2] for p in range(profiles)),
                            key=lambda s: s[0])
-            max_shape = (min(prof_max[0], max_batch), *prof_max[1:])
-        else:
-            max_shape = tuple(max_batch if d < 0 else d for d in shape)
-        tensors.append(TensorIO(name, is_input, numpy_dtype(engine.get_tensor_dtype(name)),
-                                shape, max_shape))
-    return tensors
+            max_shapes[name] = (min(prof_max[0], max_batch), *prof_max[1:])
+            top = min(top, max_shapes[name][0])
+    return [TensorIO(name, is_input, numpy_dtype(engine.get_tensor_dtype(name)), shape,
+                     max_shapes.get(name, tuple(top if d < 0 else d for d in shape)))
+            for name, is_input, shape in found]
 
 
 class TensorRTBackend(Backend):
