@@ -84,15 +84,28 @@ def test_work_answering_false_is_a_failure_too(driver):
     assert not graph._graph and not graph._exec
 
 
-def test_invalidated_capture_is_logged_once_per_call_and_not_raised(monkeypatch, capsys):
+@pytest.fixture
+def json_log():
+    """The JSON log written to a string; the previous logging set-up restored afterwards."""
+    import io
+
+    import structlog
+
     from stgcnd.log import configure_logging
 
-    configure_logging("info", "json")
+    previous = structlog.get_config()
+    stream = io.StringIO()
+    configure_logging("info", "json", stream=stream)
+    yield stream
+    structlog.configure(**previous)
+
+
+def test_invalidated_capture_is_logged_once_per_call_and_not_raised(monkeypatch, json_log):
     rec = RecordingDriver(end_status=RecordingDriver.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
     monkeypatch.setattr(cuda, "_libcuda", rec)
     assert cuda.DriverGraph(0xABC).try_capture(lambda: True, "batch 1") is False
     assert rec.calls == ["begin", "end", "graph_destroy"]
-    lines = [json.loads(x) for x in capsys.readouterr().err.splitlines() if x.startswith("{")]
+    lines = [json.loads(x) for x in json_log.getvalue().splitlines() if x.startswith("{")]
     failed = [e for e in lines if e["event"] == "cuda_graph_capture_failed"]
     assert len(failed) == 1 and "901" in failed[0]["error"]
     assert failed[0]["action"] == "running without a CUDA graph"
