@@ -293,9 +293,14 @@ def _load_failure(backend: str, artifact: Any, exc: BaseException) -> UserError:
 
 def _load(model_or_spec: Any, backend: str, options: Any, store: Any) -> Backend:
     if backend == "tensorrt":
-        from stgcnd.backends.tensorrt_backend import TensorRTBackend, import_tensorrt
+        from stgcnd.backends.tensorrt_backend import (
+            TensorRTBackend,
+            import_tensorrt,
+            serving_options,
+        )
 
-        import_tensorrt()  # a clear error before any export/build work
+        # A clear error before any export/build work; fp16 on TensorRT 11 serves fp32.
+        options = serving_options(import_tensorrt(), options)
         return _load_artifact(model_or_spec, backend, options, store,
                               lambda a: TensorRTBackend.from_artifact(
                                   a, cuda_graph=options.cuda_graph))

@@ -48,8 +48,11 @@ def _register_run(sub: Any) -> None:
                      "line (default 50)")
     run.add_argument("--duration", type=float, default=None, metavar="S",
                      help="minimum timed duration in s (trtexec default: 3)")
-    run.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
+    # --cuda-graph / --no-cuda-graph by hand: argparse.BooleanOptionalAction is Python 3.9+.
+    run.add_argument("--cuda-graph", dest="cuda_graph", action="store_true", default=True,
                      help="capture inference in a CUDA graph (default on)")
+    run.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
+                     help="run without a CUDA graph")
     run.add_argument("--spin-wait", action="store_true",
                      help="spin-wait for GPU completion: steadier timings, one busy CPU core")
     run.add_argument("--no-profile", dest="profile", action="store_false",
