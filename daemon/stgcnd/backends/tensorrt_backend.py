@@ -523,6 +523,11 @@ class _TrtRunner(BatchRunner):
                         self._set_shape(shared, b)
                 self.contexts[b] = shared
             self._lanes = [self._new_lane() for _ in range(self.lanes)]
+            # Without client lanes a batch moves in one copy each way on the compute stream.
+            self.host_in = (None if self.lanes else cuda.pagelocked_empty(
+                (rows, *self.input.max_shape[1:]), self.input.dtype))
+            self.host_out = (None if self.lanes else cuda.pagelocked_empty(
+                (rows, *self.output.max_shape[1:]), self.output.dtype))
         log.info("tensorrt_runner_ready", buckets=list(self.buckets),
                  contexts=len({id(c) for c in self.contexts.values()}),
                  per_bucket_profiles=self.plan.per_bucket, lanes=self.lanes,
@@ -591,6 +596,8 @@ class _TrtRunner(BatchRunner):
         in_row, out_row = self._row_bytes(self.input), self._row_bytes(self.output)
         out = np.empty((n, *self.output.max_shape[1:]), dtype=np.float32)
         with pycuda_current():
+            if not self.lanes:
+                return self._run_unlaned(windows, bucket, out)
             used: list[_Lane] = []
             for slot, (window, index) in enumerate(zip(windows, lanes)):
                 lane = self._lanes[index % self.lanes]
@@ -602,16 +609,7 @@ class _TrtRunner(BatchRunner):
                 lane.uploaded.record(lane.stream)
                 self.compute.wait_for_event(lane.uploaded)
                 used.append(lane)
-            context = self.contexts[bucket]
-            graph = self.graphs.get(bucket) if self.use_graphs else None
-            if graph is None:
-                self._set_shape(context, bucket)
-            self.start.record(self.compute)
-            if graph is not None:
-                graph.launch()
-            else:
-                self._enqueue(bucket)
-            self.done.record(self.compute)
+            self._launch(bucket)
             pending: dict[int, tuple[_Lane, int]] = {}   # id(lane) -> (lane, its slot)
             for slot, index in enumerate(lanes):
                 lane = self._lanes[index % self.lanes]
@@ -627,6 +625,33 @@ class _TrtRunner(BatchRunner):
                 out[slot] = lane.host_out
             self.last_timings = {"compute_ms": self.done.time_since(self.start),
                                  "bucket": float(bucket)}
+        return out
+
+    def _launch(self, bucket: int) -> None:
+        context = self.contexts[bucket]
+        graph = self.graphs.get(bucket) if self.use_graphs else None
+        if graph is None:
+            self._set_shape(context, bucket)
+        self.start.record(self.compute)
+        if graph is not None:
+            graph.launch()
+        else:
+            self._enqueue(bucket)
+        self.done.record(self.compute)
+
+    def _run_unlaned(self, windows: Sequence[np.ndarray], bucket: int, out: np.ndarray
+                     ) -> np.ndarray:
+        """lanes=0: the whole batch up and down in one copy each, on the compute stream."""
+        cuda, n = self.cuda, len(windows)
+        assert self.host_in is not None and self.host_out is not None
+        for slot, window in enumerate(windows):
+            np.copyto(self.host_in[slot], window, casting="same_kind")
+        cuda.memcpy_htod_async(self.dev_in, self.host_in[:n], self.compute)
+        self._launch(bucket)
+        cuda.memcpy_dtoh_async(self.host_out[:n], self.dev_out, self.compute)
+        self.compute.synchronize()
+        out[:] = self.host_out[:n]
+        self.last_timings = {"compute_ms": self.done.time_since(self.start)}
         return out
 
     def close(self) -> None:
@@ -645,4 +670,5 @@ class _TrtRunner(BatchRunner):
             _free([self.dev_in, self.dev_out, *self.dev_other.values()])
             self.dev_other.clear()
             self._lanes = []
+            self.host_in = self.host_out = None
             self.start = self.done = self.compute = None
