@@ -73,7 +73,8 @@ def _describe_zip(path: Path) -> str:
         arrays = ", ".join(n[:-4] for n in names[:5])
         return f"a NumPy .npz archive (arrays: {arrays}{', …' if len(names) > 5 else ''})"
     listed = ", ".join(names[:4]) + (", …" if len(names) > 4 else "")
-    return f"a zip archive without data.pkl, so not a PyTorch file (it holds: {listed or 'nothing'})"
+    return ("a zip archive without data.pkl, so not a PyTorch file "
+            f"(it holds: {listed or 'nothing'})")
 
 
 def _looks_like_onnx(path: Path, head: bytes) -> bool:
