@@ -23,10 +23,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stgcnd.server.config import load_config
-    from stgcnd.server.server import run_server
+    from stgcnd.server.transport import check_endpoint
 
     config = load_config(args.config, overrides={
         "endpoint": args.endpoint,
         "engines_dir": str(args.engines) if args.engines else None,
         "stats_interval": args.stats_interval})
+    # Before any model is loaded or built: a wrong endpoint fails now, with a fix.
+    check_endpoint(config.endpoint)
+    from stgcnd.server.server import run_server
+
     return run_server(config, args.config)
