@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     # for several cameras; a Jetson with TensorRT serves stride 1.
     config = tmp / "demo.toml"
     config.write_text(f'[server]\nstats_interval = 5.0\n\n[[models]]\nname = "demo"\n'
-                      f'stride = {args.stride}\n')
+                      f'demo = true\nstride = {args.stride}\n')
     cmd = [sys.executable, "-m", "stgcnd", "--log-format", "json", "serve", "--config",
            str(config), "--endpoint", endpoint]
     if args.engines:

@@ -21,6 +21,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, log_to_stdout=True)
 
 
+# [server] key -> the flag that overrides it, so that a bad value's error names the flag.
+FLAG_NAMES = {"endpoint": "--endpoint", "engines_dir": "--engines",
+              "stats_interval": "--stats-interval"}
+
+
 def run(args: argparse.Namespace) -> int:
     from stgcnd.server.config import load_config
     from stgcnd.server.transport import check_endpoint
@@ -28,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides={
         "endpoint": args.endpoint,
         "engines_dir": str(args.engines) if args.engines else None,
-        "stats_interval": args.stats_interval})
+        "stats_interval": args.stats_interval}, flag_names=FLAG_NAMES)
     # Before any model is loaded or built: a wrong endpoint fails now, with a fix.
     check_endpoint(config.endpoint)
     from stgcnd.server.server import run_server
