@@ -244,5 +244,5 @@ def test_a_tracked_person_keeps_the_slot_when_a_larger_one_arrives():
 
 
 def test_unknown_selection_is_refused():
-    with pytest.raises(ValueError, match="largest.*most_visible.*first"):
+    with pytest.raises(ValueError, match=r"largest.*most_visible.*first"):
         SkeletonWindow(select="biggest")

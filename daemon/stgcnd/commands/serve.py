@@ -14,7 +14,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "STGCND_<KEY> variables override [server] keys.")
     p.add_argument("--config", type=Path, default=None, help="TOML configuration file")
     p.add_argument("--endpoint", default=None,
-                   help="override [server] endpoint (ipc:///path or tcp://host:port)")
+                   help="override [server] endpoint: ipc:///path/to/socket or tcp://host:port "
+                        "(checked before any model loads; default: [server] endpoint, else "
+                        "stgcnd.sock in $XDG_RUNTIME_DIR/stgcnd or /tmp/stgcnd-UID/stgcnd; the "
+                        "\"ready\" log event names it)")
     p.add_argument("--engines", type=Path, default=None, help="override [server] engines_dir")
     p.add_argument("--stats-interval", type=float, default=None,
                    help="override [server] stats_interval (seconds)")
