@@ -117,6 +117,11 @@ NON_CONFIG_ENV = (
     "STGCND_TEST_PAUSE_BUILD",  # tests: hold an engine build to test its lock
     "STGCND_TRT_STUB_CACHE",    # tests: where the TensorRT API stubs are unpacked
     "STGCND_TRT_STUB_DIR",
+    "STGCND_FUZZ_CASES",        # tests: protocol fuzzing and soak knobs
+    "STGCND_FUZZ_LONG",
+    "STGCND_FUZZ_LONG_CASES",
+    "STGCND_FUZZ_SEED",
+    "STGCND_NET_TESTS",         # tests: enable tests that need the network
 )
 
 
