@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=["debug", "info", "warning", "error"],
                         help="log level of the structured log (default: info)")
     parser.add_argument("--log-format", default="auto", choices=["auto", "json", "console"],
-                        help="log format; auto = console on a terminal, JSON lines otherwise")
+                        help="log format; auto = console on a terminal, JSON lines otherwise "
+                             "(default: auto)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:

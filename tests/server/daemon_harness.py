@@ -23,7 +23,8 @@ def write_config(path: Path, endpoint: str, engines: Path, models: str | None = 
     for k, v in server.items():
         lines.append(f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"')
     lines.append(models if models is not None else
-                 f'[[models]]\nname = "demo"\nframes = {FRAMES}\nbackend = "torch"\n'
+                 f'[[models]]\nname = "demo"\ndemo = true\nframes = {FRAMES}\n'
+                 'backend = "torch"\n'
                  'labels = ["normal", "shoplifting"]\n')
     path.write_text("\n".join(lines) + "\n")
     return path

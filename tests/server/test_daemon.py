@@ -305,7 +305,8 @@ def test_sighup_reload_keeps_cameras(tmp_path, new_daemon):
     with Client(d.endpoint, camera_id="steady") as c:
         c.infer(np.zeros((3, FRAMES, 33, 1), np.float32))
         write_config(d.config_path, d.endpoint, d.engines,
-                     models=f'[[models]]\nname = "demo"\nframes = {FRAMES}\nbackend = "torch"\n'
+                     models=f'[[models]]\nname = "demo"\ndemo = true\nframes = {FRAMES}\n'
+                            'backend = "torch"\n'
                             'labels = ["calm", "theft"]\n')
         d.signal(signal.SIGHUP)
         msg = d.notify.wait_for("RELOADING", timeout=10)
@@ -323,7 +324,7 @@ def test_watchdog_goes_silent_while_a_worker_is_stuck(tmp_path, new_daemon):
     # machine: a real call that is "stuck" for much longer than stall_timeout.
     big = 450
     d = new_daemon(tmp_path, env={"WATCHDOG_USEC": "200000"},
-               models=f'[[models]]\nname = "big"\nframes = {big}\npersons = 3\n'
+               models=f'[[models]]\nname = "big"\ndemo = true\nframes = {big}\npersons = 3\n'
                       'backend = "torch"\ndevice = "cpu"\nthreads = 1\nmax_batch = 1\n',
                stall_timeout=0.1)
     d.config_path.write_text(d.config_path.read_text().replace("warmup_runs = 1",

@@ -20,10 +20,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "CPU backend, a temporary ipc endpoint), run simulated 25 fps "
                                    "cameras against it with a live table, then stop it cleanly. "
                                    "The demo model's predictions mean nothing.")
-    p.add_argument("--cameras", type=int, default=4)
-    p.add_argument("--duration", type=float, default=20.0)
-    p.add_argument("--mode", choices=["window", "push"], default="push")
-    p.add_argument("--fps", type=float, default=25.0)
+    p.add_argument("--cameras", type=int, default=4,
+                   help="simulated cameras, one client thread each (default: 4)")
+    p.add_argument("--duration", type=float, default=20.0,
+                   help="seconds the cameras run, after the daemon is ready (default: 20)")
+    p.add_argument("--mode", choices=["window", "push"], default="push",
+                   help="push: one frame per request, the daemon keeps each camera's window; "
+                        "window: a full window per request (default: push)")
+    p.add_argument("--fps", type=float, default=25.0,
+                   help="frames per second per camera (default: 25)")
     p.add_argument("--stride", type=int, default=25,
                    help="push mode: one prediction every N frames (default: 25 = 1 per second)")
     p.add_argument("--engines", type=Path, default=None, help="engine store directory")
@@ -70,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     # for several cameras; a Jetson with TensorRT serves stride 1.
     config = tmp / "demo.toml"
     config.write_text(f'[server]\nstats_interval = 5.0\n\n[[models]]\nname = "demo"\n'
-                      f'stride = {args.stride}\n')
+                      f'demo = true\nstride = {args.stride}\n')
     cmd = [sys.executable, "-m", "stgcnd", "--log-format", "json", "serve", "--config",
            str(config), "--endpoint", endpoint]
     if args.engines:

@@ -26,11 +26,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "STGCND_<KEY> variables override [server] keys.")
     p.add_argument("--config", type=Path, default=None, help="TOML configuration file")
     p.add_argument("--endpoint", default=None,
-                   help="override [server] endpoint (ipc:///path or tcp://host:port)")
+                   help="override [server] endpoint: ipc:///path/to/socket or tcp://host:port "
+                        "(checked before any model loads; default: [server] endpoint, else "
+                        "stgcnd.sock in $XDG_RUNTIME_DIR/stgcnd or /tmp/stgcnd-UID/stgcnd; the "
+                        "\"ready\" log event names it)")
     p.add_argument("--engines", type=Path, default=None, help="override [server] engines_dir")
     p.add_argument("--stats-interval", type=float, default=None,
                    help="override [server] stats_interval (seconds)")
     p.set_defaults(func=run, log_to_stdout=True)
+
+
+# [server] key -> the flag that overrides it, so that a bad value's error names the flag.
+FLAG_NAMES = {"endpoint": "--endpoint", "engines_dir": "--engines",
+              "stats_interval": "--stats-interval"}
 
 
 def report_fatal(event: str, exc: BaseException) -> int:
@@ -56,12 +64,15 @@ def run(args: argparse.Namespace) -> int:
     from stgcnd.errors import BuildCancelled
     from stgcnd.server.config import load_config
     from stgcnd.server.server import Server
+    from stgcnd.server.transport import check_endpoint
 
     try:
         config = load_config(args.config, overrides={
             "endpoint": args.endpoint,
             "engines_dir": str(args.engines) if args.engines else None,
-            "stats_interval": args.stats_interval})
+            "stats_interval": args.stats_interval}, flag_names=FLAG_NAMES)
+        # Before any model is loaded or built: a wrong endpoint fails now, with a fix.
+        check_endpoint(config.endpoint)
         server = Server(config, args.config)
         server.install_signal_handlers()
     except Exception as exc:

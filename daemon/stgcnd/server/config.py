@@ -1,11 +1,17 @@
 """Daemon configuration: TOML file, then `STGCND_*` environment variables, then flags.
 
 Plain values, checked once at load; unknown keys are errors (a typo must not silently fall back
-to a default). No config at all serves the demo model on a local endpoint.
+to a default), and so are unknown `STGCND_*` variables. Every error names where the bad value
+came from: the TOML file and key, the environment variable, or the flag.
+
+The demo model (random weights) is served only when asked for: `demo = true` in a [[models]]
+entry, or no configuration file at all (the built-in default, what `stgcnd demo` relies on).
+A [[models]] entry needs a `checkpoint` otherwise.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from dataclasses import dataclass, field, fields, replace
@@ -46,6 +52,7 @@ def default_engines_dir() -> Path:
 class ModelConfig:
     name: str = "demo"
     checkpoint: Path | None = None
+    demo: bool = False         # serve the demo model (random weights) instead of a checkpoint
     layout: str = "mediapipe"
     persons: int = 1
     frames: int = 150
@@ -96,7 +103,7 @@ class ServerConfig:
 @dataclass(frozen=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
-    models: tuple[ModelConfig, ...] = (ModelConfig(),)
+    models: tuple[ModelConfig, ...] = (ModelConfig(demo=True),)
     source: str = "built-in defaults (demo model)"
 
     @property
@@ -113,7 +120,23 @@ class Config:
         return next((m for m in self.models if m.name == name), None)
 
 
-def _coerce(cls: type, where: str, raw: dict[str, Any]) -> Any:
+# STGCND_* variables stgcnd reads that are not [server] keys; any other STGCND_* is a typo.
+NON_CONFIG_ENV = (
+    "STGCND_CONFIG",            # the configuration file
+    "STGCND_ENGINE_DIR",        # the engine store of the build/engines commands
+    "STGCND_TEST_PAUSE_BUILD",  # tests: hold an engine build to test its lock
+    "STGCND_TRT_STUB_CACHE",    # tests: where the TensorRT API stubs are unpacked
+    "STGCND_TRT_STUB_DIR",
+    "STGCND_FUZZ_CASES",        # tests: protocol fuzzing and soak knobs
+    "STGCND_FUZZ_LONG",
+    "STGCND_FUZZ_LONG_CASES",
+    "STGCND_FUZZ_SEED",
+    "STGCND_NET_TESTS",         # tests: enable tests that need the network
+)
+
+
+def _coerce(cls: type, where: str, raw: dict[str, Any],
+            sources: dict[str, str] | None = None) -> Any:
     known = {f.name: f for f in fields(cls)}
     unknown = sorted(set(raw) - set(known))
     if unknown:
@@ -154,7 +177,9 @@ def _coerce(cls: type, where: str, raw: dict[str, Any]) -> Any:
             elif value is not None:
                 value = str(value)
         except (TypeError, ValueError) as exc:
-            raise UserError(f"{where}.{key}: invalid value {value!r} ({exc})") from None
+            source = (sources or {}).get(key, f"{where}.{key}")
+            raise UserError(f"{source}: invalid value {value!r} ({_expected(default, exc)})"
+                            ) from None
         values[key] = value
     return cls(**values)
 
@@ -169,6 +194,7 @@ def _check(config: Config) -> Config:
         raise UserError(f"{config.source}: model names must be unique, got {names}")
     for m in config.models:
         where = f"{config.source}: model {m.name!r}"
+        _check_demo(m, where)
         if m.backend not in BACKENDS:
             raise UserError(f"{where}: backend must be one of {', '.join(BACKENDS)} "
                             "(noop: zero logits, for measuring the daemon itself)")
@@ -192,9 +218,64 @@ def _check(config: Config) -> Config:
     return config
 
 
+def _expected(default: Any, exc: Exception) -> str:
+    if isinstance(default, bool):
+        return "expected true or false"
+    if isinstance(default, int):
+        return "expected an integer"
+    if isinstance(default, float):
+        return "expected a number"
+    return str(exc)
+
+
+def _check_demo(m: ModelConfig, where: str) -> None:
+    # A named model silently answering with random weights looks real ("shoplifting", 0.99):
+    # the demo model must be asked for.
+    if m.demo and m.checkpoint is not None:
+        raise UserError(f"{where}: has both demo = true and a checkpoint; remove demo = true "
+                        "to serve the checkpoint")
+    if not m.demo and m.checkpoint is None:
+        raise UserError(f"{where}: no checkpoint; add checkpoint = \"/path/to/model.pt\" to "
+                        "serve your model, or demo = true to serve the demo model (random "
+                        "weights: its predictions mean nothing)")
+
+
+def _env_overrides(env: dict[str, str]) -> dict[str, tuple[str, str]]:
+    """[server] key -> (variable, value) from STGCND_<KEY>; an unknown STGCND_* is an error."""
+    by_name = {f"STGCND_{f.name.upper()}": f.name for f in fields(ServerConfig)}
+    found = {}
+    for name, value in env.items():
+        if not name.startswith("STGCND_") or name in NON_CONFIG_ENV:
+            continue
+        if name not in by_name:
+            close = difflib.get_close_matches(name, [*by_name, *NON_CONFIG_ENV], n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise UserError(f"environment variable {name} is not one stgcnd knows; {hint}"
+                            f"[server] keys: {', '.join(sorted(by_name))}; others: "
+                            f"{', '.join(NON_CONFIG_ENV[:2])}. Unset it or fix its name.")
+        found[by_name[name]] = (name, value)
+    return found
+
+
+def _check_server(s: ServerConfig, where: dict[str, str]) -> None:
+    """Ranges of [server] values, each error naming the value's source."""
+    rules = (("stats_interval", s.stats_interval > 0, "must be > 0 seconds"),
+             ("drain_timeout", s.drain_timeout > 0, "must be > 0 seconds"),
+             ("queue_size", s.queue_size >= 1, "must be >= 1"),
+             ("max_cameras", s.max_cameras >= 1, "must be >= 1"))
+    for key, ok, rule in rules:
+        if not ok:
+            raise UserError(f"{where[key]}: {key} {rule}, got {getattr(s, key)!r}")
+
+
 def load_config(path: Path | None = None, env: dict[str, str] | None = None,
-                overrides: dict[str, Any] | None = None) -> Config:
-    """Read `path` (or the default path if it exists), apply env and flag overrides, check."""
+                overrides: dict[str, Any] | None = None,
+                flag_names: dict[str, str] | None = None) -> Config:
+    """Read `path` (or the default path if it exists), apply env and flag overrides, check.
+
+    `flag_names` maps an override's key to the flag it came from, for error messages
+    (default: --key-with-dashes).
+    """
     env = dict(os.environ if env is None else env)
     raw: dict[str, Any] = {}
     source = "built-in defaults (demo model)"
@@ -215,18 +296,26 @@ def load_config(path: Path | None = None, env: dict[str, str] | None = None,
         raise UserError(f"{source}: unknown section(s) {', '.join(unknown)}; use [server] and "
                         "[[models]]")
     server_raw = dict(raw.get("server", {}))
+    # Where each value came from, so that an error points at the right place to fix it.
+    where = {f.name: f"{source} [server] {f.name}" for f in fields(ServerConfig)}
     # STGCND_<KEY> overrides [server] keys, e.g. STGCND_ENDPOINT, STGCND_STATS_INTERVAL.
-    server_keys = {f.name for f in fields(ServerConfig)}
-    for key in server_keys:
-        if f"STGCND_{key.upper()}" in env:
-            server_raw[key] = env[f"STGCND_{key.upper()}"]
+    for key, (name, value) in _env_overrides(env).items():
+        server_raw[key] = value
+        where[key] = f"environment variable {name}"
     for key, value in (overrides or {}).items():
         if value is not None:
             server_raw[key] = value
-    server = _coerce(ServerConfig, f"{source} [server]", server_raw)
+            flag = (flag_names or {}).get(key, "--" + key.replace("_", "-"))
+            where[key] = f"flag {flag}"
+    server = _coerce(ServerConfig, f"{source} [server]", server_raw, where)
+    _check_server(server, where)
     models_raw = raw.get("models")
+    if models_raw is None and path is not None:
+        raise UserError(f"{source}: no [[models]] entry; add one with name and "
+                        "checkpoint = \"/path/to/model.pt\" (or demo = true to try the demo "
+                        "model)")
     if models_raw is None:
-        models: tuple[ModelConfig, ...] = (ModelConfig(),)
+        models: tuple[ModelConfig, ...] = (ModelConfig(demo=True),)
     elif not isinstance(models_raw, list):
         raise UserError(f"{source}: models must be an array of tables: [[models]]")
     else:
