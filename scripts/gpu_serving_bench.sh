@@ -81,12 +81,12 @@ if [ "$PART" = new ]; then
   timeout 200 python3 -m stgcnd bench --device cuda --backends torch-cudagraph \
     --precisions fp16 --batch 1 16 64 --persons 1 --json "$OUT/bench.json" 2>&1 \
     | tail -8 | tee "$OUT/bench.txt"
-  start_daemon new "$NEW" "max_batch = 64" || exit 1
+  start_daemon new "$NEW" $'demo = true\nmax_batch = 64' || exit 1
   suite new
   stop_daemon | tee -a "$OUT/loadtest.txt"
 fi
 if [ "$PART" = old ]; then
-  start_daemon nolanes "$NEW" $'max_batch = 64\nclient_streams = false' || exit 1
+  start_daemon nolanes "$NEW" $'demo = true\nmax_batch = 64\nclient_streams = false' || exit 1
   lt nolanes sat-64-closed --processes 8 --cameras 8 --closed-loop --duration "$DUR" --warmup 3
   lt nolanes c64-25hz --processes 8 --cameras 8 --rate 25 --duration "$DUR" --warmup 3
   lt nolanes one-closed --processes 1 --cameras 1 --closed-loop --duration "$DUR" --warmup 2

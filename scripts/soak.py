@@ -227,7 +227,7 @@ class OwnDaemon:
             f'[server]\nendpoint = "{self.endpoint}"\nengines_dir = "{self.dir / "engines"}"\n'
             "stats_interval = 5.0\nidle_timeout = 30.0\nwarmup_runs = 1\n"
             f'[[models]]\nname = "demo"\nframes = {self.frames}\nbackend = "torch"\n'
-            f'device = "cpu"\nthreads = 1\nlabels = {labels}\n')
+            f'device = "cpu"\nthreads = 1\ndemo = true\nlabels = {labels}\n')
 
     def start(self, timeout_s: float = 180.0) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the daemon's stdout for its life

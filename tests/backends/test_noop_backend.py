@@ -114,10 +114,10 @@ def test_num_class_comes_from_labels_then_checkpoint_then_spec(tmp_path):
 def test_registered_and_accepted_by_the_daemon_config(tmp_path):
     assert "noop" in registry.BACKENDS and registry.available_backends()["noop"] is None
     cfg = write_config(tmp_path / "c.toml", "ipc:///tmp/x", tmp_path,
-                       models='[[models]]\nname = "m"\nbackend = "noop"\n')
+                       models='[[models]]\nname = "m"\nbackend = "noop"\ndemo = true\n')
     assert load_config(cfg, env={}).models[0].backend == "noop"
     bad = write_config(tmp_path / "b.toml", "ipc:///tmp/x", tmp_path,
-                       models='[[models]]\nname = "m"\nbackend = "nop"\n')
+                       models='[[models]]\nname = "m"\nbackend = "nop"\ndemo = true\n')
     with pytest.raises(UserError, match="noop"):
         load_config(bad, env={})
 
@@ -143,7 +143,7 @@ def test_daemon_serves_zero_logits_with_the_noop_backend(tmp_path):
     from stgcnd_client import Client
 
     models = ('[[models]]\nname = "fast"\nframes = 20\npersons = 2\nbackend = "noop"\n'
-              'labels = ["normal", "theft", "fall"]\n')
+              'demo = true\nlabels = ["normal", "theft", "fall"]\n')
     d = Daemon(tmp_path, models=models)
     try:
         d.start()

@@ -70,7 +70,7 @@ def check_cpu(r: dict, stats: dict) -> None:
 @pytest.fixture(scope="module")
 def noop_daemon(tmp_path_factory):
     d = Daemon(tmp_path_factory.mktemp("lt"), models='[[models]]\nname = "noop"\n'
-                                                     'backend = "noop"\nframes = 30\n')
+                                                     'backend = "noop"\nframes = 30\ndemo = true\n')
     d.start()
     yield d
     code = d.stop()

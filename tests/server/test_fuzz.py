@@ -52,10 +52,10 @@ def fuzz_seed() -> int:
 
 MODELS = (
     f'[[models]]\nname = "demo"\nframes = {FRAMES}\nbackend = "torch"\ndevice = "cpu"\n'
-    'threads = 1\nwarm_sessions = 1\nlabels = ["normal", "shoplifting"]\n'
+    'threads = 1\ndemo = true\nlabels = ["normal", "shoplifting"]\n'
     # A second model so that "reset with model nil" has more than one model to reset.
     '[[models]]\nname = "demo2"\nframes = 12\nbackend = "torch"\ndevice = "cpu"\n'
-    'threads = 1\nwarm_sessions = 1\n'
+    'threads = 1\ndemo = true\n'
 )
 
 

@@ -31,7 +31,7 @@ from tests.server.daemon_harness import FRAMES, Daemon, write_config
 pytestmark = pytest.mark.slow
 
 ORT_MODEL = (f'[[models]]\nname = "demo"\nframes = {FRAMES}\nbackend = "onnxruntime"\n'
-             'device = "cpu"\nlabels = ["normal", "shoplifting"]\n')
+             'device = "cpu"\ndemo = true\nlabels = ["normal", "shoplifting"]\n')
 ART = "onnxruntime-fp32-cpu-b1"
 
 
@@ -150,7 +150,8 @@ def test_daemon_rebuilds_an_artefact_that_fails_to_load(seed_store, tmp_path, da
 # INT8 at T=150: export, then a Q/DQ calibration over 64 synthetic windows (tens of seconds
 # on this CPU): a genuinely slow first-start build, no test hook needed.
 SLOW_MODEL = ('[[models]]\nname = "slow"\nframes = 150\nbackend = "onnxruntime"\n'
-              'device = "cpu"\nprecision = "int8"\nallow_synthetic_calibration = true\n')
+              'device = "cpu"\ndemo = true\nprecision = "int8"\n'
+              'allow_synthetic_calibration = true\n')
 
 
 def _wait_event(d: Daemon, name: str, timeout: float = 180) -> dict:
@@ -210,7 +211,7 @@ def _not_a_socket(tmp: Path) -> Path:
      "backend must be one of"),
     ("cannot listen", _not_a_socket, "not a socket"),
     ("build refused", lambda t: _config(t, ORT_MODEL.replace(
-        'device = "cpu"', 'device = "cpu"\nprecision = "int8"')), "calibration"),
+        'device = "cpu"', 'device = "cpu"\ndemo = true\nprecision = "int8"')), "calibration"),
     ("model cannot load", lambda t: _config(t, ORT_MODEL.replace(
         'frames', f'checkpoint = "{t / "missing.pt"}"\nframes')), "missing.pt"),
 ])

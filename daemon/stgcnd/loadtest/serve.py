@@ -49,6 +49,8 @@ def write_config(path: Path, opts: ServeOptions, model: str, cameras: int) -> Pa
              f"max_batch = {opts.max_batch}"]
     if opts.checkpoint is not None:
         lines.append(f'checkpoint = "{Path(opts.checkpoint).resolve()}"')
+    else:
+        lines.append("demo = true")  # serving the demo model must be explicit
     path.write_text("\n".join(lines) + "\n")
     return path
 
