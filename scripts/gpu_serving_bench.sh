@@ -30,9 +30,10 @@ start_daemon() {  # $1 name, $2 PYTHONPATH, $3 extra model keys
 [server]
 endpoint = "ipc://$tmp/$1.sock"
 engines_dir = "$tmp/engines"
-stats_interval = 5.0
+stats_interval = 2.0
+idle_timeout = 3.0
 queue_size = 16
-max_cameras = 160
+max_cameras = 200
 [[models]]
 name = "single"
 backend = "torch"
@@ -53,7 +54,7 @@ TOML
 }
 
 stop_daemon() {
-  kill -TERM $dpid; wait $dpid; echo "daemon exit code $?"
+  kill -TERM $dpid; wait $dpid; echo "daemon exit code $?" | tee -a "$OUT/loadtest.txt"
 }
 
 lt() {  # $1 name, $2 label, rest: loadtest args
@@ -64,11 +65,17 @@ lt() {  # $1 name, $2 label, rest: loadtest args
 }
 
 suite() {  # $1 daemon name
+  sleep 6  # cameras of the previous run are reclaimed (idle_timeout 3 s, checked every 2 s)
   lt "$1" one-closed --processes 1 --cameras 1 --closed-loop --duration "$DUR" --warmup 2
   lt "$1" one-25hz --processes 1 --cameras 1 --rate 25 --duration "$DUR" --warmup 2
   lt "$1" sat-64-closed --processes 8 --cameras 8 --closed-loop --duration "$DUR" --warmup 3
+  sleep 6
+  lt "$1" sat-128-closed --processes 8 --cameras 16 --closed-loop --duration "$DUR" --warmup 3
+  sleep 6
   lt "$1" c64-25hz --processes 8 --cameras 8 --rate 25 --duration "$DUR" --warmup 3
+  sleep 6
   lt "$1" c128-25hz --processes 8 --cameras 16 --rate 25 --duration "$DUR" --warmup 3
+  sleep 6
   lt "$1" join32 --processes 1 --cameras 4 --rate 25 --duration "$DUR" --warmup 1 \
     --join 32 --join-at 4
 }
@@ -81,19 +88,23 @@ if [ "$PART" = new ]; then
   timeout 200 python3 -m stgcnd bench --device cuda --backends torch-cudagraph \
     --precisions fp16 --batch 1 16 64 --persons 1 --json "$OUT/bench.json" 2>&1 \
     | tail -8 | tee "$OUT/bench.txt"
+  python3 -c "import pycuda.driver as c; print('pycuda BLOCKING_SYNC', int(c.event_flags.BLOCKING_SYNC))"
   start_daemon new "$NEW" $'demo = true\nmax_batch = 64' || exit 1
   suite new
-  stop_daemon | tee -a "$OUT/loadtest.txt"
+  stop_daemon
+  # Variants: no client streams (a batch moves in one copy each way); two executors.
+  start_daemon nolanes "$NEW" $'demo = true\nmax_batch = 64\nclient_streams = false' || exit 1
+  lt nolanes one-closed --processes 1 --cameras 1 --closed-loop --duration "$DUR" --warmup 2
+  lt nolanes sat-128-closed --processes 8 --cameras 16 --closed-loop --duration "$DUR" --warmup 3
+  stop_daemon
+  start_daemon two "$NEW" $'demo = true\nmax_batch = 64\ninstances = 2' || exit 1
+  lt two sat-128-closed --processes 8 --cameras 16 --closed-loop --duration "$DUR" --warmup 3
+  stop_daemon
 fi
 if [ "$PART" = old ]; then
-  start_daemon nolanes "$NEW" $'demo = true\nmax_batch = 64\nclient_streams = false' || exit 1
-  lt nolanes sat-64-closed --processes 8 --cameras 8 --closed-loop --duration "$DUR" --warmup 3
-  lt nolanes c64-25hz --processes 8 --cameras 8 --rate 25 --duration "$DUR" --warmup 3
-  lt nolanes one-closed --processes 1 --cameras 1 --closed-loop --duration "$DUR" --warmup 2
-  stop_daemon | tee -a "$OUT/loadtest.txt"
   # The per-camera design (one thread and session per camera), same model and precision.
   start_daemon old "$OLD" "warm_sessions = 8" || exit 1
   suite old
-  stop_daemon | tee -a "$OUT/loadtest.txt"
+  stop_daemon
 fi
 exit $rc

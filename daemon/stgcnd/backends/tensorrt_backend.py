@@ -467,6 +467,7 @@ class _Lane:
     uploaded: Any            # event: this lane's window is in its slot of the device input
     host_in: np.ndarray      # one window, page-locked
     host_out: np.ndarray     # one logits row, page-locked
+    downloaded: Any          # blocking-sync event: this lane's logits row is back
 
 
 class _TrtRunner(BatchRunner):
@@ -504,6 +505,7 @@ class _TrtRunner(BatchRunner):
         with pycuda_current():
             self.compute = cuda.Stream()
             self.start, self.done = cuda.Event(), cuda.Event()
+            self.finished = self._blocking_event()
             self.dev_in = cuda.mem_alloc(rows * self._row_bytes(self.input))
             self.dev_out = cuda.mem_alloc(rows * self._row_bytes(self.output))
             # Padding rows are never read back, but start them at zero, not at garbage.
@@ -546,7 +548,14 @@ class _TrtRunner(BatchRunner):
         cuda = self.cuda
         return _Lane(cuda.Stream(), cuda.Event(),
                      cuda.pagelocked_empty(self.input.max_shape[1:], self.input.dtype),
-                     cuda.pagelocked_empty(self.output.max_shape[1:], self.output.dtype))
+                     cuda.pagelocked_empty(self.output.max_shape[1:], self.output.dtype),
+                     self._blocking_event())
+
+    def _blocking_event(self) -> Any:
+        # Waited on with a sleep, not a spin: a stream synchronize spins a CPU core for the
+        # whole batch under the default context flags, a core a Jetson's cameras need.
+        flags = self.cuda.event_flags
+        return self.cuda.Event(getattr(flags, "BLOCKING_SYNC", 0) | flags.DISABLE_TIMING)
 
     def _set_shape(self, context: Any, batch: int) -> None:
         if self._shape.get(id(context)) != batch:
@@ -619,9 +628,10 @@ class _TrtRunner(BatchRunner):
                 lane.stream.wait_for_event(self.done)
                 cuda.memcpy_dtoh_async(lane.host_out, int(self.dev_out) + slot * out_row,
                                        lane.stream)
+                lane.downloaded.record(lane.stream)
                 pending[id(lane)] = (lane, slot)
             for lane, slot in pending.values():
-                lane.stream.synchronize()
+                lane.downloaded.synchronize()
                 out[slot] = lane.host_out
             self.last_timings = {"compute_ms": self.done.time_since(self.start),
                                  "bucket": float(bucket)}
@@ -649,7 +659,8 @@ class _TrtRunner(BatchRunner):
         cuda.memcpy_htod_async(self.dev_in, self.host_in[:n], self.compute)
         self._launch(bucket)
         cuda.memcpy_dtoh_async(self.host_out[:n], self.dev_out, self.compute)
-        self.compute.synchronize()
+        self.finished.record(self.compute)
+        self.finished.synchronize()
         out[:] = self.host_out[:n]
         self.last_timings = {"compute_ms": self.done.time_since(self.start)}
         return out
