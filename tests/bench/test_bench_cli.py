@@ -60,7 +60,7 @@ def test_doctor_json():
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["python"].startswith(sys.version.split()[0])
-    assert set(report["backends"]) == {"tensorrt", "torch", "onnxruntime"}
+    assert set(report["backends"]) == {"tensorrt", "torch", "onnxruntime", "noop"}
     import torch
 
     assert report["versions"]["torch"] == torch.__version__

@@ -58,7 +58,9 @@ def check_cpu(r: dict, stats: dict) -> None:
     cpu = r["daemon_cpu"]
     if "process_cpu_s" in stats:
         assert cpu["source"] == "stats"
-    elif "pid" in stats or r["served"] is not None:
+    elif r["served"] is not None:  # its own daemon: stats when it reports process_cpu_s
+        assert cpu["source"] in ("stats", "psutil"), cpu
+    elif "pid" in stats:
         assert cpu["source"] == "psutil", cpu
     else:
         assert cpu["us_per_request"] is None and "process_cpu_s" in cpu["note"]

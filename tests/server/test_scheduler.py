@@ -17,6 +17,23 @@ def job(camera: str, req_id: int, received: float | None = None) -> Job:
                time.monotonic() if received is None else received, None)
 
 
+def test_a_flooding_camera_gets_one_slot_per_batch_while_others_wait():
+    s = Scheduler(queue_size=100)
+    for i in range(50):
+        s.submit(job("flood", i))
+    s.submit(job("a", 0))
+    batch = s.take(16, timeout=0.1)
+    assert batch is not None and [j.camera for j in batch] == ["flood", "a"]
+
+
+def test_a_camera_alone_fills_the_batch():
+    s = Scheduler(queue_size=100)
+    for i in range(10):
+        s.submit(job("solo", i))
+    batch = s.take(4, timeout=0.1)
+    assert batch is not None and [j.req_id for j in batch] == [0, 1, 2, 3]
+
+
 def test_one_flooding_camera_gets_one_slot_per_pass():
     s = Scheduler(queue_size=100)
     for i in range(50):

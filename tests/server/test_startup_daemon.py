@@ -31,7 +31,7 @@ from tests.server.daemon_harness import FRAMES, Daemon, write_config
 pytestmark = pytest.mark.slow
 
 ORT_MODEL = (f'[[models]]\nname = "demo"\nframes = {FRAMES}\nbackend = "onnxruntime"\n'
-             'device = "cpu"\ndemo = true\nlabels = ["normal", "shoplifting"]\n')
+             'device = "cpu"\ndemo = true\nmax_batch = 1\nlabels = ["normal", "shoplifting"]\n')
 ART = "onnxruntime-fp32-cpu-b1"
 
 
@@ -211,9 +211,9 @@ def _not_a_socket(tmp: Path) -> Path:
      "backend must be one of"),
     ("cannot listen", _not_a_socket, "not a socket"),
     ("build refused", lambda t: _config(t, ORT_MODEL.replace(
-        'device = "cpu"', 'device = "cpu"\ndemo = true\nprecision = "int8"')), "calibration"),
+        'device = "cpu"', 'device = "cpu"\nprecision = "int8"')), "calibration"),
     ("model cannot load", lambda t: _config(t, ORT_MODEL.replace(
-        'frames', f'checkpoint = "{t / "missing.pt"}"\nframes')), "missing.pt"),
+        'demo = true\n', f'checkpoint = "{t / "missing.pt"}"\n')), "missing.pt"),
 ])
 def test_fatal_startup_error_is_one_json_event(tmp_path, daemons, case, make_config, says):
     d = Daemon(tmp_path, config_path=make_config(tmp_path))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -103,9 +104,12 @@ def test_serve_with_a_bare_path_fails_at_once():
                           capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
     elapsed = time.monotonic() - start
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        "stgcnd serve: error: '/tmp/x.sock' is not a ZeroMQ endpoint: did you mean "
-        "ipc:///tmp/x.sock?"]
-    assert "model" not in proc.stdout  # nothing was loaded
+    message = ("'/tmp/x.sock' is not a ZeroMQ endpoint: did you mean ipc:///tmp/x.sock?")
+    # One JSON event on the daemon's log stream (journald readers filter on it); the human
+    # line on stderr only where a person reads it (not JSON, or a terminal).
+    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [(e["event"], e["error"]) for e in events] == [("startup_failed", message)]
+    assert proc.stderr.strip() in ("", f"stgcnd serve: error: {message}")
+    assert not any(e.get("event") == "model_loaded" for e in events)  # nothing was loaded
     # Loading the demo model alone takes longer than this on this machine.
     assert elapsed < 5.0, elapsed

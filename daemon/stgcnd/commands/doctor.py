@@ -19,7 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     # Where to read the Jetson's files from (/etc/nv_tegra_release, the dpkg database,
     # /usr/local/cuda): for tests and for inspecting a mounted root filesystem.
-    p.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
+    p.add_argument("--root", type=Path, default=Path("/"),
+                   help="read the Jetson's files (etc/nv_tegra_release, dpkg status, CUDA "
+                        "version) under this directory, e.g. a board's mounted root file "
+                        "system (default: /)")
     p.set_defaults(func=run)
 
 

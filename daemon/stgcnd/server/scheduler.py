@@ -1,9 +1,11 @@
 """The dynamic batcher of one model: per-camera queues, drained round robin into batches.
 
-The I/O loop submits jobs; the model's executors take batches. A batch takes at most one job
-from each camera per pass over the cameras with work, starting where the previous batch
-stopped, so a camera that floods its queue gets one slot per pass like everyone else and can
-never starve another (its own queue bound answers `busy` to the excess).
+The I/O loop submits jobs; the model's executors take batches. When several cameras have
+work, a batch takes at most one job from each, starting where the previous batch stopped: a
+camera that floods its queue gets one slot per batch like everyone else, so it can neither
+starve another nor make everyone's batches longer (on a CPU a batch costs in proportion to its
+size), and its own queue bound answers `busy` to the excess. A camera alone with work may fill
+a batch with its queued jobs (one client scoring many windows still gets batching).
 
 Batches are formed when a device is free: an executor asks for work the moment it finishes the
 previous batch and gets whatever is queued, up to its largest bucket. `max_queue_delay_us`
@@ -121,6 +123,8 @@ class Scheduler:
 
     def _form(self, max_batch: int) -> list[Job]:
         batch: list[Job] = []
+        if len(self._ready) > 1:
+            max_batch = min(max_batch, len(self._ready))  # one pass: one job per camera
         while self._ready and len(batch) < max_batch:
             camera = self._ready.popleft()
             q = self._queues[camera]
