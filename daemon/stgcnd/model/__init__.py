@@ -16,7 +16,11 @@ __all__ = ["LoadedModel", "ModelSpec", "load_model", "reference_logits"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("LoadedModel", "load_model", "reference_logits"):
+    if name == "reference_logits":  # dispatches: PyTorch, or numpy for the torch-free demo
+        from stgcnd.model.reference import reference_logits
+
+        return reference_logits
+    if name in ("LoadedModel", "load_model"):
         from stgcnd.model import loader
 
         return getattr(loader, name)
