@@ -37,7 +37,7 @@ def test_demo_onnx_matches_numpy_reference(persons, dynamic, formula):
     data = demo_onnx_bytes(spec, dynamic_batch=dynamic)
     onnx.checker.check_model(onnx.load_from_string(data), full_check=True)
     # Realistic people (some person slots empty) and one window of uniform noise.
-    x = np.concatenate([synthetic_windows(2, T, persons, V, present=min(2, persons), seed=3),
+    x = np.concatenate([synthetic_windows(1, T, persons, V, present=min(2, persons), seed=3),
                         np.random.default_rng(4).random((1, 3, T, V, persons),
                                                         dtype=np.float32)])
     got = _run(data, x, dynamic)
@@ -67,7 +67,7 @@ def test_demo_onnx_matches_the_pytorch_network(persons):
 
     spec = ModelSpec(persons=persons)
     model = load_model(spec)
-    x = synthetic_windows(3, T, persons, V, present=min(2, persons), seed=12)
+    x = synthetic_windows(2, T, persons, V, present=min(2, persons), seed=12)
     got = _run(demo_onnx_bytes(spec, dynamic_batch=True), x, dynamic=True)
     np.testing.assert_allclose(got, reference_logits(model, x), atol=1e-4, rtol=1e-4)
     # The interface equals the PyTorch export's, input and output shapes included.
