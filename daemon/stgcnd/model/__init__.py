@@ -21,6 +21,10 @@ def __getattr__(name: str) -> Any:
 
         return reference_logits
     if name in ("LoadedModel", "load_model"):
+        from stgcnd.model.reference import torch_installed, torch_missing
+
+        if not torch_installed():  # a one-line error with the fix, not a traceback
+            raise torch_missing("loading a PyTorch checkpoint or network")
         from stgcnd.model import loader
 
         return getattr(loader, name)
