@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from stgcnd.errors import UserError
 
@@ -20,10 +21,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "CPU backend, a temporary ipc endpoint), run simulated 25 fps "
                                    "cameras against it with a live table, then stop it cleanly. "
                                    "The demo model's predictions mean nothing.")
-    p.add_argument("--cameras", type=int, default=4)
-    p.add_argument("--duration", type=float, default=20.0)
-    p.add_argument("--mode", choices=["window", "push"], default="push")
-    p.add_argument("--fps", type=float, default=25.0)
+    p.add_argument("--cameras", type=int, default=4,
+                   help="simulated cameras, one thread and client each (default: 4)")
+    p.add_argument("--duration", type=float, default=20.0,
+                   help="seconds the cameras run, after the daemon's start-up (default: 20)")
+    p.add_argument("--mode", choices=["window", "push"], default="push",
+                   help="push: one frame per request, the daemon keeps the window; window: "
+                        "the camera sends whole windows (default: push)")
+    p.add_argument("--fps", type=float, default=25.0,
+                   help="frames per second per camera (default: 25)")
     p.add_argument("--stride", type=int, default=25,
                    help="push mode: one prediction every N frames (default: 25 = 1 per second)")
     p.add_argument("--engines", type=Path, default=None, help="engine store directory")
@@ -32,17 +38,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def wait_ready(endpoint: str, proc: subprocess.Popen, timeout: float) -> None:
+def wait_ready(endpoint: str, proc: subprocess.Popen, timeout: float,
+               log_path: Path | None = None, t0: float | None = None) -> None:
+    """Wait for the daemon to answer; meanwhile print each start-up step from its log."""
+    from stgcnd.demo.progress import LogFollower, describe
     from stgcnd_client import Client, ClientError
+
+    t0 = time.monotonic() if t0 is None else t0
+    follower = LogFollower(log_path) if log_path is not None else None
+
+    def show_progress() -> None:
+        for event in follower.events() if follower else []:
+            line = describe(event)
+            if line:
+                print(f"[{time.monotonic() - t0:5.1f} s] {line}", file=sys.stderr, flush=True)
 
     end = time.monotonic() + timeout
     while time.monotonic() < end:
+        show_progress()
         if proc.poll() is not None:
+            show_progress()
             raise UserError(f"the daemon exited during start-up (code {proc.returncode}); "
-                            "see its log")
+                            f"see its log{f' {log_path}' if log_path else ''}")
         try:
-            with Client(endpoint, camera_id="demo-probe", timeout=1.0, retries=0) as c:
+            with Client(endpoint, camera_id="demo-probe", timeout=0.5, retries=0) as c:
                 c.ping()
+                show_progress()
                 return
         except ClientError:
             time.sleep(0.2)
@@ -62,7 +83,10 @@ def _die_with_parent() -> None:
 
 def run(args: argparse.Namespace) -> int:
     from stgcnd.demo.camera_sim import simulate
+    from stgcnd.demo.report import LEGEND
 
+    if args.cameras < 1 or args.fps <= 0 or args.duration <= 0 or args.stride < 1:
+        raise UserError("--cameras and --stride must be >= 1, --fps and --duration > 0")
     tmp = Path(tempfile.mkdtemp(prefix="stgcnd-demo-"))
     endpoint = f"ipc://{tmp / 'stgcnd.sock'}"
     log_path = args.daemon_log or tmp / "daemon.log"
@@ -75,16 +99,31 @@ def run(args: argparse.Namespace) -> int:
            str(config), "--endpoint", endpoint]
     if args.engines:
         cmd += ["--engines", str(args.engines)]
-    print("demo model: random weights, its predictions mean nothing", file=sys.stderr)
-    print(f"starting daemon: {' '.join(cmd)}\n  log: {log_path}", file=sys.stderr)
+    say = _say
+    say("demo model: random weights, its predictions mean nothing")
+    say(f"starting the daemon on {endpoint} (the first start exports, builds and validates "
+        "the model: up to a minute on a small CPU; later starts reuse it)")
+    say(f"  command: {' '.join(cmd)}\n  log: {log_path}")
+    t0 = time.monotonic()
+    rows: list[dict[str, object]] = []
+    timing = {}
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
                                 preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         try:
-            wait_ready(endpoint, proc, timeout=300.0)
-            rows = simulate(endpoint, args.cameras, args.fps, args.mode, args.duration)
+            wait_ready(endpoint, proc, timeout=300.0, log_path=log_path, t0=t0)
+            timing["startup"] = time.monotonic() - t0
+            say(f"start-up took {timing['startup']:.1f} s. Clients connect to {endpoint}")
+            say(f"running {args.cameras} simulated cameras at {args.fps:g} fps for "
+                f"{args.duration:g} s ({args.mode} mode, a prediction every {args.stride} "
+                "frames) ...")
+            t1 = time.monotonic()
+            rows = simulate(endpoint, args.cameras, args.fps, args.mode, args.duration,
+                            legend=LEGEND)
+            timing["cameras"] = time.monotonic() - t1
         finally:
+            t2 = time.monotonic()
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
@@ -92,7 +131,33 @@ def run(args: argparse.Namespace) -> int:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-    print(f"daemon stopped (exit code {proc.returncode}); log: {log_path}", file=sys.stderr)
-    print(f"summarize it: stgcnd logs summarize {log_path}", file=sys.stderr)
+            timing["shutdown"] = time.monotonic() - t2
+    if rows:
+        for line in _rate_lines(rows, args):
+            say(line)
+    say(f"daemon stopped (exit code {proc.returncode}); log: {log_path}")
+    say("took " + ", ".join(f"{k} {v:.1f} s" for k, v in timing.items())
+        + f"; summarize the log: stgcnd logs summarize {log_path}")
     errors = sum(int(r["errors"]) for r in rows)  # type: ignore[call-overload]
     return 0 if proc.returncode == 0 and errors == 0 else 1
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _rate_lines(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    """Did the cameras keep their rate, and if not, why (numbers from the run)."""
+    import numpy as np
+
+    from stgcnd.demo.report import Load, explain_rate
+
+    rates = [r["rate_hz"] or 0.0 for r in rows]
+    computes = [r["compute_ms"] for r in rows if r.get("compute_ms") is not None]
+    latencies = [r["p50_ms"] for r in rows if r.get("p50_ms") is not None]
+    per_camera = args.fps if args.mode == "window" else args.fps / args.stride
+    load = Load(cameras=len(rows), fps=args.fps, windows_per_s=per_camera * len(rows),
+                compute_ms=float(np.median(computes)) if computes else None,
+                achieved_hz=float(np.mean(rates)),
+                latency_ms=float(np.median(latencies)) if latencies else None)
+    return explain_rate(load)

@@ -19,6 +19,7 @@ from stgcnd_client import Client, ClientError
 class CameraStats:
     camera: str
     latencies_ms: list[float] = field(default_factory=list)
+    compute_ms: list[float] = field(default_factory=list)   # the daemon's, per prediction
     replies: int = 0
     predictions: int = 0
     errors: int = 0
@@ -27,13 +28,15 @@ class CameraStats:
     started: float = field(default_factory=time.monotonic)
 
     def row(self) -> dict[str, object]:
+        """The table's row; None where there is no data yet (shown as '-')."""
         lat = np.array(self.latencies_ms)
         elapsed = max(time.monotonic() - self.started, 1e-9)
-        p50, p99 = (np.percentile(lat, [50, 99]) if lat.size else (float("nan"),) * 2)
+        p50, p99 = (float(v) for v in np.percentile(lat, [50, 99])) if lat.size else (None, None)
+        compute = float(np.median(self.compute_ms)) if self.compute_ms else None
         return {"camera": self.camera, "replies": self.replies, "predictions": self.predictions,
-                "rate_hz": self.replies / elapsed, "p50_ms": float(p50),
-                "p99_ms": float(p99), "errors": self.errors,
-                "label": self.last_label}
+                "rate_hz": self.replies / elapsed if self.replies else None, "p50_ms": p50,
+                "p99_ms": p99, "compute_ms": compute, "errors": self.errors,
+                "label": self.last_label or "-"}
 
 
 def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: float,
@@ -64,6 +67,8 @@ def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: floa
                 if res is not None:
                     stats.predictions += 1
                     stats.latencies_ms.append(res.client_ms)
+                    if "compute_ms" in res.timings:
+                        stats.compute_ms.append(res.timings["compute_ms"])
                     stats.last_label = res.label_name
             except ClientError as exc:
                 stats.errors += 1
@@ -77,21 +82,30 @@ def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: floa
                 next_at = time.monotonic()  # fell behind: do not burst to catch up
 
 
+def _num(value: object, width: int, digits: int) -> str:
+    """A right-aligned number, or '-' while there is none (no `nan` in the table)."""
+    if value is None:
+        return f"{'-':>{width}}"
+    return f"{value:>{width}.{digits}f}"
+
+
 def format_table(rows: list[dict[str, object]]) -> str:
     head = f"{'camera':<10} {'replies':>8} {'preds':>7} {'rate Hz':>8} {'p50 ms':>8} " \
-           f"{'p99 ms':>8} {'errors':>7}  label"
+           f"{'p99 ms':>8} {'compute ms':>10} {'errors':>7}  label"
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['camera']!s:<10} {r['replies']:>8} {r['predictions']:>7} "
-                     f"{r['rate_hz']:>8.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+                     f"{_num(r['rate_hz'], 8, 1)} {_num(r['p50_ms'], 8, 1)} "
+                     f"{_num(r['p99_ms'], 8, 1)} {_num(r.get('compute_ms'), 10, 1)} "
                      f"{r['errors']:>7}  {r['label']}")
     return "\n".join(lines)
 
 
 def simulate(endpoint: str, cameras: int = 4, fps: float = 25.0, mode: str = "push",
              duration: float = 20.0, model: str | None = None, out: TextIO | None = None,
-             refresh: float = 1.0) -> list[dict[str, object]]:
-    """Run the cameras; print a live table every `refresh` seconds; return the final rows."""
+             refresh: float = 1.0, legend: str = "") -> list[dict[str, object]]:
+    """Run the cameras; print a live table every `refresh` seconds (on a terminal); return
+    the final rows. `legend` is printed under the final table."""
     out = out or sys.stdout
     stop = threading.Event()
     stats = [CameraStats(f"cam{i + 1}") for i in range(cameras)]
@@ -109,7 +123,7 @@ def simulate(endpoint: str, cameras: int = 4, fps: float = 25.0, mode: str = "pu
             time.sleep(refresh)
             table = format_table([s.row() for s in stats])
             if live:
-                out.write("\x1b[H\x1b[J" + table + "\n")
+                out.write("\x1b[H\x1b[J" + table + ("\n" + legend if legend else "") + "\n")
             out.flush()
     except KeyboardInterrupt:
         stop.set()
@@ -117,6 +131,8 @@ def simulate(endpoint: str, cameras: int = 4, fps: float = 25.0, mode: str = "pu
         th.join(timeout=10)
     rows = [s.row() for s in stats]
     out.write(format_table(rows) + "\n")
+    if legend:
+        out.write(legend + "\n")
     for s in stats:
         if s.last_error:
             out.write(f"{s.camera}: last error: {s.last_error}\n")
