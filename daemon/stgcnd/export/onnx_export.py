@@ -127,6 +127,11 @@ def export_model(model: LoadedModel, output: Path, dynamic_batch: bool = False,
     if output.suffix != ".onnx":
         raise UserError(f"--output must end in .onnx, got {output}")
     t0 = time.perf_counter()
+    if data is None and module is None and getattr(model, "module", None) is None:
+        # The demo model without torch (stgcnd.model.numpy_demo): its graph is built from numpy.
+        from stgcnd.export.demo_onnx import VARIANT, demo_onnx_bytes
+
+        data, variant = demo_onnx_bytes(model.spec, dynamic_batch), VARIANT
     if data is None:
         data = onnx_bytes(model, module, dynamic_batch)
     try:

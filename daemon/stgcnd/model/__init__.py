@@ -23,8 +23,12 @@ def __getattr__(name: str) -> Any:
     if name in ("LoadedModel", "load_model"):
         from stgcnd.model.reference import torch_installed, torch_missing
 
-        if not torch_installed():  # a one-line error with the fix, not a traceback
-            raise torch_missing("loading a PyTorch checkpoint or network")
+        if not torch_installed():
+            if name == "load_model":  # the demo model without torch; else the fix in one line
+                from stgcnd.model.reference import load_for_inference
+
+                return load_for_inference
+            raise torch_missing("a PyTorch network")
         from stgcnd.model import loader
 
         return getattr(loader, name)
