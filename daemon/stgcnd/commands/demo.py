@@ -93,8 +93,7 @@ def run(args: argparse.Namespace) -> int:
     # One prediction per camera per second (stride 25 at 25 fps): what a 2-core CPU sustains
     # for several cameras; a Jetson with TensorRT serves stride 1.
     config = tmp / "demo.toml"
-    config.write_text(f'[server]\nstats_interval = 5.0\n\n[[models]]\nname = "demo"\n'
-                      f'stride = {args.stride}\n')
+    config.write_text(demo_config(args.stride))
     cmd = [sys.executable, "-m", "stgcnd", "--log-format", "json", "serve", "--config",
            str(config), "--endpoint", endpoint]
     if args.engines:
@@ -140,6 +139,11 @@ def run(args: argparse.Namespace) -> int:
         + f"; summarize the log: stgcnd logs summarize {log_path}")
     errors = sum(int(r["errors"]) for r in rows)  # type: ignore[call-overload]
     return 0 if proc.returncode == 0 and errors == 0 else 1
+
+
+def demo_config(stride: int = 25) -> str:
+    """The daemon configuration the demo serves (tests/test_readme.py serves it too)."""
+    return f'[server]\nstats_interval = 5.0\n\n[[models]]\nname = "demo"\nstride = {stride}\n'
 
 
 def _say(line: str) -> None:
