@@ -98,14 +98,13 @@ def run(args: argparse.Namespace) -> int:
            str(config), "--endpoint", endpoint]
     if args.engines:
         cmd += ["--engines", str(args.engines)]
-    say = _say
-    say("demo model: random weights, its predictions mean nothing")
-    say(f"starting the daemon on {endpoint} (the first start exports, builds and validates "
+    _say("demo model: random weights, its predictions mean nothing")
+    _say(f"starting the daemon on {endpoint} (the first start exports, builds and validates "
         "the model: up to a minute on a small CPU; later starts reuse it)")
-    say(f"  command: {' '.join(cmd)}\n  log: {log_path}")
+    _say(f"  command: {' '.join(cmd)}\n  log: {log_path}")
     t0 = time.monotonic()
     rows: list[dict[str, object]] = []
-    timing = {}
+    timing: dict[str, float] = {}
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -113,10 +112,11 @@ def run(args: argparse.Namespace) -> int:
         try:
             wait_ready(endpoint, proc, timeout=300.0, log_path=log_path, t0=t0)
             timing["startup"] = time.monotonic() - t0
-            say(f"start-up took {timing['startup']:.1f} s. Clients connect to {endpoint}")
-            say(f"running {args.cameras} simulated cameras at {args.fps:g} fps for "
-                f"{args.duration:g} s ({args.mode} mode, a prediction every {args.stride} "
-                "frames) ...")
+            _say(f"start-up took {timing['startup']:.1f} s. Clients connect to {endpoint}")
+            every = (f"a prediction every {args.stride} frames" if args.mode == "push"
+                     else "a prediction per frame")
+            _say(f"running {args.cameras} simulated cameras at {args.fps:g} fps for "
+                 f"{args.duration:g} s ({args.mode} mode, {every}) ...")
             t1 = time.monotonic()
             rows = simulate(endpoint, args.cameras, args.fps, args.mode, args.duration,
                             legend=LEGEND)
@@ -133,9 +133,9 @@ def run(args: argparse.Namespace) -> int:
             timing["shutdown"] = time.monotonic() - t2
     if rows:
         for line in _rate_lines(rows, args):
-            say(line)
-    say(f"daemon stopped (exit code {proc.returncode}); log: {log_path}")
-    say("took " + ", ".join(f"{k} {v:.1f} s" for k, v in timing.items())
+            _say(line)
+    _say(f"daemon stopped (exit code {proc.returncode}); log: {log_path}")
+    _say("took " + ", ".join(f"{k} {v:.1f} s" for k, v in timing.items())
         + f"; summarize the log: stgcnd logs summarize {log_path}")
     errors = sum(int(r["errors"]) for r in rows)  # type: ignore[call-overload]
     return 0 if proc.returncode == 0 and errors == 0 else 1
