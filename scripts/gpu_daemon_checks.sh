@@ -27,6 +27,7 @@ stats_interval = 5.0
 queue_size = 16
 [[models]]
 name = "single"
+demo = true
 backend = "torch"
 device = "cuda"
 precision = "fp16"

@@ -281,6 +281,7 @@ def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Reque
                 f"array {index}: shape {tuple(shape)} of {dtype.name} needs {expected_bytes} "
                 f"bytes, the frame has {buf.nbytes}",
             )
+        _check_dimensions(index, shape, dtype, limits, fail)
         array = np.frombuffer(buf, dtype=dtype).reshape(shape)
         # Frames may be writable (bytearray); the daemon must never modify a client's data.
         array.flags.writeable = False
@@ -438,10 +439,17 @@ def _enum_value(value: Any) -> Any:
 
 
 def _as_bytes_view(frame: Any) -> memoryview:
-    # zmq.Frame, bytes, bytearray and memoryview all expose the buffer protocol.
-    view = memoryview(frame)
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
+    # zmq.Frame, bytes, bytearray and memoryview all expose the buffer protocol. Anything else
+    # (or a non-contiguous buffer) is the caller's malformed message, never a crash.
+    try:
+        view = memoryview(frame)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+    except (TypeError, ValueError):
+        raise ProtocolError(
+            ErrorCode.MALFORMED,
+            f"a message frame must be a contiguous byte buffer, got {type(frame).__name__}",
+        ) from None
     return view
 
 
@@ -524,6 +532,29 @@ def _array_specs(raw: Any, limits: Limits, fail: Any) -> list[tuple[np.dtype, li
             )
         specs.append((DTYPES[dtype_name], shape))
     return specs
+
+
+def _check_dimensions(
+    index: int, shape: list[int], dtype: np.dtype, limits: Limits, fail: Any
+) -> None:
+    """Refuse shapes no array within the message limit can have, before numpy sees them.
+
+    A frame whose length matches its shape already bounds a non-empty array, but an empty one
+    (a zero dimension) matches a 0-byte frame whatever its other dimensions are: ``[2**63, 0]``
+    or ``[2**32, 2**32, 0]`` would make numpy's reshape raise. No axis of a real array within
+    the limit is longer than ``max_message_bytes / itemsize``, and neither is the product of the
+    non-zero dimensions.
+    """
+    bound = limits.max_message_bytes // dtype.itemsize
+    longest = max(shape, default=0)
+    nonzero_product = math.prod(d for d in shape if d)
+    if longest > bound or nonzero_product > bound:
+        raise fail(
+            ErrorCode.BAD_SHAPE,
+            f"arrays[{index}]: shape {shape} is not a valid array shape: no dimension, and no "
+            f"product of the non-zero dimensions, may exceed {bound} elements of "
+            f"{dtype.name} (the {limits.max_message_bytes}-byte message limit)",
+        )
 
 
 def _error_parts(error: Any) -> tuple[str, str]:

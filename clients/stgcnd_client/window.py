@@ -11,12 +11,23 @@ Rules:
   person sizes; remaining people take free slots (lowest index first);
 - a slot whose person is not seen keeps showing their last pose for up to ``max_missing`` frames
   (detectors drop single frames), then turns to zeros and becomes free;
-- with more people than slots, tracked people keep their slots and newcomers beyond M are
-  ignored.
+- with more people than free slots, tracked people keep their slots (switching someone out
+  mid-window would make the skeleton teleport) and ``select`` decides which newcomers get the
+  free ones; the rest are ignored for that frame (`ignored` counts them):
+
+  - ``"largest"`` (the default): the largest bounding box of visible keypoints first. In a
+    multi-person MediaPipe Pose pipeline the person who matters is usually the most prominent
+    one, nearest the camera; bystanders far behind are small. It is also the choice that does
+    not depend on the detector's output order, which means nothing.
+  - ``"most_visible"``: the highest mean visibility first (the most complete skeleton, e.g.
+    when people are partly hidden by shelves).
+  - ``"first"``: the order the detector listed them in.
+  - a function ``(pose: ndarray (V, 3)) -> float``: higher first.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,6 +37,8 @@ _MEDIAPIPE_HIPS = (23, 24)
 _MEDIAPIPE_KEYPOINTS = 33
 # Keypoints with at least this visibility define a person's size.
 _VISIBLE = 0.5
+# Who gets a free slot first; or pass a score function of one (V, 3) pose (higher first).
+SELECTIONS = ("largest", "most_visible", "first")
 
 
 class _Slot:
@@ -54,6 +67,11 @@ class SkeletonWindow:
     is a list of those), or an object with ``.landmark`` (the legacy solution's
     ``results.pose_landmarks``). None or an empty list means nobody was detected.
 
+    With more people than ``persons``, people already tracked keep their slots and ``select``
+    picks who gets a free one: ``"largest"`` (default, the most prominent person),
+    ``"most_visible"``, ``"first"`` (detector order) or a score function of a (V, 3) pose;
+    `ignored` says how many were left out of the last frame. See the module docstring.
+
     Not thread-safe; use one per camera.
     """
 
@@ -65,6 +83,7 @@ class SkeletonWindow:
         *,
         max_missing: int = 10,
         max_jump: float = 1.0,
+        select: str | Callable[[np.ndarray], float] = "largest",
     ) -> None:
         if frames < 1 or persons < 1 or keypoints < 1:
             raise ValueError("frames, persons and keypoints must all be >= 1")
@@ -72,6 +91,13 @@ class SkeletonWindow:
             raise ValueError(f"max_missing must be >= 0 frames, got {max_missing}")
         if max_jump <= 0:
             raise ValueError(f"max_jump must be > 0 person sizes, got {max_jump}")
+        if not callable(select) and select not in SELECTIONS:
+            raise ValueError(
+                f"select must be one of {', '.join(map(repr, SELECTIONS))} or a function "
+                f"(pose (V, 3)) -> score, got {select!r}"
+            )
+        self.select = select
+        self._ignored = 0
         self.frames = frames
         self.persons = persons
         self.keypoints = keypoints
@@ -95,6 +121,11 @@ class SkeletonWindow:
         """Which slots currently hold a person (seen, or missing for at most max_missing)."""
         return tuple(slot.active for slot in self._slots)
 
+    @property
+    def ignored(self) -> int:
+        """People in the last frame who got no slot (more people than ``persons``)."""
+        return self._ignored
+
     def append(self, people: Any) -> None:
         """Add one video frame's detected people to the window."""
         self.frame(people)
@@ -104,6 +135,7 @@ class SkeletonWindow:
         poses = self._parse_people(people)
         out = np.zeros((3, self.keypoints, self.persons), dtype=np.float32)
         assigned = self._assign(poses)
+        self._ignored = len(poses) - len(assigned)
         for index, slot in enumerate(self._slots):
             person = assigned.get(index)
             if person is not None:
@@ -171,9 +203,21 @@ class SkeletonWindow:
             (s for s, slot in enumerate(self._slots) if slot.active and s not in assigned),
             key=lambda s: -self._slots[s].missing,
         )
-        for p, s in zip(newcomers, free + missing):
+        open_slots = free + missing
+        if len(newcomers) > len(open_slots) and self.select != "first":
+            # Someone is left out: keep the best-ranked (sorted() is stable, so equal scores
+            # keep the detector's order), then seat them in the detector's order as before.
+            score = self._score_function()
+            ranked = sorted(newcomers, key=lambda p: -float(score(poses[p])))
+            newcomers = sorted(ranked[: len(open_slots)])
+        for p, s in zip(newcomers, open_slots):
             assigned[s] = p
         return assigned
+
+    def _score_function(self) -> Callable[[np.ndarray], float]:
+        if callable(self.select):
+            return self.select
+        return _size if self.select == "largest" else _mean_visibility
 
     def _parse_people(self, people: Any) -> list[np.ndarray]:
         if people is None:
@@ -220,6 +264,10 @@ def _centre(pose: np.ndarray) -> np.ndarray:
     if len(pose) == _MEDIAPIPE_KEYPOINTS:
         return xy[list(_MEDIAPIPE_HIPS)].mean(axis=0)
     return xy.mean(axis=0)
+
+
+def _mean_visibility(pose: np.ndarray) -> float:
+    return float(pose[:, 2].mean())
 
 
 def _size(pose: np.ndarray) -> float:

@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "stgcnd.commands.serve",
     "stgcnd.commands.demo",
     "stgcnd.commands.camera_sim",
+    "stgcnd.commands.loadtest",
     "stgcnd.commands.export",
     "stgcnd.commands.build",
     "stgcnd.commands.validate",
@@ -42,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=["debug", "info", "warning", "error"],
                         help="log level of the structured log (default: info)")
     parser.add_argument("--log-format", default="auto", choices=["auto", "json", "console"],
-                        help="log format; auto = console on a terminal, JSON lines otherwise")
+                        help="log format; auto = console on a terminal, JSON lines otherwise "
+                             "(default: auto)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:

@@ -12,6 +12,8 @@ class UserError(Exception):
     """A problem the user can fix; the message says what to do."""
 
     exit_code = 2
+    # What to do about it, when the message alone does not say (logged as `hint`).
+    hint: str | None = None
 
 
 class CheckpointError(UserError):
@@ -26,3 +28,14 @@ class ValidationError(UserError):
 
 class BackendUnavailable(UserError):
     """The requested backend or precision cannot run on this machine."""
+
+
+class StoreReadOnly(UserError):
+    """An artefact must be built but the engine store cannot be written."""
+
+
+class BuildCancelled(Exception):
+    """A build or start-up was abandoned on request (SIGTERM/SIGINT); nothing partial is kept.
+
+    Not a UserError: nothing is wrong, the caller asked to stop.
+    """

@@ -28,7 +28,10 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     """Call write(tmp) on a temp file beside `path`, fsync it, then rename it over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    # The writer's pid in the name: a killed writer's leftovers can be found and removed
+    # (`stgcnd engines prune`, a cancelled build) without touching a live writer's file.
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}.", suffix=".part",
+                                    dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:

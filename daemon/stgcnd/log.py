@@ -17,6 +17,10 @@ import structlog
 
 LogFormat = Literal["auto", "json", "console"]
 
+# What configure_logging last set up, so that a child process (a cancellable engine build)
+# logs the same way to the same stream, and fatal errors know whether the log is JSON.
+_current: dict[str, Any] = {"level": "info", "fmt": "console", "stream": "stderr"}
+
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR, "critical": logging.CRITICAL}
 
@@ -31,11 +35,18 @@ def parse_level(level: str | int) -> int:
 
 
 def configure_logging(level: str | int = "info", fmt: LogFormat = "auto",
-                      stream: TextIO | None = None) -> None:
-    """Configure structlog once per process. Safe to call again (e.g. on reload)."""
+                      stream: TextIO | str | None = None) -> None:
+    """Configure structlog once per process. Safe to call again (e.g. on reload).
+
+    `stream`: a file, or "stdout"/"stderr" (the process's own, e.g. in a child process)."""
+    if isinstance(stream, str):
+        stream = sys.stdout if stream == "stdout" else sys.stderr
     stream = stream or sys.stderr
     if fmt == "auto":
         fmt = "console" if getattr(stream, "isatty", lambda: False)() else "json"
+    _current.update(level=level, fmt=fmt,
+                    stream="stdout" if stream is sys.stdout or stream is sys.__stdout__
+                    else "stderr")
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
@@ -53,6 +64,15 @@ def configure_logging(level: str | int = "info", fmt: LogFormat = "auto",
         cache_logger_on_first_use=False,
     )
     warnings.showwarning = _log_warning
+
+
+def logging_config() -> dict[str, Any]:
+    """Arguments for configure_logging() that reproduce this process's logging (picklable)."""
+    return dict(_current)
+
+
+def log_is_json() -> bool:
+    return _current["fmt"] == "json"
 
 
 def _log_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,

@@ -19,13 +19,17 @@ import pytest
 from tests.conftest import REPO
 
 STUB = REPO.parent / "shared" / "tensorrt" / "stub-bindings.sh"
-VERSIONS = ("8.6.1", "10.3.0", "11.4.0.106")
+# JetPack 6.0's 8.6 line, JetPack 6.1/6.2's 10.3, a current 10.x and 11.x. TensorRT 8.5
+# (JetPack 5) has no bindings wheel on the package index: its surface is covered by 8.6.1 plus
+# feature detection (see OPTIONAL_API and docs/jetson.md).
+VERSIONS = ("8.6.1", "10.3.0", "10.16.1.11", "11.4.0.106")
 
 
 def stub_env(version: str) -> dict[str, str]:
     if not STUB.is_file():
         pytest.skip(f"{STUB} not found")
-    out = Path(os.environ.get("STGCND_TRT_STUB_DIR", "/tmp")) / f"trt-{version}"
+    out = Path(os.environ.get("STGCND_TRT_STUB_CACHE",
+                              Path.home() / ".cache" / "stgcnd-trt-stubs")) / version
     proc = subprocess.run(["bash", str(STUB), version, str(out)], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHON": sys.executable})
     if proc.returncode != 0:
@@ -109,3 +113,144 @@ def test_old_bindings_api_would_be_reported():
         print(json.dumps(tb.missing_api(trt)))
     """)
     assert res == ["ICudaEngine.get_binding_index", "IExecutionContext.execute_async_v2"]
+
+
+RUNNER = """
+import json, logging, io
+import tensorrt as trt
+from stgcnd.backends import tensorrt_backend as tb
+from stgcnd.engines.options import BuildOptions
+from stgcnd.errors import BackendUnavailable, UserError
+from stgcnd.log import configure_logging
+from stgcnd import runtimes
+
+class Engine:  # a dynamic-batch engine as stgcnd builds it: one profile per bucket 1, 2, 4, 8
+    num_io_tensors = 2
+    num_optimization_profiles = 4
+    def get_tensor_name(self, i): return ["input", "output"][i]
+    def get_tensor_mode(self, n):
+        return trt.TensorIOMode.INPUT if n == "input" else trt.TensorIOMode.OUTPUT
+    def get_tensor_shape(self, n): return [-1, 3, 24, 33, 2] if n == "input" else [-1, 2]
+    def get_tensor_dtype(self, n): return trt.DataType.FLOAT
+    def get_tensor_profile_shape(self, n, p):
+        low, high = [(1, 1), (2, 2), (3, 4), (5, 8)][p]
+        return [[low, 3, 24, 33, 2], [high, 3, 24, 33, 2], [high, 3, 24, 33, 2]]
+
+class Context:  # answers set_optimization_profile_async as TensorRT does: a bool
+    def __init__(self, ok): self.ok, self.calls = ok, []
+    def set_optimization_profile_async(self, p, s):
+        self.calls.append((p, s)); return self.ok
+
+engine = Engine()
+ranges = tb.profile_batch_ranges(engine, "input")
+io = tb.engine_io(trt, engine, max_batch=64)
+good = Context(True)
+tb.set_profile(good, 2, 123)
+try:
+    tb.set_profile(Context(False), 1, 0)
+    refused = None
+except BackendUnavailable as exc:
+    refused = str(exc)
+
+# The shared logger, routed into the JSON log with each release's own severity enum.
+configure_logging("debug", "json")
+lg = tb.logger(trt)
+same = lg is runtimes.tensorrt_logger() and lg is tb.logger(trt)
+mark = lg.error_count
+for sev in ("VERBOSE", "INFO", "WARNING", "ERROR", "INTERNAL_ERROR"):
+    lg.log(getattr(trt.ILogger.Severity, sev), f"message {sev}")
+fp16 = tb.serving_options(trt, BuildOptions(precision="fp16", device="cuda"))
+print(json.dumps({"ranges": ranges, "io_max": [list(t.max_shape) for t in io],
+                  "good_calls": good.calls, "refused": refused,
+                  "is_ilogger": isinstance(lg, trt.ILogger), "same": same,
+                  "errors": lg.errors_since(mark), "serving_fp16": fp16.precision,
+                  "required_missing": tb.missing_api(trt),
+                  "optional": {c: [m for m in ms if hasattr(getattr(trt, c), m)]
+                               for c, ms in tb.OPTIONAL_API.items()}}))
+"""
+
+
+@pytest.fixture(scope="module", params=VERSIONS)
+def runner_check(request) -> tuple[str, dict, str]:
+    proc = subprocess.run([sys.executable, "-c", RUNNER], capture_output=True, text=True,
+                          timeout=120, env=stub_env(request.param), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return request.param, json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_profiles_bind_checked_and_bounded(runner_check):
+    _version, res, _log = runner_check
+    assert res["required_missing"] == []
+    assert res["ranges"] == [[1, 1, 1], [2, 2, 2], [3, 4, 4], [5, 8, 8]]
+    # The largest batch is the largest any profile takes (not profile 0's).
+    assert res["io_max"] == [[8, 3, 24, 33, 2], [8, 2]]
+    assert res["good_calls"] == [[2, 123]]
+    assert "optimization profile 1" in res["refused"] and "8.x" in res["refused"]
+    # 8.5 has no wheel: profile_shapes falls back to get_profile_shape where the name-based
+    # query is missing; every release here has at least one of the two.
+    assert res["optional"]["ICudaEngine"]
+
+
+def test_one_structured_logger_routes_tensorrt_messages(runner_check):
+    _version, res, stderr = runner_check
+    assert res["is_ilogger"] and res["same"]
+    assert res["errors"] == ["message ERROR", "message INTERNAL_ERROR"]
+    events = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    got = {e["message"]: (e["level"], e["severity"]) for e in events
+           if e.get("event") == "tensorrt_log"}
+    assert got == {"message INFO": ("debug", "info"), "message WARNING": ("warning", "warning"),
+                   "message ERROR": ("error", "error"),
+                   "message INTERNAL_ERROR": ("critical", "internal_error")}
+
+
+def test_fp16_config_on_tensorrt_11_serves_fp32_with_a_log(runner_check):
+    version, res, stderr = runner_check
+    if version.startswith("11."):
+        assert res["serving_fp16"] == "fp32"
+        fallback = [json.loads(line) for line in stderr.splitlines()
+                    if '"precision_fallback"' in line]
+        assert fallback and fallback[0]["using"] == "fp32"
+        assert "strongly typed" in fallback[0]["reason"]
+    else:
+        assert res["serving_fp16"] == "fp16"
+        assert '"precision_fallback"' not in stderr
+
+
+def test_context_plans():
+    from stgcnd.backends.tensorrt_backend import graphs_allowed, plan_contexts
+    from stgcnd.errors import UserError
+
+    per_bucket = [(1, 1, 1), (2, 2, 2), (3, 4, 4), (5, 8, 8)]
+    plan = plan_contexts((1, 2, 4, 8), per_bucket, dynamic=True)
+    assert plan.per_bucket and plan.profiles == {1: 0, 2: 1, 4: 2, 8: 3}
+    # A bucket inside a profile's range widens to it: never two contexts on one profile.
+    plan = plan_contexts((1, 3, 4, 6), per_bucket, dynamic=True)
+    assert plan.profiles == {1: 0, 4: 2, 8: 3} and plan.buckets == (1, 4, 8)
+    assert graphs_allowed(plan)
+    # An engine with one profile (built before per-bucket profiles): one context, shapes in
+    # turn, and no CUDA graphs across shape changes.
+    single = plan_contexts((1, 2, 4, 8), [(1, 4, 8)], dynamic=True)
+    assert not single.per_bucket and set(single.profiles.values()) == {0}
+    assert not graphs_allowed(single)
+    assert graphs_allowed(plan_contexts((1,), [(1, 1, 1)], dynamic=False))
+    with pytest.raises(UserError, match="no optimization profile"):
+        plan_contexts((16,), per_bucket, dynamic=True)
+
+
+def test_pycuda_names_exist_in_a_real_pycuda_build():
+    """Every pycuda name the backend calls is in a real pycuda build (the 2026.1 wheel in
+    ../shared/device-wheels, CUDA 13): its extension module's exported names."""
+    import glob
+    import zipfile
+
+    from stgcnd.backends.tensorrt_backend import PYCUDA_API
+
+    wheels = glob.glob(str(REPO.parent / "shared" / "device-wheels" / "pycuda-*.whl"))
+    if not wheels:
+        pytest.skip("no pycuda wheel in ../shared/device-wheels")
+    with zipfile.ZipFile(wheels[0]) as z:
+        blob = b"".join(z.read(n) for n in z.namelist()
+                        if n.startswith("pycuda/_driver") or n == "pycuda/driver.py")
+    missing = [name for name in PYCUDA_API if name.encode() not in blob]
+    assert not missing, missing
+    assert b"not_a_pycuda_name_at_all" not in blob

@@ -37,7 +37,7 @@ def test_registry_and_backend_modules_import_without_torch():
         avail = registry.available_backends()
         print(json.dumps({"avail": avail, "torch_loaded": sys.modules.get("torch") is not None}))
     """)
-    assert set(res["avail"]) == {"tensorrt", "torch", "onnxruntime"}
+    assert set(res["avail"]) == {"tensorrt", "torch", "onnxruntime", "noop"}
     assert res["torch_loaded"] is False
 
 

@@ -183,3 +183,66 @@ def test_other_keypoint_layouts_use_the_mean_as_centre():
         frame = win.frame([b, a] if t % 2 else [a, b])
         np.testing.assert_array_equal(slot_pose(frame, 0), a)
         np.testing.assert_array_equal(slot_pose(frame, 1), b)
+
+
+def test_default_keeps_the_largest_person_whatever_the_detector_order():
+    near, far = person(0.3, 0.6, size=0.4), person(0.8, 0.4, size=0.1)
+    for people in ([far, near], [near, far]):
+        win = SkeletonWindow(frames=3, persons=1)
+        assert win.select == "largest"
+        np.testing.assert_array_equal(slot_pose(win.frame(people), 0), near)
+        assert win.ignored == 1
+
+
+def test_largest_counts_only_visible_keypoints():
+    # A skeleton spread wide by keypoints the detector itself calls invisible is not "large".
+    spread = person(0.3, 0.5, size=0.5)
+    spread[:, 2] = 0.0
+    spread[:5, 2] = 0.9
+    spread[:5, :2] = spread[LEFT_HIP, :2]  # visible part: a point
+    solid = person(0.7, 0.5, size=0.2)
+    win = SkeletonWindow(frames=3, persons=1)
+    np.testing.assert_array_equal(slot_pose(win.frame([spread, solid]), 0), solid)
+
+
+def test_most_visible_and_first_and_a_score_function():
+    big_faint, small_clear = person(0.3, 0.5, 0.4, vis=0.3), person(0.7, 0.5, 0.1, vis=0.95)
+    people = [big_faint, small_clear]
+    picks = {
+        "largest": big_faint,
+        "most_visible": small_clear,
+        "first": big_faint,
+    }
+    for select, expected in picks.items():
+        win = SkeletonWindow(frames=2, persons=1, select=select)
+        np.testing.assert_array_equal(slot_pose(win.frame(people), 0), expected)
+    win = SkeletonWindow(frames=2, persons=1, select="first")
+    np.testing.assert_array_equal(slot_pose(win.frame(people[::-1]), 0), small_clear)
+    # rightmost person first, as a user-supplied rule
+    win = SkeletonWindow(frames=2, persons=1, select=lambda pose: float(pose[:, 0].mean()))
+    np.testing.assert_array_equal(slot_pose(win.frame(people), 0), small_clear)
+
+
+def test_selection_keeps_the_best_ranked_seated_in_detector_order():
+    sizes = [0.1, 0.3, 0.2, 0.4]
+    people = [person(0.2 * (i + 1), 0.5, size) for i, size in enumerate(sizes)]
+    win = SkeletonWindow(frames=2, persons=2)
+    frame = win.frame(people)
+    np.testing.assert_array_equal(slot_pose(frame, 0), people[1])
+    np.testing.assert_array_equal(slot_pose(frame, 1), people[3])
+    assert win.ignored == 2
+    win.frame(people[1:2])
+    assert win.ignored == 0
+
+
+def test_a_tracked_person_keeps_the_slot_when_a_larger_one_arrives():
+    win = SkeletonWindow(frames=4, persons=1)
+    small = person(0.2, 0.5, size=0.1)
+    win.frame([small])
+    frame = win.frame([person(0.7, 0.5, size=0.5), small])
+    np.testing.assert_array_equal(slot_pose(frame, 0), small)
+
+
+def test_unknown_selection_is_refused():
+    with pytest.raises(ValueError, match=r"largest.*most_visible.*first"):
+        SkeletonWindow(select="biggest")

@@ -25,7 +25,7 @@ def test_blocker_makes_torch_unimportable(tmp_path):
 def test_demo_daemon_serves_without_torch(tmp_path):
     frames = 30  # short windows; the path, not T, is under test
     daemon = Daemon(tmp_path, env=no_torch_env(tmp_path),
-                    models=f'[[models]]\nname = "demo"\nframes = {frames}\n')
+                    models=f'[[models]]\nname = "demo"\ndemo = true\nframes = {frames}\n')
     try:
         daemon.start()
         x = synthetic_windows(1, frames, 1, seed=3)[0]

@@ -50,12 +50,12 @@ def test_int8_qdq_matches_fp32(store_root, tmp_path):
     graph = onnx.load(str(art.path)).graph
     ops = [n.op_type for n in graph.node]
     convs = ops.count("Conv")
-    assert ops.count("QuantizeLinear") >= convs > 0   # every conv's input is quantized
+    assert ops.count("QuantizeLinear") >= 2 * convs > 0   # every conv's input and weight
     zero_points = [onnx.numpy_helper.to_array(t) for t in graph.initializer
                    if t.name.endswith("zero_point")]
-    # Symmetric INT8 (zero point 0), as TensorRT requires; biases are int32.
-    assert any(z.dtype == np.int8 for z in zero_points)
-    assert all(z.dtype in (np.int8, np.int32) and not z.any() for z in zero_points)
+    # Symmetric INT8 (zero point 0), as TensorRT requires; no INT32 bias quantization.
+    assert zero_points and all(z.dtype == np.int8 and not z.any() for z in zero_points)
+    assert_parseable_by_tensorrt(graph)
 
     windows = synthetic_windows(32, FRAMES, seed=99)
     backend = OnnxRuntimeBackend.from_artifact(art)
@@ -68,6 +68,68 @@ def test_int8_qdq_matches_fp32(store_root, tmp_path):
     ref = np.abs(model.module(__import__("torch").from_numpy(windows[:4])).detach().numpy())
     # Really INT8 (not float passed through) yet close: error well under the logit scale.
     assert 1e-4 < result["max_abs_diff"] < 0.1 * float(ref.max())
+
+
+def assert_parseable_by_tensorrt(graph) -> None:
+    """The Q/DQ layout onnx-tensorrt accepts, checked on the graph directly (not through
+    stgcnd's own checker): DequantizeLinear reads only INT8, and every Conv/Gemm weight is a
+    float initializer going through its own QuantizeLinear -> DequantizeLinear pair."""
+    inits = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    int32_dq = []
+    for n in graph.node:
+        if n.op_type != "DequantizeLinear":
+            continue
+        src = n.input[0]
+        assert src not in inits or inits[src].data_type == onnx.TensorProto.INT8
+        q = producer.get(src)
+        if q is not None and q.op_type == "QuantizeLinear":
+            zp = inits[q.input[2]]
+            if zp.data_type != onnx.TensorProto.INT8:
+                int32_dq.append(n.name)
+    assert not int32_dq, f"DequantizeLinear of non-INT8 tensors: {int32_dq[:5]}"
+    weighted = [n for n in graph.node if n.op_type in ("Conv", "Gemm")]
+    assert weighted
+    for n in weighted:
+        dq = producer[n.input[1]]
+        q = producer[dq.input[0]]
+        assert (dq.op_type, q.op_type) == ("DequantizeLinear", "QuantizeLinear"), n.name
+        assert q.input[0] in inits and inits[q.input[0]].data_type == onnx.TensorProto.FLOAT
+        if len(n.input) > 2:  # the bias stays a float initializer (TensorRT fuses it)
+            assert inits[n.input[2]].data_type == onnx.TensorProto.FLOAT, n.name
+    # One pair per quantized consumer (DedicatedQDQPair): no DequantizeLinear output feeds two
+    # convolutions (a float residual Add beside one is fine: TensorRT fuses it).
+    consumers: dict[str, int] = {}
+    for n in weighted:
+        for i in n.input[:2]:
+            consumers[i] = consumers.get(i, 0) + 1
+    shared = [n.name for n in graph.node
+              if n.op_type == "DequantizeLinear" and consumers.get(n.output[0], 0) > 1]
+    assert not shared, f"DequantizeLinear outputs shared by several convolutions: {shared[:5]}"
+
+
+def test_checker_catches_onnxruntime_default_layout(tmp_path):
+    """ONNX Runtime's default Q/DQ (INT32 bias DequantizeLinear) is what TensorRT rejects:
+    the checker that guards every quantization must report it."""
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    from stgcnd.engines.quantize import _reader_class, tensorrt_qdq_problems
+    from stgcnd.export.onnx_export import export_model
+    from stgcnd.model import load_model
+    from stgcnd.model.optimized import optimize_for_export
+
+    model = load_model(demo_spec())
+    fp32, bad = tmp_path / "m.onnx", tmp_path / "ort-default.onnx"
+    export_model(model, fp32, dynamic_batch=False, module=optimize_for_export(model))
+    reader = _reader_class()(synthetic_windows(4, FRAMES, seed=5), "input", 1)
+    quantize_static(str(fp32), str(bad), reader, quant_format=QuantFormat.QDQ,
+                    op_types_to_quantize=["Conv", "Gemm"], per_channel=True,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                    extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
+    problems = tensorrt_qdq_problems(bad)
+    assert any("reads INT32" in p for p in problems), problems[:3]
+    with pytest.raises(AssertionError):
+        assert_parseable_by_tensorrt(onnx.load(str(bad)).graph)
 
 
 def test_same_calibration_data_moved_is_reused(store_root, tmp_path):

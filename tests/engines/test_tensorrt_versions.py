@@ -22,7 +22,7 @@ from tests.engines.conftest import REPO
 SHARED = REPO.parent / "shared" / "tensorrt"
 CACHE = Path(os.environ.get("STGCND_TRT_STUB_CACHE",
                             Path.home() / ".cache" / "stgcnd-trt-stubs"))
-VERSIONS = ("8.6.1", "10.3.0", "11.4.0.106")
+VERSIONS = ("8.6.1", "10.3.0", "10.16.1.11", "11.4.0.106")
 BUILDER_SRC = REPO / "daemon" / "stgcnd" / "engines" / "builders" / "tensorrt.py"
 
 
@@ -55,7 +55,12 @@ b.make_logger(trt)
 if caps["progress_monitor"]:
     b.make_progress_monitor(trt, b.ProgressSink())
 if caps["implicit_int8"]:
-    b.make_entropy_calibrator(trt, None, 1, None)
+    import numpy as np
+    windows = np.zeros((3, 3, 4, 33, 1), np.float32)
+    batch, batches = b.calibration_batching(len(windows), 8, True)
+    cal = b.make_entropy_calibrator(trt, windows, batch, None)
+    caps["calibrator"] = {"batch_size": cal.get_batch_size(), "batches": batches,
+                          "is_entropy2": isinstance(cal, trt.IInt8EntropyCalibrator2)}
 try:
     trt.Builder(b.make_logger(trt))
     caps["builder"] = "constructed"
@@ -77,6 +82,9 @@ def caps(request) -> dict:
 
 def test_real_bindings_loaded(caps):
     assert caps["version"] in VERSIONS and caps["builder"] == "stub"
+    if caps["implicit_int8"]:
+        # Three windows and max batch 8: one batch of three, not zero batches of eight.
+        assert caps["calibrator"] == {"batch_size": 3, "batches": 1, "is_entropy2": True}
     assert caps["torch_imported"] is False  # the TensorRT path must not import torch
 
 
@@ -175,7 +183,7 @@ USED = {
 }
 
 
-@pytest.mark.parametrize("version", [*VERSIONS, "10.16.1.11"])
+@pytest.mark.parametrize("version", VERSIONS)
 def test_used_names_exist(version):
     path = SHARED / f"api-{version}.txt"
     if not path.exists():

@@ -48,7 +48,7 @@ def test_missing_file(tmp_path):
 def test_truncated_checkpoint(tmp_path, checkpoint_path):
     cut = tmp_path / "cut.pt"
     cut.write_bytes(checkpoint_path.read_bytes()[:5000])
-    with pytest.raises(CheckpointError, match="truncated, corrupt"):
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
         load_model(ModelSpec(checkpoint=cut))
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 
 from stgcnd.errors import UserError
 from stgcnd.profiling.detect import detect_kind, find_artefacts
+from stgcnd.profiling.parsefile import parse_path
 from tests.profiling.conftest import DATA, HANDMADE_KINDS, SHARED_KINDS
 
 
@@ -42,3 +45,49 @@ def test_find_artefacts_prefers_canonical_names_and_rejects_ambiguity(tmp_path):
     (tmp_path / "times.json").rename(tmp_path / "new.json")
     with pytest.raises(UserError, match="several times files"):
         find_artefacts(tmp_path)
+
+
+def _tail_from(log: Path, marker: str) -> str:
+    lines = log.read_text().splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if marker in line)
+    return "".join(lines[start:])
+
+
+@pytest.mark.parametrize("strip", ["", "timestamps", "levels"])
+def test_pasted_log_starting_with_a_bracketed_line_is_a_log(tmp_path, strip):
+    # What people paste from a terminal or a PR: the performance summary only, whose first
+    # line starts with "[" like a JSON array does.
+    text = _tail_from(DATA / "handmade_trt10.3_trtexec.log", "=== Performance summary ===")
+    if strip == "timestamps":  # "[I] === Performance summary ===" (trtexec without timestamps)
+        text = re.sub(r"^\[[0-9/:-]+\] ", "", text, flags=re.MULTILINE)
+    elif strip == "levels":  # only the summary lines, no "&&&&" banner
+        text = "".join(line for line in text.splitlines(keepends=True)
+                       if not line.startswith("&&&&"))
+    assert text.startswith("[")
+    pasted = tmp_path / "pasted.txt"
+    pasted.write_text("\n" + text)
+    assert detect_kind(pasted) == "log"
+    parsed = parse_path(pasted)["files"][0]
+    assert parsed["kind"] == "log"
+    summary = parsed["log"]["profile_metadata"]["performance_summary"]
+    assert summary["throughput_qps"] == pytest.approx(796.302)
+    assert summary["metrics_ms"]["gpu_compute_time"]["median"] == pytest.approx(1.2174)
+
+
+def test_pasted_real_log_summary(shared, tmp_path):
+    name = "nvidia_qat-ptq-notebook_mobilenetv2_fp32_trt8.2.5.trtexec.log"
+    pasted = tmp_path / "summary.log"
+    pasted.write_text(_tail_from(shared / name, "=== Performance summary ==="))
+    assert pasted.read_text().startswith("[07/25/2022-16:43:25] [I] === Performance summary")
+    assert detect_kind(pasted) == "log"
+
+
+def test_json_arrays_are_still_json(tmp_path):
+    # An empty or whitespace-led array of objects stays on the JSON side, and a bracketed line
+    # that is not a trtexec log line stays unknown.
+    (tmp_path / "empty.json").write_text("[\n]\n")
+    (tmp_path / "spaced.json").write_text('[\n  { "count" : 3 }, {"name": "a", "timeMs": 1}]')
+    (tmp_path / "note.txt").write_text("[draft] notes about a run\n")
+    assert detect_kind(tmp_path / "empty.json") == "unknown"
+    assert detect_kind(tmp_path / "spaced.json") == "profile"
+    assert detect_kind(tmp_path / "note.txt") == "unknown"

@@ -23,7 +23,8 @@ def write_config(path: Path, endpoint: str, engines: Path, models: str | None = 
     for k, v in server.items():
         lines.append(f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"')
     lines.append(models if models is not None else
-                 f'[[models]]\nname = "demo"\nframes = {FRAMES}\nbackend = "torch"\n'
+                 f'[[models]]\nname = "demo"\ndemo = true\nframes = {FRAMES}\n'
+                 'backend = "torch"\n'
                  'labels = ["normal", "shoplifting"]\n')
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -131,3 +132,28 @@ class Daemon:
     def close(self) -> None:
         self.stop()
         self.notify.close()
+
+
+def process_stats(pid: int) -> dict[str, int]:
+    """A process's resident memory (kB), open file descriptors and threads, from /proc."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return {"rss_kb": int(fields["VmRSS"].split()[0]), "threads": int(fields["Threads"]),
+            "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+
+
+def stop_by_pid(daemon: Daemon, term_timeout: float = 15.0) -> int | None:
+    """Teardown for tests that may leave the daemon wedged: SIGTERM, then SIGKILL after
+    `term_timeout` s, by the pid this test started. Returns the exit code (None: never ran)."""
+    proc = daemon.proc
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=term_timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    daemon.close()
+    return proc.returncode

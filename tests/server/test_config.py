@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import re
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from stgcnd.errors import UserError
-from stgcnd.server.config import load_config
+from stgcnd.server.config import NON_CONFIG_ENV, ServerConfig, load_config
 
 REPO = Path(__file__).resolve().parents[2]
+DEMO = '[[models]]\nname = "demo"\ndemo = true\n'
 
 
 def test_example_config_loads():
@@ -20,12 +23,13 @@ def test_example_config_loads():
 def test_defaults_serve_the_demo_model(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = load_config(None, env={"XDG_RUNTIME_DIR": str(tmp_path)})
-    assert cfg.models[0].checkpoint is None and cfg.endpoint.startswith("ipc://")
+    assert cfg.models[0].checkpoint is None and cfg.models[0].demo
+    assert cfg.endpoint.startswith("ipc://")
 
 
 def test_env_and_flags_override(tmp_path):
     p = tmp_path / "c.toml"
-    p.write_text('[server]\nstats_interval = 10.0\nqueue_size = 4\n')
+    p.write_text('[server]\nstats_interval = 10.0\nqueue_size = 4\n' + DEMO)
     cfg = load_config(p, env={"STGCND_STATS_INTERVAL": "2.5"}, overrides={"queue_size": 9})
     assert cfg.server.stats_interval == 2.5 and cfg.server.queue_size == 9
 
@@ -33,9 +37,9 @@ def test_env_and_flags_override(tmp_path):
 @pytest.mark.parametrize("text,match", [
     ('[server]\nendpont = "x"\n', "unknown key.*endpont"),
     ('[sever]\n', "unknown section"),
-    ('[[models]]\nname = "a"\nbackend = "cuda"\n', "backend must be"),
-    ('[[models]]\nname = "a"\n[[models]]\nname = "a"\n', "unique"),
-    ('[[models]]\nname = "a"\npersons = "two"\n', "persons: invalid"),
+    ('[[models]]\nname = "a"\ndemo = true\nbackend = "cuda"\n', "backend must be"),
+    ('[[models]]\nname = "a"\ndemo = true\n[[models]]\nname = "a"\ndemo = true\n', "unique"),
+    ('[[models]]\nname = "a"\npersons = "two"\n', "persons: invalid.*expected an integer"),
     ('[server\n', "invalid TOML"),
 ])
 def test_bad_configs(tmp_path, text, match):
@@ -45,6 +49,77 @@ def test_bad_configs(tmp_path, text, match):
         load_config(p, env={})
 
 
-def test_bad_env_value(tmp_path):
-    with pytest.raises(UserError, match="stats_interval"):
-        load_config(None, env={"STGCND_STATS_INTERVAL": "often", "STGCND_CONFIG": ""})
+def test_bad_env_value_names_the_variable_not_the_file(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text("[server]\nstats_interval = 10.0\n" + DEMO)
+    for path in (None, p):
+        with pytest.raises(UserError) as info:
+            load_config(path, env={"STGCND_STATS_INTERVAL": "five", "STGCND_CONFIG": ""})
+        assert str(info.value) == ("environment variable STGCND_STATS_INTERVAL: invalid value "
+                                   "'five' (expected a number)")
+    with pytest.raises(UserError, match=r"^environment variable STGCND_QUEUE_SIZE: queue_size "
+                                        r"must be >= 1, got 0$"):
+        load_config(p, env={"STGCND_QUEUE_SIZE": "0"})
+
+
+def test_bad_toml_and_flag_values_name_their_source(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text('[server]\nstats_interval = "five"\n' + DEMO)
+    with pytest.raises(UserError, match=rf"^{p} \[server\] stats_interval: invalid value 'five' "
+                                        r"\(expected a number\)$"):
+        load_config(p, env={})
+    p.write_text("[server]\nstats_interval = 0\n" + DEMO)
+    with pytest.raises(UserError, match=rf"^{p} \[server\] stats_interval: .*> 0 seconds"):
+        load_config(p, env={})
+    with pytest.raises(UserError, match=r"^flag --stats-interval: .*must be > 0 seconds, got "
+                                        r"-1\.0$"):
+        load_config(None, env={}, overrides={"stats_interval": -1.0},
+                    flag_names={"stats_interval": "--stats-interval"})
+    with pytest.raises(UserError, match=r"^flag --queue-size: invalid value 'x'"):
+        load_config(None, env={}, overrides={"queue_size": "x"})
+
+
+def test_misspelt_variable_is_an_error_with_a_suggestion():
+    with pytest.raises(UserError) as info:
+        load_config(None, env={"STGCND_STATS_INTERVALL": "5"})
+    msg = str(info.value)
+    assert msg.startswith("environment variable STGCND_STATS_INTERVALL is not one stgcnd knows; "
+                          "did you mean STGCND_STATS_INTERVAL?")
+    assert "STGCND_ENDPOINT" in msg and "STGCND_CONFIG, STGCND_ENGINE_DIR" in msg
+
+
+def test_non_config_variables_are_allowed(tmp_path):
+    env = {name: str(tmp_path) for name in NON_CONFIG_ENV if name != "STGCND_CONFIG"}
+    load_config(None, env={**env, "STGCND_CONFIG": "", "STGCND_ENDPOINT": "ipc:///tmp/a.sock"})
+
+
+def test_every_stgcnd_variable_the_repository_reads_is_known():
+    # Any STGCND_* name in the code, tests or scripts must be a [server] key or allow-listed,
+    # or setting it would make the daemon refuse to start.
+    keys = {f"STGCND_{f.name.upper()}" for f in fields(ServerConfig)}
+    used = set()
+    for folder in ("daemon", "tests", "scripts", "systemd", "clients"):
+        for path in (REPO / folder).rglob("*"):
+            if path.suffix in (".py", ".sh", ".toml", ".service", ".md") or path.name == "run":
+                used |= set(re.findall(r"STGCND_[A-Z][A-Z0-9_]*[A-Z0-9]", path.read_text()))
+    unknown = used - keys - set(NON_CONFIG_ENV) - {"STGCND_KEY", "STGCND_STATS_INTERVALL"}
+    assert not unknown, f"add to NON_CONFIG_ENV or rename: {sorted(unknown)}"
+
+
+def test_named_model_without_checkpoint_must_say_demo(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text('[[models]]\nname = "shoplifting"\n')
+    with pytest.raises(UserError) as info:
+        load_config(p, env={})
+    assert str(info.value) == (
+        f"{p}: model 'shoplifting': no checkpoint; add checkpoint = \"/path/to/model.pt\" to "
+        "serve your model, or demo = true to serve the demo model (random weights: its "
+        "predictions mean nothing)")
+    p.write_text('[[models]]\nname = "shoplifting"\ndemo = true\n')
+    assert load_config(p, env={}).models[0].demo
+    p.write_text(f'[[models]]\nname = "s"\ndemo = true\ncheckpoint = "{tmp_path / "m.pt"}"\n')
+    with pytest.raises(UserError, match="both demo = true and a checkpoint"):
+        load_config(p, env={})
+    p.write_text("[server]\nqueue_size = 4\n")
+    with pytest.raises(UserError, match=r"no \[\[models\]\] entry.*demo = true"):
+        load_config(p, env={})

@@ -111,7 +111,8 @@ class BatchRunner(ABC):
     def __init__(self, backend: Backend, buckets: Sequence[int], lanes: int) -> None:
         self.backend = backend
         self.buckets = normalize_buckets(buckets, backend.info.max_batch)
-        self.lanes = max(int(lanes), 1)
+        # Client lanes (their own CUDA streams); 0 = none: a batch moves in one copy each way.
+        self.lanes = max(int(lanes), 0)
         self.last_timings: dict[str, float] = {}
         self.compute_ms: dict[int, float] = {}   # bucket -> warmed-up compute time estimate
 
@@ -149,13 +150,13 @@ class BatchRunner(ABC):
         _c, t, v, m = self.backend.info.input_shape
         x = synthetic_windows(1, t, m, v, seed=0)[0]
         for b in self.buckets:
-            times = []
-            for _ in range(max(runs, 1) + 1):  # the first run pays lazy set-up: not counted
-                self.run([x] * b, list(range(b)) if b <= self.lanes else [0] * b)
-                times.append(self.last_timings.get("compute_ms",
-                                                   self.last_timings["total_ms"]))
-            self.compute_ms[b] = sorted(times[1:])[len(times[1:]) // 2]
+            times = [self._timed_run([x] * b) for _ in range(runs + 1)]
+            self.compute_ms[b] = _warm_median(times)
         return dict(self.compute_ms)
+
+    def _timed_run(self, windows: list[np.ndarray]) -> float:
+        self.run(windows, [i % self.lanes if self.lanes else 0 for i in range(len(windows))])
+        return float(self.last_timings.get("compute_ms", self.last_timings["total_ms"]))
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free the runner's streams, graphs, contexts and buffers (in the owning thread)."""
@@ -164,14 +165,25 @@ class BatchRunner(ABC):
 class SessionRunner(BatchRunner):
     """The generic runner for CPU backends: one session, windows stacked into one host batch.
 
-    CPU runtimes have no streams to give a client, so lanes are only indices here; any batch
-    size runs as it is (no padding: a CPU's cost grows with every padded window).
+    CPU runtimes have no streams to give a client, so lanes are only indices here. Every batch
+    size is its own bucket (no padding: a CPU's cost grows with every padded window), and a
+    CPU's cost is linear in the batch, so warm-up measures batch 1 and scales it.
     """
 
     def __init__(self, backend: Backend, buckets: Sequence[int], lanes: int) -> None:
         super().__init__(backend, buckets, lanes)
+        self.buckets = tuple(range(1, self.max_batch + 1))
         self.session = backend.open_session()
         self.batch = np.empty((self.max_batch, *backend.info.input_shape), dtype=np.float32)
+
+    def warm_up(self, runs: int = 3) -> dict[int, float]:
+        from stgcnd.model.synthetic import synthetic_windows
+
+        _c, t, v, m = self.backend.info.input_shape
+        x = synthetic_windows(1, t, m, v, seed=0)[0]
+        one = _warm_median([self._timed_run([x]) for _ in range(runs + 1)])
+        self.compute_ms = {b: b * one for b in self.buckets}
+        return dict(self.compute_ms)
 
     def _run(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
              ) -> np.ndarray:
@@ -184,6 +196,13 @@ class SessionRunner(BatchRunner):
 
     def close(self) -> None:
         self.session.close()
+
+
+def _warm_median(times: list[float]) -> float:
+    """The median run time, leaving out the first run (it pays lazy set-up) when there are
+    others."""
+    warm = sorted(times[1:] or times)
+    return warm[len(warm) // 2]
 
 
 def normalize_buckets(buckets: Sequence[int], max_batch: int) -> tuple[int, ...]:

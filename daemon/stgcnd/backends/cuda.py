@@ -1,9 +1,12 @@
 """The process's one CUDA context, and CUDA graphs without torch.
 
 Everything CUDA in the daemon runs on the device's *primary* context: torch uses it, and
-pycuda joins it through `pycuda.autoprimaryctx` (never `pycuda.autoinit`, which creates a second
-context: memory and streams could then not be shared with torch, and each context costs
-hundreds of MB on a Jetson). `init_cuda` is called once, in the main thread, before any worker.
+pycuda retains it (`Device.retain_primary_context`; never `pycuda.autoinit`, which creates a
+second context: memory and streams could then not be shared with torch, and each context costs
+hundreds of MB on a Jetson) and makes it current per block with `pycuda_current`, in whichever
+thread the block runs (the main thread, the reload thread, an executor). pycuda objects
+(streams, events, device and pinned memory) are freed explicitly in the thread that owns them,
+inside `pycuda_current`, never left to the garbage collector of another thread.
 
 pycuda has no stream-capture API, so the TensorRT backend's CUDA graphs use the driver API
 (libcuda, present wherever pycuda works) through ctypes: `DriverGraph`.
@@ -26,6 +29,9 @@ CudaKind = Literal["torch", "pycuda"]
 
 _lock = threading.Lock()
 _pycuda_context: Any = None
+# One stream capture at a time in the process: beginning a capture while another thread's
+# stream is capturing can invalidate it (a synchronizing call during capture is an error).
+CAPTURE_LOCK = threading.Lock()
 
 
 def init_cuda(kind: CudaKind) -> Any:
@@ -43,19 +49,33 @@ def init_cuda(kind: CudaKind) -> Any:
         if kind != "pycuda":
             raise ValueError(f"unknown CUDA kind {kind!r}")
         if _pycuda_context is None:
-            try:
-                import pycuda.autoprimaryctx as primary  # retains and pushes the primary context
-            except ImportError:
-                raise BackendUnavailable("pycuda is not installed; on a Jetson install it into "
-                                         "the venv (pip install pycuda) next to JetPack's "
-                                         "tensorrt") from None
-            except Exception as exc:  # pycuda raises its own LogicError/RuntimeError types
-                raise BackendUnavailable(f"cannot initialise CUDA through pycuda: {exc}; check "
-                                         "the driver with nvidia-smi / tegrastats") from None
-            _pycuda_context = primary.context
-            log.info("cuda_primary_context", via="pycuda",
-                     device=primary.device.name())
+            _pycuda_context = _retain_primary_context()
         return _pycuda_context
+
+
+def _retain_primary_context() -> Any:
+    """Retain (not push) the primary context through pycuda.
+
+    Not `pycuda.autoprimaryctx`: it pushes the context in whichever thread imports it first
+    (the reload thread, when the first TensorRT model arrives by SIGHUP) and pops it at exit
+    from the main thread. A retained context made current per block (`pycuda_current`) works
+    the same from every thread.
+    """
+    try:
+        import pycuda.driver as cuda
+    except ImportError:
+        raise BackendUnavailable("pycuda is not installed; on a Jetson build it into the venv "
+                                 "(see docs/jetson.md: pip install pycuda with nvcc on PATH) "
+                                 "next to JetPack's tensorrt") from None
+    try:
+        cuda.init()
+        device = cuda.Device(0)
+        context = device.retain_primary_context()
+    except Exception as exc:  # pycuda raises its own LogicError/RuntimeError types
+        raise BackendUnavailable(f"cannot initialise CUDA through pycuda: {exc}; check "
+                                 "the driver with nvidia-smi / tegrastats") from None
+    log.info("cuda_primary_context", via="pycuda", device=device.name())
+    return context
 
 
 @contextlib.contextmanager
@@ -116,18 +136,43 @@ class DriverGraph:
         self._exec = ctypes.c_void_p()
 
     def capture(self, work: Any) -> DriverGraph:
+        """Capture `work()` (which enqueues on the stream) and instantiate it; raises on failure
+        after cleaning up (the stream leaves capture mode, the partial graph is destroyed)."""
         lib = _driver()
         _check(lib.cuStreamBeginCapture_v2(self.stream, _CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
                "cuStreamBeginCapture")
+        failure: BaseException | None = None
         try:
-            work()
-        finally:
-            status = lib.cuStreamEndCapture(self.stream, ctypes.byref(self._graph))
-        _check(status, "cuStreamEndCapture")
-        _check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), self._graph,
-                                               ctypes.c_ulonglong(0)),
-               "cuGraphInstantiateWithFlags")
+            if work() is False:  # e.g. execute_async_v3 refusing to enqueue while capturing
+                failure = RuntimeError("the captured work reported failure")
+        except Exception as exc:
+            failure = exc
+        # Always end the capture, even after a failure: a stream left capturing would make
+        # every later enqueue on it fail. The partial graph (if any) is destroyed.
+        status = lib.cuStreamEndCapture(self.stream, ctypes.byref(self._graph))
+        try:
+            if failure is not None:
+                raise RuntimeError(f"CUDA graph capture failed: {failure}") from failure
+            _check(status, "cuStreamEndCapture")
+            _check(lib.cuGraphInstantiateWithFlags(ctypes.byref(self._exec), self._graph,
+                                                   ctypes.c_ulonglong(0)),
+                   "cuGraphInstantiateWithFlags")
+        except BaseException:
+            self.destroy()
+            raise
         return self
+
+    def try_capture(self, work: Any, what: str) -> bool:
+        """capture(), but a failure is not fatal: as trtexec does, the capture is ended, the
+        partial graph destroyed, the failure logged (`cuda_graph_capture_failed`) and False
+        returned, so that the caller runs without a graph from then on."""
+        try:
+            self.capture(work)
+        except Exception as exc:
+            log.warning("cuda_graph_capture_failed", what=what, error=str(exc),
+                        action="running without a CUDA graph")
+            return False
+        return True
 
     def launch(self) -> None:
         _check(_driver().cuGraphLaunch(self._exec, self.stream), "cuGraphLaunch")

@@ -3,7 +3,8 @@
 "auto" resolves to: tensorrt when TensorRT and pycuda import and a GPU is present; else torch
 on CUDA; else whichever CPU backend (torch or onnxruntime) runs this model faster on this
 machine, measured with a few batch-1 runs of each and remembered in the store directory
-(`auto-backend.json`, keyed by model and machine).
+(`auto-backend.json`, keyed by model and machine). "noop" (zero logits, for measuring the
+daemon itself) runs only when named; "auto" never picks it.
 
 This module imports neither torch nor tensorrt at import time, and the tensorrt path never
 imports torch when the engine is already built (`spec` in, no LoadedModel needed).
@@ -27,7 +28,7 @@ from stgcnd.log import get_logger
 
 log = get_logger(__name__)
 
-BACKENDS = ("tensorrt", "torch", "onnxruntime")
+BACKENDS = ("tensorrt", "torch", "onnxruntime", "noop")
 AUTO_CACHE_NAME = "auto-backend.json"
 AUTO_PROBE_RUNS = 3
 
@@ -64,6 +65,7 @@ def available_backends() -> dict[str, str | None]:
         'torch is not installed (it is optional: pip install -e ".[torch]")'
     out["onnxruntime"] = (None if _importable("onnxruntime")
                           else "onnxruntime is not installed (pip install onnxruntime)")
+    out["noop"] = None  # numpy only; never picked by "auto" (it computes nothing)
     return out
 
 
@@ -208,7 +210,10 @@ def fastest_cpu_backend(model: Any, options: Any, store: Any) -> str:
     cache[key] = {"backend": best, "median_ms": timings, "machine": machine_key(),
                   "model": model_key(model), "precision": options.precision,
                   "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    atomic_write_json(cache_path, cache)
+    try:
+        atomic_write_json(cache_path, cache)
+    except OSError as exc:  # a read-only store: measure again next start, serve now
+        log.warning("auto_backend_not_cached", path=str(cache_path), error=exc.strerror)
     log.info("auto_backend_measured", backend=best, **{f"{k}_ms": round(v, 2)
                                                        for k, v in timings.items()})
     return best
@@ -224,7 +229,7 @@ def resolve_auto(model_or_spec: Any, options: Any, store: Any) -> tuple[str, Any
             log.warning("precision_fallback", backend="torch", asked=options.precision,
                         using=precision)
         return "torch", dataclasses.replace(options, device="cuda", precision=precision)
-    cpu_options = dataclasses.replace(options, device="cpu")
+    cpu_options = dataclasses.replace(options, device="cpu", cuda_graph=False)
     if cpu_options.precision == "fp16":
         log.warning("precision_fallback", backend="cpu", asked="fp16", using="fp32",
                     reason="no GPU; CPU backends run fp32 (or int8 with onnxruntime)")
@@ -235,30 +240,87 @@ def resolve_auto(model_or_spec: Any, options: Any, store: Any) -> tuple[str, Any
 
 # --- loading -------------------------------------------------------------------------------
 
-def _prepare(model_or_spec: Any, backend: str, options: Any, store: Any) -> Any:
-    """The store's artefact; for tensorrt, from the manifest alone when already built."""
+def _prepare(model_or_spec: Any, backend: str, options: Any, store: Any,
+             rebuild: str | None = None) -> Any:
+    """The store's artefact; from the manifest alone (no torch) when already built."""
+    if rebuild is not None:
+        return store.prepare(model_or_spec, backend, options, rebuild=rebuild)
     if backend == "tensorrt" and not _is_loaded_model(model_or_spec):
         find = getattr(store, "find", None)
         if find is not None:
             artifact = find(model_or_spec, backend, options)
             if artifact is not None:
                 return artifact
-    return store.prepare(_loaded(model_or_spec), backend, options)
+    # The store loads the model (torch) only if it must export or build.
+    return store.prepare(model_or_spec, backend, options)
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _load_artifact(model_or_spec: Any, backend: str, options: Any, store: Any,
+                   load: Any) -> Backend:
+    """load(artifact); a stored artefact that fails to load is rebuilt once.
+
+    A file can match its manifest and still not load: a TensorRT engine after a driver or
+    library change that the key did not see, an ONNX that this runtime rejects. Rebuilding
+    is the fix the user would apply, so the store does it, with the reason in
+    `engine_rebuilt`; a rebuilt artefact that fails too is one clear error, not a traceback.
+    """
+    artifact = _prepare(model_or_spec, backend, options, store)
+    try:
+        return load(artifact)
+    except BackendUnavailable:
+        raise  # the runtime is missing or lacks the device: a rebuild cannot help
+    except Exception as exc:
+        if not artifact.reused:
+            raise _load_failure(backend, artifact, exc) from None
+        reason = f"failed to load: {_first_line(str(exc)) or type(exc).__name__}"
+        log.warning("engine_load_failed", backend=backend, path=str(artifact.path),
+                    error=_first_line(str(exc)), action="rebuilding it once")
+    artifact = _prepare(model_or_spec, backend, options, store, rebuild=reason)
+    try:
+        return load(artifact)
+    except BackendUnavailable:
+        raise
+    except Exception as exc:
+        raise _load_failure(backend, artifact, exc) from None
+
+
+def _load_failure(backend: str, artifact: Any, exc: BaseException) -> UserError:
+    return UserError(f"the {backend} {artifact.precision} artefact {artifact.path} fails to "
+                     f"load just after it was built: {_first_line(str(exc)) or type(exc).__name__}"
+                     "; check the runtime install with `stgcnd doctor`, or try another "
+                     "backend/precision")
 
 
 def _load(model_or_spec: Any, backend: str, options: Any, store: Any) -> Backend:
     if backend == "tensorrt":
-        from stgcnd.backends.tensorrt_backend import TensorRTBackend, import_tensorrt
+        from stgcnd.backends.tensorrt_backend import (
+            TensorRTBackend,
+            import_tensorrt,
+            serving_options,
+        )
 
-        import_tensorrt()  # a clear error before any export/build work
-        artifact = _prepare(model_or_spec, backend, options, store)
-        return TensorRTBackend.from_artifact(artifact, cuda_graph=options.cuda_graph)
+        # A clear error before any export/build work; fp16 on TensorRT 11 serves fp32.
+        options = serving_options(import_tensorrt(), options)
+        return _load_artifact(model_or_spec, backend, options, store,
+                              lambda a: TensorRTBackend.from_artifact(
+                                  a, cuda_graph=options.cuda_graph))
     if backend == "onnxruntime":
         from stgcnd.backends.onnxruntime_backend import OnnxRuntimeBackend
 
-        artifact = _prepare(model_or_spec, backend, options, store)
-        return OnnxRuntimeBackend.from_artifact(artifact, threads=options.threads,
-                                                device=options.device)
+        return _load_artifact(model_or_spec, backend, options, store,
+                              lambda a: OnnxRuntimeBackend.from_artifact(
+                                  a, threads=options.threads, device=options.device))
+    if backend == "noop":
+        from stgcnd.backends.noop_backend import NoopBackend
+
+        # No artefact and no store: the spec's shape is all it needs (see noop_backend).
+        return NoopBackend.from_spec(_spec_of(model_or_spec), max_batch=options.max_batch,
+                                     precision=options.precision)
     if backend == "torch":
         from stgcnd.backends.torch_backend import TorchBackend
 

@@ -13,12 +13,21 @@ A session owns an execution context, a pycuda stream, page-locked host buffers a
 buffers sized for the largest batch. One inference: copy into the pinned input, async H2D,
 `execute_async_v3` (or the launch of a CUDA graph captured from it, one per batch size), async
 D2H, wait on the stream.
+
+The daemon's executors use `open_runner` instead (the `BatchRunner` contract in base.py): one
+execution context per batch bucket, each on its own optimization profile when the engine has
+one per bucket (stgcnd builds them so; TensorRT 8.x lets a profile serve one context at a
+time), and one lane (stream, event, pinned rows) per client. See `_TrtRunner`.
+
+Every context gets its profile with `set_optimization_profile_async`, checked: on 8.x only the
+first context of an engine starts on profile 0, the others have none until told.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from stgcnd import runtimes
-from stgcnd.backends.base import Backend, BackendInfo, Session
+from stgcnd.backends.base import Backend, BackendInfo, BatchRunner, Session
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.log import get_logger
 
@@ -42,17 +51,27 @@ REQUIRED_API: dict[str, tuple[str, ...]] = {
                     "create_execution_context"),
     "IExecutionContext": ("set_input_shape", "set_tensor_address", "execute_async_v3",
                           "get_tensor_shape", "set_optimization_profile_async"),
+    "ILogger": ("log", "Severity"),
     "TensorIOMode": ("INPUT", "OUTPUT"),
     "DataType": ("FLOAT", "HALF", "INT8", "INT32", "BOOL"),
 }
+
+# pycuda names the sessions and runners call (tests check them against a real pycuda build).
+PYCUDA_API = ("Stream", "Event", "wait_for_event", "record", "time_since", "synchronize",
+              "mem_alloc", "memset_d8", "pagelocked_empty", "memcpy_htod_async",
+              "memcpy_dtoh_async", "retain_primary_context", "get_current", "push", "pop")
 
 # I/O data types by enum *name*: INT64 and BF16 appear in 10.x, FP4/E8M0 in 11.x; a name the
 # running release lacks simply never occurs.
 _NUMPY_BY_TRT_NAME = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8,
                       "INT32": np.int32, "INT64": np.int64, "BOOL": np.bool_, "UINT8": np.uint8}
 
-_trt_logger: Any = None
-_logger_lock = threading.Lock()
+# Names used where present, with a fallback where not (feature detection, not required):
+# get_tensor_profile_shape is the name-based profile query of 8.6+; 8.5 may only have the
+# older get_profile_shape(profile, name), which 10.x removed.
+OPTIONAL_API: dict[str, tuple[str, ...]] = {
+    "ICudaEngine": ("get_tensor_profile_shape", "get_profile_shape"),
+}
 
 
 def import_tensorrt() -> Any:
@@ -63,6 +82,29 @@ def import_tensorrt() -> Any:
         raise BackendUnavailable(f"TensorRT {version_of(trt)} lacks {', '.join(missing)}; stgcnd "
                                  "needs TensorRT 8.5 or newer (name-based tensor API)")
     return trt
+
+
+def serving_options(trt: Any, options: Any) -> Any:
+    """The build options the daemon serves with on this TensorRT (`options`: BuildOptions).
+
+    A configuration written for JetPack 6 says `fp16`; TensorRT 11 builds networks strongly
+    typed and has no FP16 builder flag, so that precision cannot be built there from stgcnd's
+    fp32 ONNX. `stgcnd build --precision fp16` refuses with the reason; the daemon instead
+    serves fp32 and says so once (`precision_fallback`), rather than refusing to start.
+    """
+    import dataclasses
+
+    from stgcnd.engines.builders.tensorrt import precision_plan
+
+    if options.precision != "fp16":
+        return options
+    try:
+        precision_plan(trt, "fp16")
+    except UserError as exc:
+        log.warning("precision_fallback", backend="tensorrt", asked="fp16", using="fp32",
+                    tensorrt=version_of(trt), reason=str(exc))
+        return dataclasses.replace(options, precision="fp32")
+    return options
 
 
 def version_of(trt: Any) -> str:
@@ -92,12 +134,83 @@ def numpy_dtype(trt_dtype: Any) -> np.dtype:
 
 
 def logger(trt: Any) -> Any:
-    """One TensorRT logger per process (several loggers make 8.x warn on every runtime)."""
-    global _trt_logger
-    with _logger_lock:
-        if _trt_logger is None:
-            _trt_logger = trt.Logger(trt.Logger.WARNING)
-        return _trt_logger
+    """The process's one TensorRT logger, shared with the builder (stgcnd.runtimes)."""
+    return runtimes.tensorrt_logger(trt)
+
+
+def profile_shapes(engine: Any, name: str, profile: int) -> list[tuple[int, ...]]:
+    """[min, opt, max] shapes of input `name` in `profile` (8.5 to 11.x)."""
+    if hasattr(engine, "get_tensor_profile_shape"):
+        shapes = engine.get_tensor_profile_shape(name, profile)
+    else:  # TensorRT 8.5: the older call, which takes the tensor name too
+        shapes = engine.get_profile_shape(profile, name)
+    return [tuple(int(d) for d in s) for s in shapes]
+
+
+def profile_batch_ranges(engine: Any, input_name: str) -> list[tuple[int, int, int]]:
+    """(min, opt, max) batch of every optimization profile, in profile order."""
+    return [tuple(s[0] for s in profile_shapes(engine, input_name, i))  # type: ignore[misc]
+            for i in range(int(engine.num_optimization_profiles))]
+
+
+@dataclass(frozen=True)
+class ContextPlan:
+    """Which execution contexts a runner makes: bucket -> optimization profile."""
+
+    profiles: dict[int, int]     # bucket -> profile index of its context
+    per_bucket: bool             # one context per bucket (else one context, shapes in turn)
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        return tuple(sorted(self.profiles))
+
+
+def plan_contexts(buckets: Sequence[int], ranges: Sequence[tuple[int, int, int]],
+                  dynamic: bool) -> ContextPlan:
+    """Map the runner's buckets onto the engine's optimization profiles.
+
+    With one profile per bucket (what stgcnd builds), each bucket gets a context of its own on
+    the profile that holds it; a requested bucket inside a profile's range is widened to that
+    profile's largest batch, so no two contexts share a profile (TensorRT 8.x forbids it for
+    contexts in use at the same time). An engine with a single profile (or a static batch)
+    gets one context for every bucket, whose input shape is set per run.
+    """
+    if not dynamic or len(ranges) <= 1:
+        return ContextPlan({b: 0 for b in buckets}, per_bucket=False)
+    chosen: dict[int, int] = {}
+    for b in buckets:
+        for index, (low, _opt, high) in enumerate(ranges):
+            if low <= b <= high:
+                chosen[high] = index
+                break
+        else:
+            raise UserError(f"no optimization profile of the engine holds batch {b}; "
+                            "rebuild it with `stgcnd build --max-batch N`")
+    return ContextPlan(chosen, per_bucket=True)
+
+
+def graphs_allowed(plan: ContextPlan) -> bool:
+    """CUDA graphs bake a context's shapes in: with one context shared by several buckets
+    (shapes changed in turn) a graph would replay stale shapes, so none are captured."""
+    return plan.per_bucket or len(plan.profiles) == 1
+
+
+def set_profile(context: Any, profile: int, stream_handle: int) -> None:
+    """Bind `context` to `profile`, checked (TensorRT answers False, e.g. when a profile is
+    already in use by another live context on 8.x)."""
+    if not context.set_optimization_profile_async(profile, stream_handle):
+        raise BackendUnavailable(
+            f"TensorRT could not bind an execution context to optimization profile {profile} "
+            "(on TensorRT 8.x a profile serves one execution context at a time); close idle "
+            "sessions, or rebuild with `stgcnd build --max-batch N` for one profile per "
+            "batch bucket")
+
+
+def set_batch(context: Any, tensor: TensorIO, batch: int) -> None:
+    if any(d < 0 for d in tensor.shape) and not context.set_input_shape(
+            tensor.name, (batch, *tensor.shape[1:])):
+        raise UserError(f"the engine does not accept batch {batch} (its optimization "
+                        "profiles say which batches it takes: `stgcnd engines list`)")
 
 
 @dataclass(frozen=True)
@@ -110,20 +223,26 @@ class TensorIO:
 
 
 def engine_io(trt: Any, engine: Any, max_batch: int) -> list[TensorIO]:
-    """The engine's I/O tensors; dynamic batch dimensions bounded by profile 0 and max_batch."""
-    tensors = []
+    """The engine's I/O tensors; dynamic batch dimensions bounded by the largest batch any
+    optimization profile takes, and by max_batch (outputs too: no larger than the inputs)."""
+    found = []
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)
         is_input = engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
         shape = tuple(int(d) for d in engine.get_tensor_shape(name))
+        found.append((name, is_input, shape))
+    profiles = int(getattr(engine, "num_optimization_profiles", 1))
+    top = max_batch
+    max_shapes: dict[str, tuple[int, ...]] = {}
+    for name, is_input, shape in found:
         if is_input and any(d < 0 for d in shape):
-            prof_max = tuple(int(d) for d in engine.get_tensor_profile_shape(name, 0)[2])
-            max_shape = (min(prof_max[0], max_batch), *prof_max[1:])
-        else:
-            max_shape = tuple(max_batch if d < 0 else d for d in shape)
-        tensors.append(TensorIO(name, is_input, numpy_dtype(engine.get_tensor_dtype(name)),
-                                shape, max_shape))
-    return tensors
+            prof_max = max((profile_shapes(engine, name, p)[2] for p in range(profiles)),
+                           key=lambda s: s[0])
+            max_shapes[name] = (min(prof_max[0], max_batch), *prof_max[1:])
+            top = min(top, max_shapes[name][0])
+    return [TensorIO(name, is_input, numpy_dtype(engine.get_tensor_dtype(name)), shape,
+                     max_shapes.get(name, tuple(top if d < 0 else d for d in shape)))
+            for name, is_input, shape in found]
 
 
 class TensorRTBackend(Backend):
@@ -150,16 +269,26 @@ class TensorRTBackend(Backend):
         inputs = [t for t in self.io if t.is_input]
         if len(inputs) != 1:
             raise UserError(f"{engine_path} has {len(inputs)} inputs; expected one window input")
+        self.input = inputs[0]
+        self.dynamic = any(d < 0 for d in self.input.shape)
+        self.profile_ranges = (profile_batch_ranges(self.engine, self.input.name)
+                               if self.dynamic else [(1, 1, 1)])
         self.cuda_graph = cuda_graph
+        # Set once, by the first session or runner whose capture fails: from then on no one
+        # in this process captures again (a failure is logged once, not per request).
+        self.graph_failure: str | None = None
+        self._lock = threading.Lock()
         self.info = BackendInfo(
             name="tensorrt", precision=precision, device="cuda:0",
             input_shape=tuple(input_shape), num_class=int(num_class),
-            max_batch=int(inputs[0].max_shape[0]), artifact=str(engine_path),
+            max_batch=int(self.input.max_shape[0]), artifact=str(engine_path),
             details={"tensorrt": version_of(trt), "cuda_graph": cuda_graph,
+                     "profiles": [list(r) for r in self.profile_ranges],
                      "io": {t.name: {"dtype": t.dtype.name, "shape": list(t.shape)}
                             for t in self.io}})
         log.info("backend_loaded", backend="tensorrt", precision=precision,
-                 path=str(engine_path), tensorrt=version_of(trt), cuda_graph=cuda_graph)
+                 path=str(engine_path), tensorrt=version_of(trt), cuda_graph=cuda_graph,
+                 profiles=len(self.profile_ranges))
 
     @classmethod
     def from_artifact(cls, artifact: Any, cuda_graph: bool = False) -> TensorRTBackend:
@@ -173,6 +302,35 @@ class TensorRTBackend(Backend):
     def open_session(self) -> Session:
         return _TrtSession(self)
 
+    def open_runner(self, buckets: Sequence[int], lanes: int) -> BatchRunner:
+        """One executor's contexts, lanes and graphs; call in the executor thread."""
+        return _TrtRunner(self, buckets, lanes)
+
+    def graphs_failed(self, what: str, error: str) -> None:
+        with self._lock:
+            first = self.graph_failure is None
+            self.graph_failure = self.graph_failure or error
+        if first:
+            log.warning("cuda_graphs_disabled", backend="tensorrt", what=what, error=error,
+                        action="running every bucket without CUDA graphs")
+
+    def profile_for_batch(self, batch: int) -> int:
+        for index, (low, _opt, high) in enumerate(self.profile_ranges):
+            if low <= batch <= high:
+                return index
+        raise UserError(f"batch {batch} outside the engine's optimization profiles "
+                        f"{self.profile_ranges}")
+
+    def new_context(self, profile: int, stream_handle: int) -> Any:
+        """An execution context bound to `profile` (always set and checked: TensorRT 8.x
+        starts only an engine's first context on profile 0)."""
+        context = self.engine.create_execution_context()
+        if context is None:
+            raise BackendUnavailable("TensorRT could not create an execution context (GPU "
+                                     "memory exhausted?); close idle sessions")
+        set_profile(context, profile, stream_handle)
+        return context
+
     def close(self) -> None:
         from stgcnd.backends.cuda import pycuda_current
 
@@ -181,7 +339,14 @@ class TensorRTBackend(Backend):
             self.runtime = None
 
 
+def _free(mems: Sequence[Any]) -> None:
+    for mem in mems:
+        mem.free()
+
+
 class _TrtSession(Session):
+    """One client's context, stream and buffers (the pre-runner path: bench, validate)."""
+
     backend: TensorRTBackend
 
     def __init__(self, backend: TensorRTBackend) -> None:
@@ -194,38 +359,58 @@ class _TrtSession(Session):
         self.graphs: dict[int, Any] = {}
         self.host: dict[str, np.ndarray] = {}
         self.device: dict[str, Any] = {}
+        self.input = backend.input
+        self.outputs = [t for t in backend.io if not t.is_input]
+        self._batch = -1
         with pycuda_current():
             self.stream = cuda.Stream()
             self.events = [cuda.Event() for _ in range(4)]
-            self.context = backend.engine.create_execution_context()
-            if self.context is None:
-                raise BackendUnavailable("TensorRT could not create an execution context (GPU "
-                                         "memory exhausted?); close idle sessions")
-            if backend.engine.num_optimization_profiles > 1:
-                self.context.set_optimization_profile_async(0, self.stream.handle)
+            self.profile = 0
+            self.context = backend.new_context(self.profile, self.stream.handle)
             for t in backend.io:
                 self.host[t.name] = cuda.pagelocked_empty(t.max_shape, t.dtype)
                 self.device[t.name] = cuda.mem_alloc(max(self.host[t.name].nbytes, 1))
                 self.context.set_tensor_address(t.name, int(self.device[t.name]))
-        self.input = next(t for t in backend.io if t.is_input)
-        self.outputs = [t for t in backend.io if not t.is_input]
-        self._batch = -1
 
     def _set_batch(self, b: int) -> None:
         if b == self._batch:
             return
-        dynamic = any(d < 0 for d in self.input.shape)
-        if dynamic and not self.context.set_input_shape(self.input.name,
-                                                        (b, *self.input.shape[1:])):
-            raise UserError(f"the engine does not accept batch {b}")
+        if self.backend.dynamic:
+            profile = self.backend.profile_for_batch(b)
+            if profile != self.profile:
+                set_profile(self.context, profile, self.stream.handle)
+                self.profile = profile
+                for g in self.graphs.values():  # captured under the old profile
+                    g.destroy()
+                self.graphs.clear()
+        set_batch(self.context, self.input, b)
         self._batch = b
 
     def _enqueue(self) -> None:
         if not self.context.execute_async_v3(self.stream.handle):
-            raise RuntimeError("TensorRT execute_async_v3 failed (see the TensorRT log)")
+            raise RuntimeError("TensorRT execute_async_v3 failed (see the tensorrt_log events)")
+
+    def _graph_for(self, b: int) -> Any:
+        """The batch's CUDA graph, captured on first use; None once capture has failed."""
+        from stgcnd.backends.cuda import CAPTURE_LOCK, DriverGraph
+
+        if not self.backend.cuda_graph or self.backend.graph_failure is not None:
+            return None
+        if b not in self.graphs:
+            self._enqueue()  # the first enqueue after a shape change does deferred setup
+            self.stream.synchronize()
+            graph = DriverGraph(self.stream.handle)
+            with CAPTURE_LOCK:
+                try:
+                    graph.capture(self._enqueue)
+                except Exception as exc:
+                    self.backend.graphs_failed(f"batch {b}", str(exc))
+                    return None
+            self.graphs[b] = graph
+        return self.graphs[b]
 
     def _infer(self, batch: np.ndarray) -> np.ndarray:
-        from stgcnd.backends.cuda import DriverGraph, pycuda_current
+        from stgcnd.backends.cuda import pycuda_current
 
         cuda, ev = self.cuda, self.events
         t0 = time.perf_counter()
@@ -234,15 +419,12 @@ class _TrtSession(Session):
             self._set_batch(b)
             host_in = self.host[self.input.name][:b]
             np.copyto(host_in, batch, casting="same_kind")
-            if self.backend.cuda_graph and b not in self.graphs:
-                self._enqueue()  # the first enqueue after a shape change does deferred setup
-                self.stream.synchronize()
-                self.graphs[b] = DriverGraph(self.stream.handle).capture(self._enqueue)
+            graph = self._graph_for(b)
             ev[0].record(self.stream)
             cuda.memcpy_htod_async(self.device[self.input.name], host_in, self.stream)
             ev[1].record(self.stream)
-            if self.backend.cuda_graph:
-                self.graphs[b].launch()
+            if graph is not None:
+                graph.launch()
             else:
                 self._enqueue()
             ev[2].record(self.stream)
@@ -260,6 +442,8 @@ class _TrtSession(Session):
         return np.array(outs[0], dtype=np.float32)
 
     def _release(self) -> None:
+        # In the closing thread, with the context current: pycuda objects left to the garbage
+        # collector would be freed in whatever thread collects them, context or not.
         from stgcnd.backends.cuda import pycuda_current
 
         with pycuda_current():
@@ -268,9 +452,234 @@ class _TrtSession(Session):
                 g.destroy()
             self.graphs.clear()
             self.context = None
-            for mem in self.device.values():
-                mem.free()
+            _free(list(self.device.values()))
             self.device.clear()
             self.host.clear()  # page-locked memory is unpinned when the arrays are collected
             self.events = []
             self.stream = None
+
+
+@dataclass(eq=False)  # compared by identity
+class _Lane:
+    """One client's path to the device: its own stream, an event, pinned rows."""
+
+    stream: Any
+    uploaded: Any            # event: this lane's window is in its slot of the device input
+    host_in: np.ndarray      # one window, page-locked
+    host_out: np.ndarray     # one logits row, page-locked
+    downloaded: Any          # blocking-sync event: this lane's logits row is back
+
+
+class _TrtRunner(BatchRunner):
+    """The batched executor's TensorRT resources (see base.BatchRunner).
+
+    One run: each window is copied into its lane's pinned row and uploaded on the lane's stream
+    into its slot of the shared device input; the compute stream waits on every lane's event,
+    runs the bucket's context (or its CUDA graph) and records `done`; each lane's stream waits
+    on `done` and downloads its logits row; then the lanes are synchronized. compute_ms is
+    timed with events on the compute stream alone.
+    """
+
+    backend: TensorRTBackend
+
+    def __init__(self, backend: TensorRTBackend, buckets: Sequence[int], lanes: int) -> None:
+        super().__init__(backend, buckets, lanes)
+        import pycuda.driver as cuda
+
+        from stgcnd.backends.cuda import pycuda_current
+
+        self.cuda = cuda
+        self.plan = plan_contexts(self.buckets, backend.profile_ranges, backend.dynamic)
+        self.buckets = self.plan.buckets
+        self.input = backend.input
+        self.output = next(t for t in backend.io if not t.is_input)
+        self.contexts: dict[int, Any] = {}
+        self.graphs: dict[int, Any] = {}
+        self._shape: dict[int, int] = {}          # id(context) -> batch its shape is set to
+        self.use_graphs = backend.cuda_graph and graphs_allowed(self.plan)
+        if backend.cuda_graph and not self.use_graphs:
+            log.info("cuda_graphs_skipped", backend="tensorrt", buckets=list(self.buckets),
+                     reason="the engine has one optimization profile for several buckets; "
+                            "rebuild it (stgcnd build) for one profile per bucket")
+        rows = self.max_batch
+        with pycuda_current():
+            self.compute = cuda.Stream()
+            self.start, self.done = cuda.Event(), cuda.Event()
+            self.finished = self._blocking_event()
+            self.dev_in = cuda.mem_alloc(rows * self._row_bytes(self.input))
+            self.dev_out = cuda.mem_alloc(rows * self._row_bytes(self.output))
+            # Padding rows are never read back, but start them at zero, not at garbage.
+            cuda.memset_d8(self.dev_in, 0, rows * self._row_bytes(self.input))
+            others = [t for t in backend.io if not t.is_input and t is not self.output]
+            self.dev_other = {t.name: cuda.mem_alloc(max(int(np.prod(t.max_shape))
+                                                         * t.dtype.itemsize, 1))
+                              for t in others}
+            shared = None
+            for b in self.buckets:
+                profile = self.plan.profiles[b]
+                if shared is None or self.plan.per_bucket:
+                    shared = backend.new_context(profile, self.compute.handle)
+                    for name, ptr in self._addresses().items():
+                        shared.set_tensor_address(name, ptr)
+                    if self.plan.per_bucket:
+                        self._set_shape(shared, b)
+                self.contexts[b] = shared
+            self._lanes = [self._new_lane() for _ in range(self.lanes)]
+            # Without client lanes a batch moves in one copy each way on the compute stream.
+            self.host_in = (None if self.lanes else cuda.pagelocked_empty(
+                (rows, *self.input.max_shape[1:]), self.input.dtype))
+            self.host_out = (None if self.lanes else cuda.pagelocked_empty(
+                (rows, *self.output.max_shape[1:]), self.output.dtype))
+        log.info("tensorrt_runner_ready", buckets=list(self.buckets),
+                 contexts=len({id(c) for c in self.contexts.values()}),
+                 per_bucket_profiles=self.plan.per_bucket, lanes=self.lanes,
+                 cuda_graph=self.use_graphs)
+
+    @staticmethod
+    def _row_bytes(t: TensorIO) -> int:
+        return int(np.prod(t.max_shape[1:], dtype=np.int64)) * t.dtype.itemsize
+
+    def _addresses(self) -> dict[str, int]:
+        out = {self.input.name: int(self.dev_in), self.output.name: int(self.dev_out)}
+        out.update({name: int(mem) for name, mem in self.dev_other.items()})
+        return out
+
+    def _new_lane(self) -> _Lane:
+        cuda = self.cuda
+        return _Lane(cuda.Stream(), cuda.Event(),
+                     cuda.pagelocked_empty(self.input.max_shape[1:], self.input.dtype),
+                     cuda.pagelocked_empty(self.output.max_shape[1:], self.output.dtype),
+                     self._blocking_event())
+
+    def _blocking_event(self) -> Any:
+        # Waited on with a sleep, not a spin: a stream synchronize spins a CPU core for the
+        # whole batch under the default context flags, a core a Jetson's cameras need.
+        flags = self.cuda.event_flags
+        return self.cuda.Event(getattr(flags, "BLOCKING_SYNC", 0) | flags.DISABLE_TIMING)
+
+    def _set_shape(self, context: Any, batch: int) -> None:
+        if self._shape.get(id(context)) != batch:
+            set_batch(context, self.input, batch)
+            self._shape[id(context)] = batch
+
+    def _enqueue(self, bucket: int) -> bool:
+        if not self.contexts[bucket].execute_async_v3(self.compute.handle):
+            raise RuntimeError("TensorRT execute_async_v3 failed (see the tensorrt_log events)")
+        return True
+
+    def warm_up(self, runs: int = 3) -> dict[int, float]:
+        """Capture one CUDA graph per bucket (when asked and allowed), then time every bucket.
+        A failed capture is not fatal: logged once, and every bucket runs without a graph."""
+        from stgcnd.backends.cuda import CAPTURE_LOCK, DriverGraph, pycuda_current
+
+        if self.use_graphs and self.backend.graph_failure is None:
+            with pycuda_current():
+                for b in self.buckets:
+                    self._set_shape(self.contexts[b], b)
+                    self._enqueue(b)  # deferred set-up happens outside the capture
+                    self.compute.synchronize()
+                    graph = DriverGraph(self.compute.handle)
+                    with CAPTURE_LOCK:
+                        try:
+                            graph.capture(lambda b=b: self._enqueue(b))
+                        except Exception as exc:
+                            self.backend.graphs_failed(f"bucket {b}", str(exc))
+                            break
+                    self.graphs[b] = graph
+                if self.backend.graph_failure is not None:
+                    self._drop_graphs()
+        return super().warm_up(runs)
+
+    def _drop_graphs(self) -> None:
+        for g in self.graphs.values():
+            g.destroy()
+        self.graphs.clear()
+        self.use_graphs = False
+
+    def _run(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
+             ) -> np.ndarray:
+        from stgcnd.backends.cuda import pycuda_current
+
+        cuda = self.cuda
+        n = len(windows)
+        in_row, out_row = self._row_bytes(self.input), self._row_bytes(self.output)
+        out = np.empty((n, *self.output.max_shape[1:]), dtype=np.float32)
+        with pycuda_current():
+            if not self.lanes:
+                return self._run_unlaned(windows, bucket, out)
+            used: list[_Lane] = []
+            for slot, (window, index) in enumerate(zip(windows, lanes)):
+                lane = self._lanes[index % self.lanes]
+                if lane in used:  # one lane twice in a batch (warm-up): its row must be free
+                    lane.stream.synchronize()
+                np.copyto(lane.host_in, window, casting="same_kind")
+                cuda.memcpy_htod_async(int(self.dev_in) + slot * in_row, lane.host_in,
+                                       lane.stream)
+                lane.uploaded.record(lane.stream)
+                self.compute.wait_for_event(lane.uploaded)
+                used.append(lane)
+            self._launch(bucket)
+            pending: dict[int, tuple[_Lane, int]] = {}   # id(lane) -> (lane, its slot)
+            for slot, index in enumerate(lanes):
+                lane = self._lanes[index % self.lanes]
+                if id(lane) in pending:  # the lane's row holds an earlier slot: collect it
+                    lane.stream.synchronize()
+                    out[pending.pop(id(lane))[1]] = lane.host_out
+                lane.stream.wait_for_event(self.done)
+                cuda.memcpy_dtoh_async(lane.host_out, int(self.dev_out) + slot * out_row,
+                                       lane.stream)
+                lane.downloaded.record(lane.stream)
+                pending[id(lane)] = (lane, slot)
+            for lane, slot in pending.values():
+                lane.downloaded.synchronize()
+                out[slot] = lane.host_out
+            self.last_timings = {"compute_ms": self.done.time_since(self.start),
+                                 "bucket": float(bucket)}
+        return out
+
+    def _launch(self, bucket: int) -> None:
+        context = self.contexts[bucket]
+        graph = self.graphs.get(bucket) if self.use_graphs else None
+        if graph is None:
+            self._set_shape(context, bucket)
+        self.start.record(self.compute)
+        if graph is not None:
+            graph.launch()
+        else:
+            self._enqueue(bucket)
+        self.done.record(self.compute)
+
+    def _run_unlaned(self, windows: Sequence[np.ndarray], bucket: int, out: np.ndarray
+                     ) -> np.ndarray:
+        """lanes=0: the whole batch up and down in one copy each, on the compute stream."""
+        cuda, n = self.cuda, len(windows)
+        assert self.host_in is not None and self.host_out is not None
+        for slot, window in enumerate(windows):
+            np.copyto(self.host_in[slot], window, casting="same_kind")
+        cuda.memcpy_htod_async(self.dev_in, self.host_in[:n], self.compute)
+        self._launch(bucket)
+        cuda.memcpy_dtoh_async(self.host_out[:n], self.dev_out, self.compute)
+        self.finished.record(self.compute)
+        self.finished.synchronize()
+        out[:] = self.host_out[:n]
+        self.last_timings = {"compute_ms": self.done.time_since(self.start)}
+        return out
+
+    def close(self) -> None:
+        """Free everything in the owning thread, with the context current (see cuda.py)."""
+        from stgcnd.backends.cuda import pycuda_current
+
+        if not self.contexts:
+            return
+        with pycuda_current():
+            self.compute.synchronize()
+            for lane in self._lanes:
+                lane.stream.synchronize()
+            self._drop_graphs()
+            self.contexts.clear()
+            self._shape.clear()
+            _free([self.dev_in, self.dev_out, *self.dev_other.values()])
+            self.dev_other.clear()
+            self._lanes = []
+            self.host_in = self.host_out = None
+            self.start = self.done = self.compute = None

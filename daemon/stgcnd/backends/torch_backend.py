@@ -19,12 +19,13 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from stgcnd.backends.base import Backend, BackendInfo, Session
+from stgcnd.backends.base import Backend, BackendInfo, BatchRunner, Session
 from stgcnd.errors import BackendUnavailable
 from stgcnd.log import get_logger
 
@@ -118,6 +119,11 @@ class TorchBackend(Backend):
         if not self.optimized:
             return _EagerCudaSession(self)
         return _CudaSession(self)
+
+    def open_runner(self, buckets: Sequence[int], lanes: int) -> BatchRunner:
+        if self.device.type == "cuda" and self.optimized:
+            return _CudaRunner(self, buckets, lanes)
+        return super().open_runner(buckets, lanes)
 
     def close(self) -> None:
         self.module = None  # type: ignore[assignment]
@@ -250,3 +256,132 @@ class _CudaSession(Session):
         self.host_in_np = self.host_out_np = None  # type: ignore[assignment]
         self.events = []
         self.stream = self.side = None
+
+
+class _CudaRunner(BatchRunner):
+    """One executor's CUDA resources: a compute stream, a static device batch, one CUDA graph
+    per bucket captured here (before READY, never on a request's path), and per-client lanes.
+
+    A lane is a client's own CUDA stream. A batch's windows are uploaded each on its client's
+    stream into its row of the static device input; the compute stream waits for those uploads
+    (events), replays the bucket's graph, and each client's stream waits for the result and
+    downloads its row. With lanes=0 the batch moves in one copy each way on the compute stream
+    instead (fewer API calls per window; no per-client stream).
+
+    Graph capture and replay hold the process-wide capture lock: torch's CUDA generator refuses
+    a replay while any thread captures ("Cannot prepare for replay during capturing stage"),
+    which a reload's new executors would otherwise do while the old ones serve. A replay only
+    launches work, so the lock is held for microseconds.
+    """
+
+    backend: TorchBackend
+
+    def __init__(self, backend: TorchBackend, buckets: Sequence[int], lanes: int) -> None:
+        super().__init__(backend, buckets, lanes)
+        info, dev = backend.info, backend.device
+        self.stream = torch.cuda.Stream(device=dev)
+        self.side = torch.cuda.Stream(device=dev) if backend.parallel_streams else None
+        shape = (self.max_batch, *info.input_shape)
+        self.host_in = torch.empty(shape, dtype=torch.float32, pin_memory=True)
+        self.host_out = torch.empty((self.max_batch, info.num_class), dtype=torch.float32,
+                                    pin_memory=True)
+        self.host_in_np = self.host_in.numpy()
+        self.host_out_np = self.host_out.numpy()
+        with torch.cuda.stream(self.stream):
+            self.dev_in = torch.zeros(shape, dtype=torch.float32, device=dev)
+        self.lane_streams = [torch.cuda.Stream(device=dev) for _ in range(self.lanes)]
+        self.lane_events = [(torch.cuda.Event(), torch.cuda.Event()) for _ in range(self.lanes)]
+        self.started = torch.cuda.Event(enable_timing=True)
+        self.computed = torch.cuda.Event(enable_timing=True)
+        # Blocking sync: the executor sleeps until the batch is back instead of spinning a
+        # core for the whole compute time (the default), which on a Jetson is a core the
+        # cameras need, and here was most of the daemon's CPU per request.
+        self.done = torch.cuda.Event(blocking=True)
+        # Views made once: indexing a tensor per window costs microseconds on every request.
+        self.host_rows = list(self.host_in)
+        self.dev_rows = list(self.dev_in)
+        self.out_rows = list(self.host_out)
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = torch.cuda.graph_pool_handle() if backend.cuda_graph else None
+        for b in self.buckets:
+            self._prepare(b)
+
+    def _prepare(self, b: int) -> None:
+        x = self.dev_in[:b]
+        with torch.inference_mode(), torch.cuda.stream(self.stream):
+            for _ in range(2):  # cuDNN autotuning and allocator warm-up happen outside a graph
+                self.backend.forward(x, self.side)
+        self.stream.synchronize()
+        if not self.backend.cuda_graph:
+            return
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with self.backend.capture_lock, torch.inference_mode(), \
+                    torch.cuda.graph(graph, pool=self.pool, stream=self.stream,
+                                     capture_error_mode="thread_local"):
+                out = self.backend.forward(x, self.side)
+        except Exception as exc:  # as trtexec does: no graph for this shape, say so once
+            log.warning("cuda_graph_unavailable", batch=b, error=f"{type(exc).__name__}: "
+                        f"{exc}", action="running this bucket without a CUDA graph")
+            torch.cuda.synchronize(self.backend.device)
+            return
+        self.graphs[b], self.outputs[b] = graph, out
+
+    def _run(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
+             ) -> np.ndarray:
+        n = len(windows)
+        stream = self.stream
+        for i, w in enumerate(windows):
+            np.copyto(self.host_in_np[i], w, casting="same_kind")
+        with torch.inference_mode():
+            if self.lanes:
+                # Each window up on its client's own stream; the batch waits for all of them.
+                # set_stream rather than a `with` block per window: fewer calls on the hot
+                # path; the compute stream is set again right after.
+                for i, lane in enumerate(lanes):
+                    s = self.lane_streams[lane]
+                    up = self.lane_events[lane][0]
+                    torch.cuda.set_stream(s)
+                    self.dev_rows[i].copy_(self.host_rows[i], non_blocking=True)
+                    up.record(s)
+                    stream.wait_event(up)
+                torch.cuda.set_stream(stream)
+            else:
+                with torch.cuda.stream(stream):
+                    self.dev_in[:n].copy_(self.host_in[:n], non_blocking=True)
+            self.started.record(stream)
+            with torch.cuda.stream(stream):
+                graph = self.graphs.get(bucket)
+                if graph is not None:
+                    with self.backend.capture_lock:
+                        graph.replay()
+                    out = self.outputs[bucket]
+                else:
+                    out = self.backend.forward(self.dev_in[:bucket], self.side)
+            self.computed.record(stream)
+            if self.lanes:
+                for i, lane in enumerate(lanes):
+                    s = self.lane_streams[lane]
+                    down = self.lane_events[lane][1]
+                    s.wait_event(self.computed)
+                    torch.cuda.set_stream(s)
+                    self.out_rows[i].copy_(out[i], non_blocking=True)
+                    down.record(s)
+                    stream.wait_event(down)
+                torch.cuda.set_stream(stream)
+            else:
+                with torch.cuda.stream(stream):
+                    self.host_out[:n].copy_(out[:n], non_blocking=True)
+            self.done.record(stream)
+        self.done.synchronize()
+        self.last_timings = {"compute_ms": self.started.elapsed_time(self.computed)}
+        return self.host_out_np[:n].copy()
+
+    def close(self) -> None:
+        self.stream.synchronize()
+        self.graphs.clear()
+        self.outputs.clear()
+        self.pool = None
+        self.lane_streams = []
+        self.lane_events = []

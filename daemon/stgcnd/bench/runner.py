@@ -125,7 +125,7 @@ class _Loader:
 
         cfg = self.cfg
         graph = name.endswith("-cudagraph")
-        base = name.removesuffix("-cudagraph")
+        base = name[:-len("-cudagraph")] if graph else name  # str.removesuffix: 3.9+
         if graph and cfg.device != "cuda":
             raise BackendUnavailable("CUDA graphs need --device cuda")
         if base == "torch":

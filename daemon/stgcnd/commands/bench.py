@@ -19,16 +19,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--checkpoint", type=Path, default=None,
                    help="st-gcn checkpoint; omitted: the demo model (same speed, meaningless "
                         "predictions)")
-    g.add_argument("--layout", default="mediapipe", choices=sorted(LAYOUTS))
+    g.add_argument("--layout", default="mediapipe", choices=sorted(LAYOUTS),
+                   help="skeleton layout (default: mediapipe, 33 joints)")
     g.add_argument("--motion", default="first-difference",
-                   choices=("first-difference", "second-difference"))
+                   choices=("first-difference", "second-difference"),
+                   help="motion stream formula (default: first-difference)")
     g.add_argument("--frames", type=int, default=150, help="window length T (default: 150)")
     g.add_argument("--persons", type=int, nargs="+", default=[1],
                    help="person slots M, one table block each (default: 1)")
     g.add_argument("--baseline-graph-op", default="einsum", choices=("einsum", "matmul"),
                    help="how the baseline's plain network writes the graph step (default: "
                         "einsum, the original st-gcn formulation users train with)")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="where the backends run (default: cpu)")
     p.add_argument("--backends", nargs="+", default=None, choices=BENCH_BACKENDS,
                    help="backends to time besides the eager baseline (default: all that run "
                         "on --device)")

@@ -7,24 +7,37 @@ import json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("camera-sim", help="simulate cameras against a running daemon",
-                       description="Run N simulated 25 fps cameras (synthetic skeletons) "
-                                   "against a daemon and print per-camera latency.")
-    p.add_argument("--endpoint", required=True, help="the daemon's endpoint")
-    p.add_argument("--cameras", type=int, default=4)
-    p.add_argument("--fps", type=float, default=25.0)
+    p = sub.add_parser(
+        "camera-sim", help="simulate cameras against a running daemon",
+        description="Run N simulated cameras (synthetic skeletons, through the real client "
+                    "library) against a running daemon and print per-camera latency. Exits 1 "
+                    "if any request failed, with one line per cause on stderr.")
+    p.add_argument("--endpoint", required=True,
+                   help="the daemon's endpoint, as `stgcnd serve` logs it in its \"ready\" line "
+                        "(ipc:///path/to/socket or tcp://host:port); required")
+    p.add_argument("--cameras", type=int, default=4,
+                   help="simulated cameras, one client thread each (default: 4)")
+    p.add_argument("--fps", type=float, default=25.0,
+                   help="frames per second per camera (default: 25)")
     p.add_argument("--mode", choices=["window", "push"], default="push",
-                   help="push: one frame per request (server-side window); window: full "
-                        "windows (default: push)")
-    p.add_argument("--duration", type=float, default=20.0, help="seconds (default: 20)")
-    p.add_argument("--model", default=None, help="model name (default: the daemon's default)")
-    p.add_argument("--json", action="store_true", help="print the final rows as JSON")
+                   help="push: one frame per request, the daemon keeps each camera's window; "
+                        "window: a full window per request (default: push)")
+    p.add_argument("--duration", type=float, default=20.0,
+                   help="seconds to run (default: 20)")
+    p.add_argument("--model", default=None,
+                   help="model name to request (default: the daemon's default model)")
+    p.add_argument("--json", action="store_true", help="also print the final rows as JSON")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from stgcnd.demo.camera_sim import simulate
+    from stgcnd.errors import UserError
+    from stgcnd.server.transport import parse_endpoint
 
+    parse_endpoint(args.endpoint, listening=False)  # a malformed endpoint: one line, exit 2
+    if args.cameras < 1 or args.fps <= 0 or args.duration <= 0:
+        raise UserError("--cameras must be >= 1, --fps and --duration > 0")
     rows = simulate(args.endpoint, args.cameras, args.fps, args.mode, args.duration, args.model)
     if args.json:
         print(json.dumps(rows))

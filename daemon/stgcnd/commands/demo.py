@@ -22,12 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "cameras against it with a live table, then stop it cleanly. "
                                    "The demo model's predictions mean nothing.")
     p.add_argument("--cameras", type=int, default=4,
-                   help="simulated cameras, one thread and client each (default: 4)")
+                   help="simulated cameras, one client thread each (default: 4)")
     p.add_argument("--duration", type=float, default=20.0,
-                   help="seconds the cameras run, after the daemon's start-up (default: 20)")
+                   help="seconds the cameras run, after the daemon is ready (default: 20)")
     p.add_argument("--mode", choices=["window", "push"], default="push",
-                   help="push: one frame per request, the daemon keeps the window; window: "
-                        "the camera sends whole windows (default: push)")
+                   help="push: one frame per request, the daemon keeps each camera's window; "
+                        "window: a full window per request (default: push)")
     p.add_argument("--fps", type=float, default=25.0,
                    help="frames per second per camera (default: 25)")
     p.add_argument("--stride", type=int, default=25,
@@ -143,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
 
 def demo_config(stride: int = 25) -> str:
     """The daemon configuration the demo serves (tests/test_readme.py serves it too)."""
-    return f'[server]\nstats_interval = 5.0\n\n[[models]]\nname = "demo"\nstride = {stride}\n'
+    return (f'[server]\nstats_interval = 5.0\n\n[[models]]\nname = "demo"\ndemo = true\n'
+            f'stride = {stride}\n')
 
 
 def _say(line: str) -> None:

@@ -17,6 +17,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "module / L4T / JetPack, backends, and the engine store.")
     p.add_argument("--store", type=Path, default=None, help="engine store directory to inspect")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    # Where to read the Jetson's files from (/etc/nv_tegra_release, the dpkg database,
+    # /usr/local/cuda): for tests and for inspecting a mounted root filesystem.
+    p.add_argument("--root", type=Path, default=Path("/"), help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 
@@ -71,16 +74,17 @@ def _store(path: Path | None) -> dict[str, Any]:
             "entries": entries}
 
 
-def collect(store: Path | None = None) -> dict[str, Any]:
+def collect(store: Path | None = None, root: Path = Path("/")) -> dict[str, Any]:
     from stgcnd import __version__
     from stgcnd.backends.registry import available_backends
-    from stgcnd.versions import module_version
+    from stgcnd.versions import jetson_stack, module_version
 
     try:
-        from stgcnd.engines.device import gpu_identity, jetson_identity
-        gpu, jetson = gpu_identity(), jetson_identity()
+        from stgcnd.engines.device import gpu_identity
+        gpu = gpu_identity()
     except ImportError:
-        gpu, jetson = None, None
+        gpu = None
+    jetson = jetson_stack(root)
     return {
         "stgcnd": __version__,
         "python": f"{platform.python_version()} ({sys.executable})",
@@ -97,7 +101,7 @@ def collect(store: Path | None = None) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = collect(args.store)
+    report = collect(args.store, args.root)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
         return 0
@@ -121,8 +125,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"pycuda      {trt['pycuda'] or 'not installed'}")
     j = report["jetson"]
     if j:
-        print(f"jetson      {j.get('module')} L4T {j.get('l4t')} JetPack "
-              f"{j.get('jetpack', 'unknown')}")
+        print(f"jetson      {j.get('module') or 'unknown module'}: L4T {j.get('l4t')}, "
+              f"JetPack {j.get('jetpack') or 'unknown'}")
+        print(f"  tensorrt  {j.get('tensorrt_python') or 'not importable'}"
+              f" (package {j.get('tensorrt_package') or 'not installed'})")
+        print(f"  cuda      {j.get('cuda') or 'not found'} ({j.get('cuda_source')})")
+        print(f"  pycuda    {j.get('pycuda') or 'not installed'}")
+        print(f"  python    {j.get('python')}")
+        for problem in j.get("problems", []):
+            print(f"  MISSING   {problem['what']}\n            fix: {problem['fix']}")
     else:
         print("jetson      not a Jetson")
     for name, state in report["backends"].items():

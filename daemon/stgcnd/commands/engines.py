@@ -13,7 +13,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "this machine, or remove the ones that cannot be used here "
                                    "any more (other TensorRT version or device, corrupt, "
                                    "leftovers of interrupted builds).")
-    p.add_argument("action", choices=["list", "prune"])
+    p.add_argument("action", choices=["list", "prune"],
+                   help="list: show every artefact and whether it fits this machine; prune: "
+                        "remove those that do not")
     p.add_argument("--engines", type=Path, default=None,
                    help="engine store directory (default: $STGCND_ENGINE_DIR, else the "
                         "daemon's: systemd StateDirectory, ./engines in a checkout, else "

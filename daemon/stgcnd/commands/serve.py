@@ -1,9 +1,21 @@
-"""`stgcnd serve`: the daemon (what systemd runs)."""
+"""`stgcnd serve`: the daemon (what systemd runs).
+
+A fatal error is a structured log event like everything else the daemon says
+(`startup_failed` before it serves, `daemon_failed` after), so journald readers filtering on
+JSON fields see it. The human one-liner goes to stderr too, unless the log is JSON and stderr
+is not a terminal (under systemd both streams land in the journal: every line stays JSON).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+
+STARTUP_HINT = ("fix what the error names, then start the daemon again "
+                "(systemctl restart stgcnd)")
+BUG_HINT = ("this is a bug in stgcnd: report it with this log and the output of "
+            "`stgcnd doctor`")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,19 +26,64 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "STGCND_<KEY> variables override [server] keys.")
     p.add_argument("--config", type=Path, default=None, help="TOML configuration file")
     p.add_argument("--endpoint", default=None,
-                   help="override [server] endpoint (ipc:///path or tcp://host:port)")
+                   help="override [server] endpoint: ipc:///path/to/socket or tcp://host:port "
+                        "(checked before any model loads; default: [server] endpoint, else "
+                        "stgcnd.sock in $XDG_RUNTIME_DIR/stgcnd or /tmp/stgcnd-UID/stgcnd; the "
+                        "\"ready\" log event names it)")
     p.add_argument("--engines", type=Path, default=None, help="override [server] engines_dir")
     p.add_argument("--stats-interval", type=float, default=None,
                    help="override [server] stats_interval (seconds)")
     p.set_defaults(func=run, log_to_stdout=True)
 
 
-def run(args: argparse.Namespace) -> int:
-    from stgcnd.server.config import load_config
-    from stgcnd.server.server import run_server
+# [server] key -> the flag that overrides it, so that a bad value's error names the flag.
+FLAG_NAMES = {"endpoint": "--endpoint", "engines_dir": "--engines",
+              "stats_interval": "--stats-interval"}
 
-    config = load_config(args.config, overrides={
-        "endpoint": args.endpoint,
-        "engines_dir": str(args.engines) if args.engines else None,
-        "stats_interval": args.stats_interval})
-    return run_server(config, args.config)
+
+def report_fatal(event: str, exc: BaseException) -> int:
+    """Log `event` for a fatal error (and print the one-liner where a human reads it)."""
+    from stgcnd.errors import UserError
+    from stgcnd.log import get_logger, log_is_json
+
+    log = get_logger("stgcnd.serve")
+    if isinstance(exc, UserError):
+        code = exc.exit_code
+        log.error(event, error=str(exc), error_type=type(exc).__name__,
+                  hint=exc.hint or STARTUP_HINT, exit_code=code)
+    else:
+        code = 1
+        log.error(event, error=str(exc) or type(exc).__name__, error_type=type(exc).__name__,
+                  hint=BUG_HINT, exit_code=code, exc_info=exc)
+    if not log_is_json() or sys.stderr.isatty():
+        print(f"stgcnd serve: error: {exc}", file=sys.stderr)
+    return code
+
+
+def run(args: argparse.Namespace) -> int:
+    from stgcnd.errors import BuildCancelled
+    from stgcnd.server.config import load_config
+    from stgcnd.server.server import Server
+    from stgcnd.server.transport import check_endpoint
+
+    try:
+        config = load_config(args.config, overrides={
+            "endpoint": args.endpoint,
+            "engines_dir": str(args.engines) if args.engines else None,
+            "stats_interval": args.stats_interval}, flag_names=FLAG_NAMES)
+        # Before any model is loaded or built: a wrong endpoint fails now, with a fix.
+        check_endpoint(config.endpoint)
+        server = Server(config, args.config)
+        server.install_signal_handlers()
+    except Exception as exc:
+        return report_fatal("startup_failed", exc)
+    try:
+        server.startup()
+    except BuildCancelled:
+        return server.startup_cancelled()
+    except Exception as exc:
+        return report_fatal("startup_failed", exc)
+    try:
+        return server.serve()
+    except Exception as exc:
+        return report_fatal("daemon_failed", exc)

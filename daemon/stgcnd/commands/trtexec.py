@@ -48,8 +48,11 @@ def _register_run(sub: Any) -> None:
                      "line (default 50)")
     run.add_argument("--duration", type=float, default=None, metavar="S",
                      help="minimum timed duration in s (trtexec default: 3)")
-    run.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
+    # --cuda-graph / --no-cuda-graph by hand: argparse.BooleanOptionalAction is Python 3.9+.
+    run.add_argument("--cuda-graph", dest="cuda_graph", action="store_true", default=True,
                      help="capture inference in a CUDA graph (default on)")
+    run.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
+                     help="run without a CUDA graph")
     run.add_argument("--spin-wait", action="store_true",
                      help="spin-wait for GPU completion: steadier timings, one busy CPU core")
     run.add_argument("--no-profile", dest="profile", action="store_false",
@@ -86,7 +89,9 @@ def _register_parse(sub: Any) -> None:
         description="Read exportTimes/exportProfile/exportLayerInfo JSON, trtexec logs or TREx "
                     "metadata (a file, or every such file in a folder) and print a summary, or "
                     "the numbers as JSON with --json.")
-    parse.add_argument("path", type=Path, metavar="DIR|FILE")
+    parse.add_argument("path", type=Path, metavar="DIR|FILE",
+                       help="a trtexec artefact or log (kind recognised from its content), or "
+                            "a folder of them")
     parse.add_argument("--json", action="store_true", help="print the parsed numbers as JSON")
     parse.add_argument("--batch", type=_positive_int, default=1,
                        help="windows per inference, for windows/s (default 1)")
@@ -105,7 +110,9 @@ def _register_report(sub: Any) -> None:
         "report", help="report.md + report.json + PNG plots for one or more runs",
         description="Write a report for a run folder; with --compare, a side-by-side "
                     "comparison against the first folder (ratios = other / first).")
-    report.add_argument("run_dir", type=Path, metavar="DIR")
+    report.add_argument("run_dir", type=Path, metavar="DIR",
+                        help="a run folder: the --out of `stgcnd trtexec run`, or a folder of "
+                             "trtexec artefacts")
     report.add_argument("--compare", type=Path, nargs="+", action="extend", default=[],
                         metavar="DIR", help="further run folders to compare with DIR")
     report.add_argument("--out", type=Path, metavar="DIR",

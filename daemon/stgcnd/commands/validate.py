@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=".npz/.npy windows (N, 3, T, V, M); every matching array of an .npz "
                         f"is used (default: {SYNTHETIC_WINDOWS} generated skeleton windows)")
     p.add_argument("--count", type=int, default=SYNTHETIC_WINDOWS,
-                   help="number of generated windows when --windows is not given")
+                   help="number of generated windows when --windows is not given "
+                        "(default: %(default)s)")
     p.add_argument("--json", type=Path, default=None, help="write the result as JSON here")
     p.add_argument("--max-abs-diff", type=float, default=None,
                    help="fail above this max |logit difference| (default: 1e-3 for fp32, "

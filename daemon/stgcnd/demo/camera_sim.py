@@ -1,18 +1,27 @@
-"""Simulated 25 fps cameras driving a daemon through the real client library."""
+"""Simulated 25 fps cameras driving a daemon through the real client library.
+
+Failures are counted per camera and grouped by cause across cameras at the end, one line per
+cause ("8 cameras: no daemon answered at ipc:///... within 5 s (...)"), never a traceback per
+camera thread.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TextIO
 
 import numpy as np
+import zmq
 
 from stgcnd.model.synthetic import synthetic_windows
-from stgcnd_client import Client, ClientError
+from stgcnd_client import Client, ClientError, ServerError, Timeout
 
 
 @dataclass
@@ -26,6 +35,13 @@ class CameraStats:
     last_error: str = ""
     last_label: str = ""
     started: float = field(default_factory=time.monotonic)
+    # cause (stable text, the same for every camera it hits) -> how many times
+    causes: Counter[str] = field(default_factory=Counter)
+
+    def failed(self, cause: str) -> None:
+        self.errors += 1
+        self.causes[cause] += 1
+        self.last_error = cause
 
     def row(self) -> dict[str, object]:
         """The table's row; None where there is no data yet (shown as '-')."""
@@ -36,7 +52,7 @@ class CameraStats:
         return {"camera": self.camera, "replies": self.replies, "predictions": self.predictions,
                 "rate_hz": self.replies / elapsed if self.replies else None, "p50_ms": p50,
                 "p99_ms": p99, "compute_ms": compute, "errors": self.errors,
-                "label": self.last_label or "-"}
+                "label": self.last_label or "-", "error_causes": dict(self.causes)}
 
 
 def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: float,
@@ -46,10 +62,27 @@ def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: floa
     if stop.wait(start_delay):
         return
     stats.started = time.monotonic()
-    with Client(endpoint, camera_id=camera, timeout=timeout) as client:
-        info = client.hello()
+    try:
+        client = Client(endpoint, camera_id=camera, timeout=timeout)
+    except (ValueError, zmq.ZMQError) as exc:
+        stats.failed(f"{endpoint} is not an endpoint a camera can connect to ({exc})")
+        return
+    with client:
+        try:
+            info = client.hello()
+        except Timeout:
+            stats.failed(no_daemon_cause(endpoint, timeout))
+            return
+        except (ClientError, zmq.ZMQError) as exc:
+            stats.failed(f"the daemon at {endpoint} refused the camera: {exc}")
+            return
         m = next((x for x in info.models if x.name == model), None) if model else \
             next((x for x in info.models if x.default), info.models[0])
+        if m is None:
+            served = ", ".join(x.name for x in info.models)
+            stats.failed(f"the daemon serves no model {model!r} (it serves: {served}); "
+                         "pass one of those to --model")
+            return
         _, t, v, persons = m.input_shape
         seed = zlib.crc32(camera.encode())  # stable across runs, unlike hash()
         clip = synthetic_windows(1, t, persons, v, seed=seed)[0]  # (3, T, V, M)
@@ -70,9 +103,13 @@ def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: floa
                     if "compute_ms" in res.timings:
                         stats.compute_ms.append(res.timings["compute_ms"])
                     stats.last_label = res.label_name
+            except Timeout:
+                stats.failed(f"no reply within {timeout:g} s (the daemon is overloaded, "
+                             "stopped or restarting)")
+            except ServerError as exc:
+                stats.failed(f"the daemon answered {exc.code}: {exc.message}")
             except ClientError as exc:
-                stats.errors += 1
-                stats.last_error = f"{type(exc).__name__}: {exc}"
+                stats.failed(f"{type(exc).__name__}: {exc}")
             i += 1
             next_at += period
             delay = next_at - time.monotonic()
@@ -89,6 +126,38 @@ def _num(value: object, width: int, digits: int) -> str:
     return f"{value:>{width}.{digits}f}"
 
 
+def no_daemon_cause(endpoint: str, timeout: float) -> str:
+    """Why a camera could not even say hello, with what to check."""
+    where = ""
+    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+        path = Path(endpoint[len("ipc://"):])
+        if not path.exists():
+            where = f": {path} does not exist"
+        elif not os.access(path, os.R_OK | os.W_OK):
+            return (f"no permission to connect to {path}: add this user to the socket's group "
+                    "(stgcnd under systemd) and log in again")
+    return (f"no daemon answered at {endpoint} within {timeout:g} s{where} (is `stgcnd serve` "
+            "running? its \"ready\" log line names the endpoint it listens on)")
+
+
+def failure_lines(rows: list[dict[str, object]]) -> list[str]:
+    """One line per cause, grouped across cameras: '8 cameras: <cause>'."""
+    cameras: dict[str, list[str]] = {}
+    counts: Counter[str] = Counter()
+    for row in rows:
+        for cause, count in dict(row.get("error_causes") or {}).items():  # type: ignore[call-overload]
+            cameras.setdefault(cause, []).append(str(row["camera"]))
+            counts[cause] += int(count)
+    lines = []
+    for cause, names in cameras.items():
+        who = f"{len(names)} cameras" if len(names) > 1 else names[0]
+        if len(names) != len(rows) and len(names) > 1:
+            who += f" ({', '.join(names)})"
+        times = f" ({counts[cause]} requests)" if counts[cause] > len(names) else ""
+        lines.append(f"{who}: {cause}{times}")
+    return lines
+
+
 def format_table(rows: list[dict[str, object]]) -> str:
     head = f"{'camera':<10} {'replies':>8} {'preds':>7} {'rate Hz':>8} {'p50 ms':>8} " \
            f"{'p99 ms':>8} {'compute ms':>10} {'errors':>7}  label"
@@ -103,9 +172,14 @@ def format_table(rows: list[dict[str, object]]) -> str:
 
 def simulate(endpoint: str, cameras: int = 4, fps: float = 25.0, mode: str = "push",
              duration: float = 20.0, model: str | None = None, out: TextIO | None = None,
-             refresh: float = 1.0, legend: str = "") -> list[dict[str, object]]:
+             refresh: float = 1.0, err: TextIO | None = None, legend: str = ""
+             ) -> list[dict[str, object]]:
     """Run the cameras; print a live table every `refresh` seconds (on a terminal); return
-    the final rows. `legend` is printed under the final table."""
+    the final rows.
+
+    The final table goes to `out` (with `legend` under it), then one line per failure cause
+    to `err` (stderr).
+    """
     out = out or sys.stdout
     stop = threading.Event()
     stats = [CameraStats(f"cam{i + 1}") for i in range(cameras)]
@@ -133,8 +207,9 @@ def simulate(endpoint: str, cameras: int = 4, fps: float = 25.0, mode: str = "pu
     out.write(format_table(rows) + "\n")
     if legend:
         out.write(legend + "\n")
-    for s in stats:
-        if s.last_error:
-            out.write(f"{s.camera}: last error: {s.last_error}\n")
     out.flush()
+    err = err or sys.stderr
+    for line in failure_lines(rows):
+        err.write(line + "\n")
+    err.flush()
     return rows

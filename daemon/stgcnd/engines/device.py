@@ -56,6 +56,57 @@ def _dpkg(package: str) -> str | None:
     return parse_dpkg_version(out.stdout) if out.returncode == 0 else None
 
 
+# The TensorRT libraries an engine is tied to, as Debian packages: JetPack 5 and 6.0 ship
+# libnvinfer8 (8.5.2-1+cuda11.4, 8.6.2.3-1+cuda12.2), JetPack 6.1+ and 7 libnvinfer10
+# (10.3.0.30-1+cuda12.5, ...); NVIDIA's x86 apt repository uses the same names. The Python
+# module's version ("8.5.2.2") does not show a rebuilt package (-1 -> -2, +cuda11.4 ->
+# +cuda11.8), which can change the engine format.
+TENSORRT_DPKG_PATTERNS = ("libnvinfer[0-9]*", "libnvinfer-plugin[0-9]*",
+                          "libnvonnxparsers[0-9]*")
+_DPKG_FORMAT = "${Package}\t${Version}\t${db:Status-Abbrev}\n"
+
+
+def parse_dpkg_packages(text: str) -> dict[str, str]:
+    """Installed packages' versions from `dpkg-query -W -f '<_DPKG_FORMAT>' PATTERN...`.
+
+    dpkg also lists packages it merely knows of (status 'un', no version): those are
+    skipped, as are half-installed or removed ones (only status 'ii' counts)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = line.split("\t")
+        if len(fields) < 3:
+            continue
+        name, version, status = (f.strip() for f in fields[:3])
+        if name and version and status.startswith("ii"):
+            out[name] = version
+    return out
+
+
+@lru_cache(maxsize=1)
+def tensorrt_packages() -> dict[str, str]:
+    """{package: version} of the installed TensorRT libraries; {} without dpkg (pip wheels,
+    non-Debian systems) or without the packages. Asked once per process (~30 ms)."""
+    if not shutil.which("dpkg-query"):
+        return {}
+    try:
+        out = subprocess.run(["dpkg-query", "-W", "-f", _DPKG_FORMAT,
+                              *TENSORRT_DPKG_PATTERNS],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    # Exit status 1 only says that some pattern matched nothing; the rest is still listed.
+    return parse_dpkg_packages(out.stdout)
+
+
+def runtime_identity(backend: str) -> dict[str, Any]:
+    """Backend libraries beyond the Python module's version that an artefact depends on
+    (part of the cache key when not empty): TensorRT's Debian packages."""
+    if backend == "tensorrt":
+        packages = tensorrt_packages()
+        return {"packages": packages} if packages else {}
+    return {}
+
+
 def jetson_identity(root: Path = Path("/")) -> dict[str, Any] | None:
     """Jetson module, L4T and JetPack, or None off a Jetson. `root` is for tests."""
     release = _read(root / "etc/nv_tegra_release")

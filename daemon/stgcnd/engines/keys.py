@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
 KEY_FORMAT = "stgcnd-engine-key/1"
@@ -20,10 +19,14 @@ def key_digest(parts: dict[str, Any]) -> str:
 
 def make_key_parts(*, onnx_sha256: str, backend: str, backend_version: str | None,
                    device: dict[str, Any], options: dict[str, Any],
-                   input_shape: list[int], batch_range: list[int]) -> dict[str, Any]:
-    return {"format": KEY_FORMAT, "onnx_sha256": onnx_sha256, "backend": backend,
-            "backend_version": backend_version, "device": device, "options": options,
-            "input_shape": list(input_shape), "batch_range": list(batch_range)}
+                   input_shape: list[int], batch_range: list[int],
+                   runtime: dict[str, Any] | None = None) -> dict[str, Any]:
+    parts = {"format": KEY_FORMAT, "onnx_sha256": onnx_sha256, "backend": backend,
+             "backend_version": backend_version, "device": device, "options": options,
+             "input_shape": list(input_shape), "batch_range": list(batch_range)}
+    if runtime:  # only when there is something: other backends' keys stay as they were
+        parts["runtime"] = runtime
+    return parts
 
 
 def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:

@@ -3,10 +3,17 @@
 flock locks belong to the open file description, so the kernel drops them when the holder
 dies (even by SIGKILL): a killed build never leaves a stale lock behind. The holder's pid is
 written into the file only to say who is waiting for whom.
+
+A store that this process cannot write (a read-only filesystem, or a store that root built
+and the daemon's user only reads) still serves its current artefacts: flock needs no write
+access, so an existing lock file is locked read-only; without one there is nothing to lock
+against, as nobody can be writing there either. The caller learns that the store is
+read-only and refuses a build with one clear line instead of failing on the lock.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import time
@@ -19,16 +26,45 @@ from stgcnd.log import get_logger
 
 log = get_logger(__name__)
 
+# What "cannot write here" looks like: a read-only mount, permissions, an immutable inode.
+READ_ONLY_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 
-@contextmanager
-def build_lock(path: Path, what: str) -> Iterator[None]:
-    """Hold an exclusive lock on `path` (created if needed); waits for another holder."""
+_read_only_logged: set[str] = set()  # one engine_store_read_only line per directory
+
+
+def _open_lock(path: Path) -> tuple[int | None, OSError | None]:
+    """(fd, None) with a writable lock file; (fd or None, why) on a read-only store."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644), None
     except OSError as exc:
-        raise UserError(f"cannot create the lock file {path}: {exc.strerror}; make the engine "
-                        "store writable or pass --engines DIR on a writable disk") from None
+        if exc.errno not in READ_ONLY_ERRNOS:
+            raise UserError(f"cannot create the lock file {path}: {exc.strerror}; make the "
+                            "engine store writable or pass --engines DIR on a writable disk"
+                            ) from None
+        why = exc
+    try:
+        return os.open(path, os.O_RDONLY), why
+    except OSError:
+        return None, why
+
+
+@contextmanager
+def build_lock(path: Path, what: str) -> Iterator[bool]:
+    """Hold an exclusive lock on `path` (created if needed); waits for another holder.
+
+    Yields True when the store is writable here, False when it is read-only for this
+    process (then the lock is held on the existing file read-only, or not at all): the
+    caller may reuse current artefacts but must not build.
+    """
+    fd, read_only = _open_lock(path)
+    if read_only is not None and str(path.parent) not in _read_only_logged:
+        _read_only_logged.add(str(path.parent))
+        log.info("engine_store_read_only", lock=str(path), error=read_only.strerror,
+                 locked=fd is not None, action="current artefacts are reused without writing")
+    if fd is None:
+        yield False
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -39,11 +75,12 @@ def build_lock(path: Path, what: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX)
             log.info("engine_build_wait_done", what=what,
                      waited_s=round(time.monotonic() - t0, 3))
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError:
-            pass  # the pid is informational only (e.g. a full disk)
-        yield
+        if read_only is None:
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError:
+                pass  # the pid is informational only (e.g. a full disk)
+        yield read_only is None
     finally:
         os.close(fd)  # releases the flock

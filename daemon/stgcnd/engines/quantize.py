@@ -26,6 +26,22 @@ log = get_logger(__name__)
 # ops stay float too, as TensorRT fuses them into the neighbouring INT8 kernels anyway.
 QUANTIZED_OPS = ("Conv", "Gemm")
 
+# The Q/DQ layout TensorRT's ONNX parser accepts (onnx/onnx-tensorrt#850,
+# microsoft/onnxruntime#14229): DequantizeLinear may only read INT8 (FP8/INT4 on newer
+# releases) tensors, so biases stay float (TensorRT fuses them into the INT8 kernel itself)
+# instead of ONNX Runtime's default INT32 bias DequantizeLinear; weights keep a real
+# QuantizeLinear -> DequantizeLinear pair on their float initializer (TensorRT folds it into
+# an INT8 weight; a bare DequantizeLinear of an INT8 initializer is what older parsers reject),
+# and every consumer gets its own pair so that TensorRT can fuse each one into its layer.
+# Symmetric scales (zero point 0) are the only ones TensorRT supports.
+TENSORRT_QDQ_OPTIONS = {
+    "ActivationSymmetric": True,
+    "WeightSymmetric": True,
+    "QuantizeBias": False,
+    "AddQDQPairToWeight": True,
+    "DedicatedQDQPair": True,
+}
+
 
 def _reader_class() -> type:
     from onnxruntime.quantization import CalibrationDataReader
@@ -81,13 +97,64 @@ def quantize_qdq(onnx_path: Path, output: Path, windows: np.ndarray, dynamic_bat
             activation_type=QuantType.QInt8,
             weight_type=QuantType.QInt8,
             calibrate_method=methods[method],
-            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+            extra_options=dict(TENSORRT_QDQ_OPTIONS),
         )
     finally:
         logging.disable(previous)
+    problems = tensorrt_qdq_problems(output)
+    if problems:  # would only fail later, inside TensorRT's parser on the device
+        raise RuntimeError(f"the Q/DQ model {output} is not parseable by TensorRT: "
+                           f"{'; '.join(problems[:3])}; report this with your onnxruntime "
+                           "version (pip show onnxruntime)")
     info = {"format": "qdq", "method": method, "per_channel": True, "symmetric": True,
             "ops": list(QUANTIZED_OPS), "calibration_windows": len(windows),
             "seconds": round(time.perf_counter() - t0, 3)}
     log.info("onnx_quantized", output=str(output), **info)
     return info
 
+
+
+def tensorrt_qdq_problems(model: Any) -> list[str]:
+    """Why TensorRT's ONNX parser would reject this Q/DQ model (empty: it would not).
+
+    Checks the two layouts onnx-tensorrt refuses: a DequantizeLinear reading anything but an
+    INT8 tensor (ONNX Runtime's default INT32 bias), and a quantized Conv/Gemm/MatMul whose
+    weight initializer does not go through its own QuantizeLinear -> DequantizeLinear pair.
+    `model` is a path or an onnx.ModelProto.
+    """
+    import onnx
+
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
+    graph = proto.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {out: node for node in graph.node for out in node.output}
+    int8 = onnx.TensorProto.INT8
+    problems = []
+    for node in graph.node:
+        if node.op_type != "DequantizeLinear":
+            continue
+        src = node.input[0]
+        if src in inits:
+            elem = inits[src].data_type
+        elif src in producer and producer[src].op_type == "QuantizeLinear":
+            q = producer[src]
+            zp = inits.get(q.input[2]) if len(q.input) > 2 else None
+            elem = zp.data_type if zp is not None else onnx.TensorProto.UINT8
+        else:
+            elem = None  # a graph input or another op's output: not something we make
+        if elem != int8:
+            name = onnx.TensorProto.DataType.Name(elem) if elem is not None else "unknown"
+            problems.append(f"DequantizeLinear {node.name or src} reads {name}, not INT8")
+    for node in graph.node:
+        if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.input) < 2:
+            continue
+        act = producer.get(node.input[0])
+        if act is None or act.op_type != "DequantizeLinear":
+            continue  # left in float on purpose (e.g. the graph step's MatMul)
+        dq = producer.get(node.input[1])
+        q = producer.get(dq.input[0]) if dq is not None else None
+        if (dq is None or dq.op_type != "DequantizeLinear" or q is None
+                or q.op_type != "QuantizeLinear" or q.input[0] not in inits):
+            problems.append(f"{node.op_type} {node.name} has a quantized input but its weight "
+                            f"{node.input[1]} has no QuantizeLinear -> DequantizeLinear pair")
+    return problems

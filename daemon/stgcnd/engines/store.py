@@ -24,6 +24,7 @@ matching its manifest) or a mismatch that the next start rebuilds: never a broke
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import importlib.util
 import os
@@ -36,9 +37,9 @@ from typing import Any
 
 from stgcnd.engines.builders import BuildContext, Builder, get_builder
 from stgcnd.engines.keys import describe_key_change, key_digest, make_key_parts
-from stgcnd.engines.lock import build_lock
+from stgcnd.engines.lock import READ_ONLY_ERRNOS, build_lock
 from stgcnd.engines.options import BACKENDS, BuildOptions
-from stgcnd.errors import UserError, ValidationError
+from stgcnd.errors import StoreReadOnly, UserError, ValidationError
 from stgcnd.fsutil import atomic_write_json, file_sha256
 from stgcnd.log import get_logger
 
@@ -132,13 +133,26 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def _write_failure(what: Path, exc: OSError) -> UserError:
     why = exc.strerror or str(exc)
+    if exc.errno == errno.EROFS:
+        return StoreReadOnly(f"cannot write {what}: the engine store is on a read-only "
+                             "filesystem; build the engines beforehand where it is writable "
+                             "(`stgcnd build --config ...`) or pass --engines DIR (engines_dir)"
+                             " on a writable disk. The previous artefact, if any, is kept")
     return UserError(f"cannot write {what}: {why}; free space on that disk or make it writable "
                      "(or pass --engines DIR elsewhere). The previous artefact, if any, is kept")
 
 
+def _first_line(text: str, limit: int = 300) -> str:
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
 class EngineStore:
-    def __init__(self, root: Path | str | None = None) -> None:
+    def __init__(self, root: Path | str | None = None, cancel: Any = None) -> None:
+        """`cancel` (a threading.Event): builds run in a child process that is killed, and
+        its partial files removed, as soon as the event is set (`BuildCancelled`)."""
         self.root = Path(root) if root is not None else DEFAULT_ROOT
+        self.cancel = cancel
 
     # --- paths ---------------------------------------------------------------------------
 
@@ -173,14 +187,20 @@ class EngineStore:
         options = self._resolve_options(builder, options)
         builder.check(options)
         spec = model.spec if _is_loaded_model(model) else model
+        if self.cancel is not None:
+            from stgcnd.engines.child_build import prepare_cancellable
+
+            return prepare_cancellable(self, spec, backend, options, rebuild, validate)
         mdir = self.model_dir(spec)
         device = builder.device_kind(options)
         stem = self.artifact_stem(backend, options, device)
         try:
             mdir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
+            if exc.errno in READ_ONLY_ERRNOS:
+                raise self._read_only(f"{mdir.name}/{stem}", "missing", exc) from None
             raise _write_failure(mdir, exc) from None
-        with build_lock(mdir / ".locks" / f"{stem}.lock", stem):
+        with build_lock(mdir / ".locks" / f"{stem}.lock", stem) as writable:
             env = builder.environment(options)
             if rebuild is None:
                 found = self._current(spec, model, builder, options, env, mdir, stem)
@@ -189,6 +209,8 @@ class EngineStore:
                 reason = found
             else:
                 reason = rebuild
+            if not writable:
+                raise self._read_only(f"{mdir.name}/{stem}", reason or "missing")
             loaded = model if _is_loaded_model(model) else self._load(spec)
             onnx_path = self._ensure_onnx(loaded, mdir, options.dynamic_batch)
             parts = self._key_parts(loaded.spec, builder, options, env, onnx_path)
@@ -200,9 +222,11 @@ class EngineStore:
             return self._build(loaded, builder, options, env, parts, mdir, stem, onnx_path,
                                reason or "missing", validate)
 
-    def find(self, spec: Any, backend: str, options: BuildOptions | None = None
-             ) -> Artifact | None:
-        """The stored artefact if it is current, without loading the model (no torch)."""
+    def find(self, spec: Any, backend: str, options: BuildOptions | None = None,
+             quiet: bool = False) -> Artifact | None:
+        """The stored artefact if it is current, without loading the model (no torch).
+
+        `quiet`: no engine_reused line (the caller logs what happened itself)."""
         options = options or BuildOptions()
         builder = get_builder(backend)
         options = self._resolve_options(builder, options)
@@ -212,8 +236,16 @@ class EngineStore:
             return None
         with build_lock(mdir / ".locks" / f"{stem}.lock", stem):
             found = self._current(spec, spec, builder, options, builder.environment(options),
-                                  mdir, stem)
+                                  mdir, stem, quiet=quiet)
         return found if isinstance(found, Artifact) else None
+
+    def _read_only(self, what: str, reason: str, exc: OSError | None = None) -> StoreReadOnly:
+        why = f" ({exc.strerror})" if exc is not None and exc.strerror else ""
+        return StoreReadOnly(
+            f"the engine store {self.root} is read-only{why} and {what} must be built "
+            f"({reason}); build it beforehand where the store is writable "
+            f"(`stgcnd build --config CONFIG --engines {self.root}`), or point engines_dir "
+            "(--engines) at a writable directory")
 
     def list(self) -> list[dict[str, Any]]:
         """Every manifest in the store, with whether it still matches this machine."""
@@ -323,14 +355,20 @@ class EngineStore:
             return "export key changed: " + "; ".join(changes)
         if path.stat().st_size != sidecar.get("store_size_bytes"):
             return "corrupt: size differs from its sidecar"
+        # A same-size change (a flipped byte) only shows in the content: hashing the ONNX
+        # costs ~10 ms per 10 MB, once per start or reload, never per request.
+        if file_sha256(path) != sidecar.get("onnx_sha256"):
+            return "corrupt: sha256 differs from its sidecar"
         return None
 
     def _ensure_onnx(self, model: Any, mdir: Path, dynamic_batch: bool) -> Path:
         path = self.onnx_path(mdir, dynamic_batch)
-        with build_lock(mdir / ".locks" / f"{path.stem}.lock", path.name):
+        with build_lock(mdir / ".locks" / f"{path.stem}.lock", path.name) as writable:
             reason = self._onnx_stale_reason(model.spec, model.checkpoint_sha256, path)
             if reason is None:
                 return path
+            if not writable:
+                raise self._read_only(f"{mdir.name}/{path.relative_to(mdir)}", reason)
             from stgcnd.export.onnx_export import export_model
 
             log.info("onnx_export_needed", path=str(path), reason=reason)
@@ -373,7 +411,7 @@ class EngineStore:
             onnx_sha256=self._onnx_sha(onnx_path), backend=builder.name,
             backend_version=env["backend_version"], device=env["device"],
             options=options.key_dict(builder.name), input_shape=list(spec.input_shape),
-            batch_range=[1, options.max_batch])
+            batch_range=[1, options.max_batch], runtime=env.get("runtime"))
 
     def _stale_reason(self, mdir: Path, stem: str, builder: Builder,
                       parts: dict[str, Any]) -> str | None:
@@ -401,7 +439,8 @@ class EngineStore:
         return None
 
     def _current(self, spec: Any, model: Any, builder: Builder, options: BuildOptions,
-                 env: dict[str, Any], mdir: Path, stem: str) -> Artifact | str:
+                 env: dict[str, Any], mdir: Path, stem: str, quiet: bool = False
+                 ) -> Artifact | str:
         """The artefact if ONNX and artefact are current (no torch needed), else why not."""
         dynamic = options.dynamic_batch
         onnx_path = self.onnx_path(mdir, dynamic)
@@ -414,14 +453,16 @@ class EngineStore:
         why = self._stale_reason(mdir, stem, builder, parts)
         if why is not None:
             return why
-        return self._reused(mdir, stem, builder, options, onnx_path)
+        return self._reused(mdir, stem, builder, options, onnx_path, quiet)
 
     def _reused(self, mdir: Path, stem: str, builder: Builder, options: BuildOptions,
-                onnx_path: Path) -> Artifact:
+                onnx_path: Path, quiet: bool = False) -> Artifact:
         manifest = _read_json(mdir / f"{stem}.json") or {}
         path = mdir / f"{stem}{builder.suffix}" if builder.suffix else None
-        log.info("engine_reused", backend=builder.name, precision=options.precision,
-                 path=str(path or mdir / f"{stem}.json"), key=str(manifest.get("key"))[:12])
+        if not quiet:
+            log.info("engine_reused", backend=builder.name, precision=options.precision,
+                     path=str(path or mdir / f"{stem}.json"),
+                     key=str(manifest.get("key"))[:12])
         return Artifact(builder.name, options.precision, path, onnx_path, manifest, True, None,
                         mdir / f"{stem}.json")
 
@@ -558,6 +599,12 @@ class EngineStore:
         except (BackendUnavailable, ImportError) as exc:
             log.warning("engine_validation_skipped", backend=builder.name, reason=str(exc))
             return {"skipped": str(exc)}
+        except Exception as exc:
+            # What was just built does not load: keeping it would only fail at the next start.
+            raise ValidationError(
+                f"the {builder.name} {ctx.options.precision} artefact just built does not "
+                f"load ({_first_line(str(exc))}); it is not kept. Try another precision or "
+                "backend, or report this with `stgcnd doctor` output") from None
         try:
             result = validate_backend(ctx.model, backend)
         finally:
@@ -583,7 +630,7 @@ class EngineStore:
             version = builder.version()
         except UserError as exc:
             return f"unknown: {exc}"
-        from stgcnd.engines.device import device_identity
+        from stgcnd.engines.device import device_identity, runtime_identity
 
         parts = m.get("key_parts") or {}
         if parts.get("backend_version") != version:
@@ -591,6 +638,10 @@ class EngineStore:
                     f"this machine has {version}")
         if parts.get("device") != device_identity(str(m.get("device"))):
             return "stale: built for another device"
+        runtime = runtime_identity(str(m.get("backend")))
+        if (parts.get("runtime") or {}) != runtime:
+            changes = describe_key_change(parts.get("runtime") or {}, runtime)
+            return "stale: runtime libraries changed: " + "; ".join(changes)
         return "current"
 
     def _is_dead_temp(self, mdir: Path, tmp: Path) -> bool:
@@ -604,5 +655,6 @@ class EngineStore:
                 return True
             except PermissionError:
                 return False
-        # fsutil.atomic_write temp files: '.<name>.<random>.part'; give live writers an hour.
+        # Older fsutil.atomic_write temp files ('.<name>.<random>.part', no pid): give live
+        # writers an hour.
         return tmp.name.endswith(".part") and time.time() - tmp.stat().st_mtime > 3600

@@ -16,9 +16,16 @@ from typing import Any
 import torch
 
 from stgcnd.errors import CheckpointError
+from stgcnd.model.filekind import (
+    EXPECTED,
+    describe_object,
+    describe_unreadable,
+    nested_state_dicts,
+)
 from stgcnd.model.graph import LAYOUTS
 
 STREAMS = ("origin_stream", "motion_stream")
+WRAPPERS = ("state_dict", "model", "model_state_dict")  # keys a state_dict is often saved under
 _OPTIONAL_SUFFIX = "num_batches_tracked"  # absent from checkpoints saved by torch < 0.4.1
 
 
@@ -44,19 +51,28 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for bad files; all mean "unreadable"
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if "Unsupported global" in str(exc):  # a pickled object, not tensors
             raise CheckpointError(
                 f"{path} holds Python objects other than tensors (e.g. a whole pickled model); "
                 "re-save it as a plain state_dict: torch.save(model.state_dict(), path)") from None
-        raise CheckpointError(f"cannot read {path}: it is truncated, corrupt or not a PyTorch "
-                              f"checkpoint ({type(exc).__name__}: {first})") from None
-    for wrapper in ("state_dict", "model", "model_state_dict"):
+        # torch's message describes its internals ("KeyError: 101"): say what the file is.
+        raise CheckpointError(f"cannot read {path}: it is {describe_unreadable(path)}; "
+                              f"{EXPECTED}") from None
+    for wrapper in WRAPPERS:
         if isinstance(obj, Mapping) and isinstance(obj.get(wrapper), Mapping):
             obj = obj[wrapper]
             break
-    if not isinstance(obj, Mapping) or not obj:
-        raise CheckpointError(f"{path} does not contain a state_dict (found {type(obj).__name__})")
+    tensors = isinstance(obj, Mapping) and any(isinstance(v, torch.Tensor) for v in obj.values())
+    if not tensors:
+        nested = nested_state_dicts(obj)
+        if nested:
+            key, count = nested[0]
+            raise CheckpointError(
+                f"{path} is {describe_object(obj)}; its key {key!r} holds "
+                f"{count} tensor{'' if count == 1 else 's'}, but "
+                f"stgcnd unwraps only {', '.join(map(repr, WRAPPERS))}: re-save that part with "
+                f"torch.save(torch.load(path)[{key!r}], 'state_dict.pt')")
+        raise CheckpointError(f"{path} is {describe_object(obj)}; {EXPECTED}")
     state = {str(k): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
     if state and all(k.startswith("module.") for k in state):
         state = {k[len("module."):]: v for k, v in state.items()}
@@ -71,7 +87,8 @@ def inspect_state_dict(state: Mapping[str, torch.Tensor], source: str = "checkpo
     elif "A" in state and "fcn.weight" in state:
         prefixes = [""]
     else:
-        sample = ", ".join(sorted(state)[:5])
+        keys = sorted(state)
+        sample = ", ".join(keys[:5]) + (", …" if len(keys) > 5 else "")
         hint = ""
         if any(k.startswith("origin_stream.") for k in state) != any(
                 k.startswith("motion_stream.") for k in state):
@@ -79,8 +96,8 @@ def inspect_state_dict(state: Mapping[str, torch.Tensor], source: str = "checkpo
         raise CheckpointError(
             f"{source} is not an st-gcn model: expected keys 'origin_stream.A' and "
             f"'motion_stream.A' (two-stream) or 'A' and 'fcn.weight' (single stream), found "
-            f"{sample}, ...{hint} Another architecture (e.g. 2s-AGCN, CTR-GCN, MS-G3D) needs "
-            "its own model code.")
+            f"{len(keys)} tensors: {sample}.{hint} Another architecture (e.g. 2s-AGCN, CTR-GCN, "
+            "MS-G3D) needs its own model code.")
     p0 = prefixes[0]
     a = state[f"{p0}A"]
     if a.dim() != 3 or a.shape[1] != a.shape[2]:

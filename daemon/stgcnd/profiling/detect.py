@@ -28,6 +28,9 @@ CANONICAL_NAMES = {
 _HEAD_BYTES = 64 * 1024
 _TIMES_KEYS = re.compile(r'"(startEnqMs|startComputeMs|computeMs|latencyMs|startInMs)"')
 _FIRST_KEY = re.compile(r'^\[\s*\{\s*"(count|name)"\s*:')
+# trtexec's JSON exports are arrays of objects. A log pasted from a terminal also starts with
+# "[" ("[03/11/2022-14:57:03] [I] ..." or "[I] ..."), so "[" alone does not make a JSON file.
+_JSON_ARRAY_START = re.compile(r"^\[\s*(\{|\]|$)")
 # Anchored at line starts so that a document quoting these markers is not taken for a log.
 _LOG_MARKERS = re.compile(r"^&&&& (RUNNING|PASSED|FAILED) TensorRT\.trtexec|"
                           r"^(\[[IWEV]\] )?=== (Model Options|Build Options|Inference Options|"
@@ -40,7 +43,7 @@ _OWN_OUTPUTS = {"report.json", "summary.json", "build.metadata.json", "profile.m
 
 def detect_text(head: str) -> str:
     text = head.lstrip("\ufeff \t\r\n")
-    if text.startswith("["):
+    if _JSON_ARRAY_START.match(text):
         first_key = _FIRST_KEY.match(text)
         if first_key and (first_key.group(1) == "count" or '"timeMs"' in text[:4096]):
             return "profile"

@@ -31,7 +31,8 @@ from typing import Any
 
 from stgcnd.errors import UserError
 
-_PREFIX = re.compile(r"^\[\d{2}/\d{2}/\d{4}-\d{2}:\d{2}:\d{2}\]\s+\[(?P<sev>[A-Z])\]\s?")
+# The timestamp is optional: logs pasted without it ("[I] Throughput: ...") parse the same.
+_PREFIX = re.compile(r"^(?:\[\d{2}/\d{2}/\d{4}-\d{2}:\d{2}:\d{2}\]\s+)?\[(?P<sev>[A-Z])\]\s?")
 _BANNER = re.compile(r"^&&&& (?P<status>RUNNING|PASSED|FAILED|WAIVED) TensorRT\.trtexec"
                      r"(?: \[TensorRT v(?P<ver>\d+)\])?(?: # (?P<cmd>.*))?$")
 _SECTION = re.compile(r"^=== (?P<name>.+?) ===$")

@@ -1,9 +1,15 @@
-"""Rate-limited logging of clients' bad requests: a hostile or broken camera must not flood
-the log (or the journal) any more than it can slow the daemon."""
+"""Rate-limited logging of what clients do wrong: a hostile or broken camera must not flood the
+log (or the journal) any more than it can slow the daemon.
+
+Limits hold per daemon, keyed by kind (an error code, a dropped reply, a crash), never by
+camera or client identity: both are the client's to invent, and a limit per invented name is
+no limit.
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from stgcnd.log import get_logger
 
@@ -13,20 +19,34 @@ ERROR_LOG_WINDOW_S = 10.0
 
 
 class ClientErrorLog:
-    """Log a client's bad requests once per window, then how many were suppressed."""
+    """Log the first event of each kind per window, then how many of that kind were
+    suppressed in it (with the number of distinct cameras, to tell one abuser from many)."""
 
-    def __init__(self) -> None:
-        self._state: dict[str, tuple[float, int]] = {}
+    def __init__(self, window_s: float = ERROR_LOG_WINDOW_S) -> None:
+        self.window_s = window_s
+        self._since: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+        self._cameras: dict[str, set[str]] = {}
 
-    def report(self, client: str, code: str, message: str) -> None:
+    def report(self, kind: str, event: str = "request_rejected", camera: str | None = None,
+               **fields: Any) -> None:
         now = time.monotonic()
-        since, suppressed = self._state.get(client, (0.0, 0))
-        if now - since >= ERROR_LOG_WINDOW_S:
-            if suppressed:
-                log.warning("client_error_suppressed", client=client, count=suppressed)
-            log.warning("request_rejected", client=client, code=code, message=message)
-            self._state[client] = (now, 0)
-        else:
-            self._state[client] = (since, suppressed + 1)
-        if len(self._state) > 10_000:  # bounded memory under identity churn
-            self._state.clear()
+        since = self._since.get(kind)
+        if since is None or now - since >= self.window_s:
+            self.flush(kind)
+            self._since[kind] = now
+            log.warning(event, code=kind, camera=camera, **fields)
+            return
+        self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
+        cams = self._cameras.setdefault(kind, set())
+        if camera is not None and len(cams) < 1000:  # bounded under camera-id churn
+            cams.add(camera)
+
+    def flush(self, kind: str | None = None) -> None:
+        """Log the suppressed counts (of one kind, or all)."""
+        for k in [kind] if kind is not None else list(self._suppressed):
+            count = self._suppressed.pop(k, 0)
+            cams = self._cameras.pop(k, set())
+            if count:
+                log.warning("client_error_suppressed", code=k, count=count,
+                            cameras=len(cams), window_s=self.window_s)

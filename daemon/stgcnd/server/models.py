@@ -4,27 +4,31 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from stgcnd.errors import UserError
+from stgcnd.errors import BuildCancelled, UserError
 from stgcnd.log import get_logger
 from stgcnd.model.spec import default_labels
 from stgcnd.server.config import Config, ModelConfig
+from stgcnd.server.executor import Executor, softmax_rows
+from stgcnd.server.outbox import Outbox, Reply
+from stgcnd.server.scheduler import Job, Scheduler
+from stgcnd_client.protocol import ErrorCode, encode_reply
 
 log = get_logger(__name__)
 
 
 @dataclass
 class ServedModel:
-    """One configured model's loaded backend, and its sessions.
+    """One configured model: its loaded backend, its scheduler and its executors.
 
-    Camera workers take sessions with `open_session` and give them back with
-    `release_session`. Up to `config.warm_sessions` released sessions are kept open and warm
-    (stream, buffers, CUDA graph already made), so a new camera's first request does not pay
-    for building a session.
+    The backend (weights or engine) is loaded by whichever thread loads the configuration; the
+    executors then make their own runners in their own threads and warm every bucket before
+    `start` returns, so nothing device-side is left for a request to trigger.
     """
 
     config: ModelConfig
@@ -32,11 +36,9 @@ class ServedModel:
     labels: tuple[str, ...]
     demo: bool
     generation: int
-    open_sessions: int = 0             # held by camera workers
-    retired: bool = False
-    compute_ms_ewma: float = 0.0       # for deadline checks: can this request still make it?
-    warm: list[Any] = field(default_factory=list, repr=False)  # open, idle, ready sessions
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    max_batch: int = 1
+    scheduler: Scheduler | None = field(default=None, repr=False)
+    executors: list[Executor] = field(default_factory=list, repr=False)
 
     @property
     def name(self) -> str:
@@ -46,56 +48,101 @@ class ServedModel:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.backend.info.input_shape)
 
-    def open_session(self) -> Any:
-        with self._lock:
-            self.open_sessions += 1
-            if self.warm:
-                return self.warm.pop()
-        try:
-            return self.backend.open_session()
-        except BaseException:
-            with self._lock:
-                self.open_sessions -= 1
-            raise
+    # -- life ------------------------------------------------------------------------------
+    def start(self, outbox: Outbox, queue_size: int, lanes: int, warmup_runs: int,
+              on_fatal: Callable[[BaseException], None]) -> None:
+        """Start the executors; return once every one has made and warmed its runner."""
+        mc = self.config
+        self.scheduler = Scheduler(queue_size, mc.max_queue_delay_us)
+        buckets = [b for b in mc.buckets if b <= self.max_batch] or [1]
+        self.executors = [Executor(self, i, self.scheduler, outbox, buckets, lanes,
+                                   warmup_runs, on_fatal) for i in range(mc.instances)]
+        for ex in self.executors:
+            ex.start()
+        for ex in self.executors:
+            ex.ready.wait()
+        failed = next((ex.error for ex in self.executors if ex.error is not None), None)
+        if failed is not None:
+            self.stop(timeout=5.0)
+            raise UserError(f"model {self.name!r}: could not prepare its executor: "
+                            f"{type(failed).__name__}: {failed}") from failed
 
-    def release_session(self, session: Any) -> None:
-        with self._lock:
-            self.open_sessions -= 1
-            keep = (not self.retired and not session.closed
-                    and len(self.warm) < self.config.warm_sessions)
-            if keep:
-                self.warm.append(session)
-        if not keep:
-            session.close()
-        self.maybe_close()
+    def submit(self, job: Job) -> bool:
+        return self.scheduler is not None and self.scheduler.submit(job)
 
-    def maybe_close(self) -> None:
-        """Close a retired model once its last session is back."""
-        with self._lock:
-            if not (self.retired and self.open_sessions == 0):
-                return
-            self.retired = False  # close once
-        self.close()
-        log.info("model_closed", model=self.name, generation=self.generation)
+    def stop_accepting(self, drain_deadline: float | None = None) -> None:
+        """Queued work still runs (until drain_deadline); new work is refused."""
+        for ex in self.executors:
+            ex.drain_deadline = drain_deadline
+        if self.scheduler is not None:
+            self.scheduler.close()
+
+    def stop(self, timeout: float) -> bool:
+        """Stop accepting, let the executors drain and exit; True when all exited in time."""
+        self.stop_accepting(time.monotonic() + timeout)
+        end = time.monotonic() + timeout
+        for ex in self.executors:
+            ex.join(max(end - time.monotonic(), 0.0))
+        return not any(ex.is_alive() for ex in self.executors)
 
     def close(self) -> None:
-        """Close the warm sessions, then the backend. Sessions held by workers must be back."""
-        with self._lock:
-            warm, self.warm = self.warm, []
-        for session in warm:
-            session.close()
+        """Free the backend once no executor runs (executors close their own runners)."""
+        if any(ex.is_alive() for ex in self.executors):
+            return
         self.backend.close()
+        log.info("model_closed", model=self.name, generation=self.generation)
 
-    def observe_compute(self, ms: float) -> None:
-        self.compute_ms_ewma = ms if not self.compute_ms_ewma else \
-            0.9 * self.compute_ms_ewma + 0.1 * ms
+    # -- answers ---------------------------------------------------------------------------
+    def estimate_ms(self, n: int = 1) -> float:
+        return min((ex.estimate_ms(n) for ex in self.executors), default=0.0)
+
+    def replies(self, jobs: list[Job], logits: np.ndarray, started: float, compute_ms: float,
+                batch: int, bucket: int, stages: dict[str, float]) -> list[Reply]:
+        """Encode one reply per job from its row of the batch's logits."""
+        out = []
+        done = time.monotonic()
+        finite = np.isfinite(logits).all(axis=1)
+        probs = softmax_rows(logits.astype(np.float64))
+        labels = np.argmax(logits, axis=1)
+        for i, job in enumerate(jobs):
+            queue_ms = round((started - job.received) * 1e3, 3)
+            timings = {**stages, "queue_ms": queue_ms, "compute_ms": round(compute_ms, 3),
+                       "batch": batch, "bucket": bucket,
+                       "total_ms": round((done - job.received) * 1e3, 3)}
+            if not finite[i]:
+                # Inputs of huge magnitude overflow float32 (or float16 engines) inside the
+                # network: a NaN prediction must never reach a client as if it were one.
+                out.append(Reply(job, encode_reply(job.req_id, error=(
+                    ErrorCode.NON_FINITE.value,
+                    "the model produced non-finite logits for this window (values too large "
+                    "for the network's precision); send normalized keypoints (x, y in 0..1 "
+                    "or pixels, visibility in 0..1)")), "error", timings))
+                continue
+            label = int(labels[i])
+            result = {**job.extra, "model": self.name,
+                      "logits": [float(v) for v in logits[i]],
+                      "probs": [float(v) for v in probs[i]], "label": label,
+                      "label_name": self.labels[label], "timings": timings}
+            out.append(Reply(job, encode_reply(job.req_id, result), "ok", timings))
+        return out
 
     def describe(self, default: bool) -> dict[str, Any]:
         info = self.backend.info
         return {"name": self.name, "input_shape": list(info.input_shape),
                 "num_class": info.num_class, "labels": list(self.labels),
                 "backend": info.name, "precision": info.precision, "default": default,
-                "stride": self.config.stride, "demo": self.demo}
+                "stride": self.config.stride, "demo": self.demo, "max_batch": self.max_batch}
+
+    def stats(self) -> dict[str, Any]:
+        info = self.backend.info
+        return {"backend": info.name, "precision": info.precision, "device": info.device,
+                "max_batch": self.max_batch,
+                "queued": self.scheduler.pending if self.scheduler else 0,
+                "executors": [{"alive": ex.is_alive(), "batches": ex.batches,
+                               "windows": ex.windows,
+                               "compute_ms": {str(b): round(v, 3)
+                                              for b, v in sorted(ex.compute_ms.items())}}
+                              for ex in self.executors]}
 
 
 def _spec(mc: ModelConfig) -> Any:
@@ -108,21 +155,46 @@ def _spec(mc: ModelConfig) -> Any:
         raise UserError(f"model {mc.name!r}: {exc}") from None
 
 
+def resolve_max_batch(mc: ModelConfig, device: str) -> int:
+    """max_batch 0 (auto): the largest default bucket on a GPU, where batching multiplies
+    throughput; 16 on a CPU, where it only saves per-call overhead."""
+    if mc.max_batch:
+        return mc.max_batch
+    from stgcnd.backends.registry import gpu_present
+
+    gpu = device.startswith("cuda") or (mc.backend in ("auto", "torch", "tensorrt")
+                                        and mc.device == "auto" and gpu_present())
+    return AUTO_MAX_BATCH_GPU if gpu else AUTO_MAX_BATCH_CPU
+
+
+AUTO_MAX_BATCH_GPU = 64
+AUTO_MAX_BATCH_CPU = 16
+
+
 def load_models(config: Config, generation: int = 1,
-                keep: dict[str, ServedModel] | None = None) -> dict[str, ServedModel]:
-    """Build or reuse every configured model's artefact, load it and warm it up.
+                keep: dict[str, ServedModel] | None = None,
+                start: Callable[[ServedModel], None] | None = None,
+                cancel: threading.Event | None = None) -> dict[str, ServedModel]:
+    """Build or reuse every configured model's artefact, load it, and `start` its executors
+    (which warm every bucket) before returning.
 
     Models whose configuration is unchanged (`keep`) are reused as they are. Any failure is
     fatal to the whole load: the daemon never serves half a configuration.
+
+    `cancel`: when set (SIGTERM during a first-start build), a running build is abandoned
+    within seconds, leaving nothing partial in the store, and BuildCancelled is raised;
+    builds then run in a child process (see stgcnd.engines.child_build).
     """
     from stgcnd.backends.registry import default_device, open_backend
     from stgcnd.engines.options import BuildOptions
     from stgcnd.engines.store import EngineStore
 
-    store = EngineStore(config.engines_dir)
+    store = EngineStore(config.engines_dir, cancel=cancel)
     loaded: dict[str, ServedModel] = {}
     try:
         for mc in config.models:
+            if cancel is not None and cancel.is_set():
+                raise BuildCancelled("start-up cancelled")
             old = (keep or {}).get(mc.name)
             if old is not None and old.config == mc:
                 loaded[mc.name] = old
@@ -131,53 +203,39 @@ def load_models(config: Config, generation: int = 1,
             # For "auto" backends the registry picks the device along with the backend.
             device = (mc.device if mc.device != "auto" else
                       "cpu" if mc.backend == "auto" else default_device(mc.backend))
-            options = BuildOptions(precision=mc.precision, max_batch=mc.max_batch, device=device,
-                                   dynamic_batch=mc.max_batch > 1, calibration=mc.calibration,
+            max_batch = resolve_max_batch(mc, device)
+            options = BuildOptions(precision=mc.precision, max_batch=max_batch, device=device,
+                                   dynamic_batch=max_batch > 1, calibration=mc.calibration,
                                    allow_synthetic_calibration=mc.allow_synthetic_calibration,
-                                   cuda_graph=mc.cuda_graph, threads=mc.threads)
+                                   cuda_graph=mc.cuda_graph and device != "cpu",
+                                   threads=mc.threads)
             spec = _spec(mc)
             try:
                 backend = open_backend(spec, mc.backend, options, store)
             except UserError as exc:
-                raise UserError(f"model {mc.name!r}: {exc}") from None
+                # Name the model, keep the type (StoreReadOnly, CheckpointError...) and hint.
+                exc.args = (f"model {mc.name!r}: {exc}",)
+                raise exc from None
             labels = tuple(mc.labels) or tuple(getattr(backend.info, "details", {}).get(
                 "labels", ())) or default_labels(backend.info.num_class)
             served = ServedModel(mc, backend, labels, demo=mc.checkpoint is None,
-                                 generation=generation)
+                                 generation=generation,
+                                 max_batch=min(max_batch, int(backend.info.max_batch)))
             loaded[mc.name] = served
-            warm_up(served, config.server.warmup_runs)
+            if start is not None:
+                start(served)
             log.info("model_ready", model=mc.name, backend=backend.info.name,
                      precision=backend.info.precision, device=backend.info.device,
                      input_shape=list(backend.info.input_shape), demo=served.demo,
+                     max_batch=served.max_batch, instances=mc.instances,
+                     buckets=list(served.executors[0].buckets) if served.executors else [],
+                     compute_ms={str(b): round(v, 3) for b, v in sorted(
+                         served.executors[0].compute_ms.items())} if served.executors else {},
                      seconds=round(time.perf_counter() - t0, 2))
     except BaseException:
         for name, served in loaded.items():
             if (keep or {}).get(name) is not served:
+                served.stop(timeout=5.0)
                 served.close()
         raise
     return loaded
-
-
-def warm_up(model: ServedModel, runs: int) -> None:
-    """Open the model's warm sessions and run each a few times, before READY=1, so that lazy
-    allocations, kernel selection and CUDA graph capture are done before a camera arrives."""
-    from stgcnd.model.synthetic import synthetic_windows
-
-    _, t, v, m = model.input_shape
-    x = synthetic_windows(1, t, m, v, seed=0)
-    sessions = [model.open_session() for _ in range(max(model.config.warm_sessions, 1))]
-    try:
-        for session in sessions:
-            for _ in range(runs):
-                session.infer(x)
-            if runs:
-                model.observe_compute(session.last_timings.get("total_ms", 0.0))
-    finally:
-        for session in sessions:
-            model.release_session(session)
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    z = logits - logits.max()
-    e = np.exp(z)
-    return e / e.sum()

@@ -15,6 +15,7 @@ class FrameRing:
 
     def __init__(self, window_shape: tuple[int, int, int, int], stride: int = 1) -> None:
         c, t, v, m = window_shape
+        self.shape = (c, t, v, m)
         self.frames = t
         self.stride = stride
         self._buf = np.zeros((t, c, v, m), dtype=np.float32)

@@ -1,29 +1,40 @@
-"""The daemon's life: startup -> main loop -> bounded graceful shutdown.
+"""The daemon's life: startup -> I/O loop -> bounded graceful shutdown.
 
-The main thread owns the ROUTER socket and does only cheap work: decode and check requests,
-answer hello/ping/stats and every error at once, hand infer/push/reset to the camera's worker,
-forward workers' replies to clients. Signal handlers only set flags; the loop acts on them.
+One thread, the I/O loop, owns the ROUTER socket and all per-camera state. It decodes and
+checks each request, answers hello/ping/stats/reset and every error at once, turns infer and
+due pushes into jobs for the model's scheduler, and sends the replies the executors hand back.
+It never blocks on a client: replies go out with NOBLOCK, and a client whose queue is full
+(one that sends and never reads) loses its replies, counted and logged rate-limited, while
+everyone else is served. Signal handlers only set flags; the loop acts on them.
+
+Per model, executors (server/executor.py) own the device: runners made and warmed before
+READY=1, batches formed round robin across cameras by the scheduler (server/scheduler.py).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 import zmq
 
 from stgcnd import __version__
+from stgcnd.errors import BuildCancelled
 from stgcnd.log import get_logger
+from stgcnd.server.cameras import CameraState, CameraTable, PushRecord
 from stgcnd.server.config import Config, load_config
 from stgcnd.server.errorlog import ClientErrorLog
 from stgcnd.server.models import ServedModel, load_models
 from stgcnd.server.notify import Notifier
+from stgcnd.server.outbox import Outbox, Reply
+from stgcnd.server.scheduler import Job
 from stgcnd.server.transport import bind_router
-from stgcnd.server.worker import REPLY_ENDPOINT, CameraWorker, Work
 from stgcnd_client.protocol import (
     ErrorCode,
     Limits,
@@ -38,6 +49,12 @@ from stgcnd_client.protocol import (
 log = get_logger(__name__)
 
 LOOP_TICK_MS = 100
+READ_BURST = 256          # requests read per loop pass before replies get their turn
+RETIRE_TIMEOUT_S = 30.0   # a reloaded-away model's executors drain within this
+# The I/O loop and the executors share one interpreter lock. Python's default 5 ms switch
+# interval would let a busy loop hold back an executor whose batch is done for up to 5 ms;
+# 0.5 ms bounds that hand-over at a cost of a few hundred extra switches per second.
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 class Server:
@@ -47,23 +64,24 @@ class Server:
         self.config_path = config_path
         self.notifier = notifier or Notifier()
         self.models: dict[str, ServedModel] = {}
-        self.workers: dict[str, CameraWorker] = {}
+        self.retiring: list[ServedModel] = []
+        self.cameras = CameraTable(config.server.max_cameras)
         self.generation = 1
         self.started = time.monotonic()
         self.limits = Limits(max_message_bytes=config.server.max_message_bytes)
         self.errors = ClientErrorLog()
-        self.counters = {"requests": 0, "errors": 0, "busy": 0, "expired": 0}
+        self.counters = {"requests": 0, "errors": 0, "busy": 0, "expired": 0,
+                         "replies_dropped": 0}
         self._stop = threading.Event()
         self._reload_requested = threading.Event()
         self._reload_thread: threading.Thread | None = None
         self._reload_result: dict[str, ServedModel] | BaseException | None = None
         self._pending_config: Config = config
         self._fatal: BaseException | None = None
-        self._ctx: zmq.Context | None = None
+        self._ctx = zmq.Context()
+        self.outbox = Outbox(self._ctx)
         self._router: zmq.Socket | None = None
-        self._replies: zmq.Socket | None = None
         self._ipc_path: Path | None = None
-        self.exit_code = 0
         from stgcnd.telemetry.latency import LatencyAggregator
 
         self.latency = LatencyAggregator()
@@ -96,11 +114,14 @@ class Server:
         ext.start()
         try:
             # Backends create or retain the process's one CUDA context as they load, here in
-            # the main thread and before any worker exists.
-            self.models = load_models(self.config, self.generation)
+            # the main thread; each executor then prepares and warms its own runner.
+            # SIGTERM/SIGINT (self._stop) abandons a first-start build: BuildCancelled,
+            # nothing partial kept.
+            self.models = load_models(self.config, self.generation, start=self._start_model,
+                                      cancel=self._stop)
         finally:
             keepalive.set()
-        self._bind()
+        self._router, self._ipc_path = bind_router(self._ctx, self.config)
         self._start_sampler()
         names = ", ".join(f"{m.name} ({m.backend.info.name}/{m.backend.info.precision})"
                           for m in self.models.values())
@@ -108,12 +129,10 @@ class Server:
         log.info("ready", endpoint=self.config.endpoint, models=list(self.models),
                  version=__version__, pid=os.getpid())
 
-    def _bind(self) -> None:
-        self._ctx = zmq.Context()
-        self._router, self._ipc_path = bind_router(self._ctx, self.config)
-        self._replies = self._ctx.socket(zmq.PULL)
-        self._replies.setsockopt(zmq.LINGER, 0)
-        self._replies.bind(REPLY_ENDPOINT)
+    def _start_model(self, model: ServedModel) -> None:
+        s = self.config.server
+        lanes = s.max_cameras if model.config.client_streams else 0
+        model.start(self.outbox, s.queue_size, lanes, s.warmup_runs, self._on_fatal)
 
     def _start_sampler(self) -> None:
         if not self.config.server.system_stats:
@@ -127,22 +146,22 @@ class Server:
                                       tegrastats_path=self.config.server.tegrastats)
         self._sampler.start()
 
-    # -- main loop -------------------------------------------------------------------------
+    # -- the I/O loop ----------------------------------------------------------------------
     def serve(self) -> int:
-        assert self._router is not None and self._replies is not None
+        assert self._router is not None
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
-        poller.register(self._replies, zmq.POLLIN)
+        poller.register(self.outbox.reader, zmq.POLLIN)
         next_stats = time.monotonic() + self.config.server.stats_interval
         wd_interval = self.notifier.watchdog_interval
         next_watchdog = time.monotonic()
         stalled_logged = False
         while not self._stop.is_set():
             events = dict(poller.poll(LOOP_TICK_MS))
-            if self._replies in events:
-                self._forward_replies()
+            self._deliver()
             if self._router in events:
-                self._read_requests(limit=256)
+                self._read_requests(READ_BURST)
             now = time.monotonic()
             if self._reload_requested.is_set():
                 self._reload_requested.clear()
@@ -152,11 +171,12 @@ class Server:
                 next_stats = now + self.config.server.stats_interval
                 self._log_stats()
                 self._reclaim_idle(now)
+                self._reap_retired()
             if wd_interval and now >= next_watchdog:
-                stalled = self.stalled_workers(now)
+                stalled = self.stalled_executors(now)
                 if stalled:
                     if not stalled_logged:
-                        log.error("watchdog_stall", workers=stalled,
+                        log.error("watchdog_stall", executors=stalled,
                                   stall_timeout=self.config.server.stall_timeout)
                         stalled_logged = True
                 else:
@@ -165,41 +185,67 @@ class Server:
                 next_watchdog = now + wd_interval
         return self.shutdown()
 
-    def stalled_workers(self, now: float | None = None) -> list[str]:
+    def stalled_executors(self, now: float | None = None) -> list[str]:
+        """Executors stuck in one batch, or whose loop stopped turning (gunicorn's arbiter:
+        liveness is a monotonic timestamp the worker refreshes itself)."""
         now = time.monotonic() if now is None else now
         limit = self.config.server.stall_timeout
-        return [w.camera for w in self.workers.values()
-                if (w.busy_since is not None and now - w.busy_since > limit)
-                or (w.busy_since is None and w.is_alive() and now - w.heartbeat > limit)]
+        out = []
+        for model in self.models.values():
+            for ex in model.executors:
+                busy = ex.busy_since
+                if (busy is not None and now - busy > limit) or (
+                        busy is None and ex.is_alive() and now - ex.heartbeat > limit):
+                    out.append(ex.name)
+        return out
 
-    def _forward_replies(self) -> None:
-        assert self._replies is not None
-        while True:
-            try:
-                frames = self._replies.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            self._send(frames[0].bytes, frames[1:])
-
-    def _send(self, identity: bytes, frames: list[Any]) -> None:
+    def _send(self, identity: bytes, frames: list[Any]) -> bool:
+        """Send without ever blocking the loop; False when the reply was dropped."""
         assert self._router is not None
         try:
-            self._router.send_multipart([identity, *frames], copy=False)
-        except zmq.ZMQError as exc:  # the client vanished (EHOSTUNREACH) or is not reading
-            log.debug("reply_dropped", reason=exc.strerror)
+            self._router.send_multipart([identity, *frames], zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            # The client's queue is full: it sends and does not read. Blocking here would
+            # freeze every camera; its reply is dropped instead.
+            reason = "client is not reading its replies (its queue is full)"
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client is gone
+            reason = f"client gone ({exc.strerror})"
+        self.counters["replies_dropped"] += 1
+        self.errors.report("reply-dropped", event="reply_dropped", reason=reason)
+        return False
 
-    def _reply_error(self, identity: bytes, exc: ProtocolError, req: Request | None) -> None:
-        self.counters["errors"] += 1
-        if req is None:
-            # Undecodable: the sender's camera is unknown and identities are cheap, so these
-            # are rate-limited per error code.
-            self.errors.report(f"<{exc.code.value}>", exc.code.value, exc.message)
-        else:
-            self.errors.report(req.camera, exc.code.value, exc.message)
-            if req.op in ("infer", "push"):
-                model = req.model or next(iter(self.models))
-                self.latency.record(req.camera, model, 0.0, "error")
-        self._send(identity, encode_reply(exc.req_id, error=(exc.code.value, exc.message)))
+    def _deliver(self) -> None:
+        """Send the replies the executors finished, and settle the cameras' bookkeeping."""
+        for reply in self.outbox.take_all():
+            job = reply.job
+            cam = self.cameras.cameras.get(job.camera)
+            if cam is not None:
+                cam.in_flight -= 1
+                if job.op == "push" and reply.outcome == "ok":
+                    rec = cam.pushes.get(job.model)
+                    if rec is not None and rec.req_id == job.req_id:
+                        rec.reply = reply.frames
+            self._record(job, reply)
+            self._send(job.identity, reply.frames)
+
+    def _record(self, job: Job, reply: Reply) -> None:
+        outcome = reply.outcome
+        if outcome == "expired":
+            self.counters["expired"] += 1
+        elif outcome != "ok":
+            self.counters["errors"] += 1
+            outcome = "error"
+        t = reply.timings
+        total_ms = t.get("total_ms", (time.monotonic() - job.received) * 1e3)
+        if job.camera in self.cameras.cameras:  # bounded: only cameras in the table
+            self.latency.record(job.camera, job.model, total_ms, outcome,
+                                {k: t[k] for k in ("queue_ms", "compute_ms") if k in t})
+        # Per request, at debug level only (`--log-level debug`): exact percentiles for
+        # `stgcnd logs summarize`; free when the level filters it out.
+        log.debug("request", camera=job.camera, model=job.model, request_id=job.req_id,
+                  outcome=outcome, total_ms=round(total_ms, 3),
+                  **{k: v for k, v in t.items() if k != "total_ms"})
 
     def _read_requests(self, limit: int) -> None:
         assert self._router is not None
@@ -208,19 +254,34 @@ class Server:
                 msg = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            received = time.monotonic()
-            identity = msg[0].bytes
-            self.counters["requests"] += 1
-            req = None
-            try:
-                req = decode_request(msg[1:], self.limits)
-                self._dispatch(identity, req, received)
-            except ProtocolError as exc:
-                self._reply_error(identity, exc, req)
-            except Exception as exc:
-                log.exception("request_crashed", error=str(exc))
-                self._send(identity, encode_reply(None, error=(ErrorCode.INTERNAL.value,
-                                                               f"internal error: {exc}")))
+            self._handle(msg[0].bytes, msg[1:], time.monotonic())
+
+    def _handle(self, identity: bytes, frames: list[Any], received: float) -> None:
+        self.counters["requests"] += 1
+        req = None
+        try:
+            req = decode_request(frames, self.limits)
+            self._dispatch(identity, req, received)
+        except ProtocolError as exc:
+            self._reject(identity, exc, req)
+        except Exception as exc:  # a daemon bug: answered, logged rate-limited, never fatal
+            self.counters["errors"] += 1
+            self.errors.report("internal", event="request_crashed", camera=getattr(
+                req, "camera", None), error=f"{type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(limit=8))
+            self._send(identity, encode_reply(getattr(req, "id", None), error=(
+                ErrorCode.INTERNAL.value, f"internal error: {type(exc).__name__}: {exc}")))
+
+    def _reject(self, identity: bytes, exc: ProtocolError, req: Request | None) -> None:
+        self.counters["busy" if exc.code == ErrorCode.BUSY else "errors"] += 1
+        req_id = exc.req_id if exc.req_id is not None else getattr(req, "id", None)
+        self.errors.report(exc.code.value, camera=getattr(req, "camera", None),
+                           message=exc.message)
+        if req is not None and req.op in ("infer", "push") and req.camera in \
+                self.cameras.cameras:
+            self.latency.record(req.camera, req.model or next(iter(self.models)), 0.0,
+                                "busy" if exc.code == ErrorCode.BUSY else "error")
+        self._send(identity, encode_reply(req_id, error=(exc.code.value, exc.message)))
 
     def _dispatch(self, identity: bytes, req: Request, received: float) -> None:
         op = req.op
@@ -236,77 +297,100 @@ class Server:
         if op == "stats":
             self._send(identity, encode_reply(req.id, self.stats()))
             return
-        model = self.models.get(req.model) if req.model else next(iter(self.models.values()))
+        if op == "reset":
+            self._reset(identity, req)
+            return
+        model = self._model(req)
+        check = check_window if op == "infer" else check_frame
+        try:
+            check(req.arrays[0], model.input_shape)
+        except ProtocolError as exc:  # the checks do not know the request id
+            raise ProtocolError(exc.code, exc.message, req.id) from None
+        cam = self.cameras.get(req.camera, received)
+        if cam is None:
+            # Each camera holds a lane on every executor: a client inventing camera ids must
+            # not exhaust them. Idle cameras are reclaimed after idle_timeout.
+            raise ProtocolError(ErrorCode.BUSY, (
+                f"this daemon already serves max_cameras={self.cameras.max_cameras} cameras; "
+                "retry later or raise [server] max_cameras"), req.id)
+        cam.requests += 1
+        deadline = None if req.timeout_ms is None else received + req.timeout_ms / 1e3
+        if op == "infer":
+            self._submit(identity, req, cam, model, req.arrays[0], {}, received, deadline)
+        else:
+            self._push(identity, req, cam, model, received, deadline)
+
+    def _model(self, req: Request) -> ServedModel:
+        if req.model is None:
+            return next(iter(self.models.values()))
+        model = self.models.get(req.model)
         if model is None:
             raise ProtocolError(ErrorCode.UNKNOWN_MODEL,
                                 f"no model named {req.model!r}; this daemon serves "
                                 f"{', '.join(self.models)}", req.id)
-        if op in ("infer", "push"):
-            self._one_array(req)
-            check = check_window if op == "infer" else check_frame
-            try:
-                check(req.arrays[0], model.input_shape)
-            except ProtocolError as exc:  # the checks do not know the request id
-                raise ProtocolError(exc.code, exc.message, req.id) from None
-        deadline = None if req.timeout_ms is None else received + req.timeout_ms / 1e3
-        worker = self.workers.get(req.camera)
-        if worker is None or not worker.is_alive():
-            if worker is None and len(self.workers) >= self.config.server.max_cameras:
-                # Each camera costs a thread and sessions: a client inventing camera ids must
-                # not exhaust them. Idle cameras are reclaimed after idle_timeout.
-                self.counters["busy"] += 1
-                self._send(identity, encode_reply(req.id, error=(
-                    ErrorCode.BUSY.value, f"this daemon already serves max_cameras="
-                    f"{self.config.server.max_cameras} cameras; retry later or raise "
-                    "[server] max_cameras")))
-                return
-            worker = CameraWorker(req.camera, self._ctx, lambda: self.models,
-                                  self.config.server.queue_size, self._record, self._on_fatal)
-            worker.start()
-            self.workers[req.camera] = worker
-        if not worker.submit(Work(identity, req, model.name, received, deadline)):
-            self.counters["busy"] += 1
-            self.latency.record(req.camera, model.name, 0.0, "busy")
-            self._send(identity, encode_reply(req.id, error=(
-                ErrorCode.BUSY.value, f"camera {req.camera!r} already has "
-                f"{self.config.server.queue_size} requests queued; slow down or raise "
-                "queue_size")))
+        return model
 
-    @staticmethod
-    def _one_array(req: Request) -> None:
-        if len(req.arrays) != 1:
-            raise ProtocolError(ErrorCode.MALFORMED,
-                                f"{req.op} takes exactly one array, got {len(req.arrays)}", req.id)
+    def _reset(self, identity: bytes, req: Request) -> None:
+        # No model named: every model's push state of this camera (as protocol.md says).
+        names = [self._model(req).name] if req.model is not None else list(self.models)
+        cam = self.cameras.cameras.get(req.camera)
+        if cam is not None:
+            cam.reset(names)
+        self._send(identity, encode_reply(req.id, {"reset": names}))
 
-    def _record(self, camera: str, model: str, total_ms: float, outcome: str) -> None:
-        if outcome == "expired":
-            self.counters["expired"] += 1
-        self.latency.record(camera, model, total_ms, outcome)
+    def _submit(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
+                window: Any, extra: dict[str, Any], received: float,
+                deadline: float | None) -> None:
+        job = Job(identity, req.id, cam.name, model.name, req.op, window, cam.lane, received,
+                  deadline, extra)
+        if not model.submit(job):
+            raise ProtocolError(ErrorCode.BUSY, (
+                f"camera {cam.name!r} already has {self.config.server.queue_size} requests "
+                "queued; slow down or raise [server] queue_size"), req.id)
+        cam.in_flight += 1
+
+    def _push(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
+              received: float, deadline: float | None) -> None:
+        rec = cam.pushes.get(model.name)
+        if rec is not None and rec.req_id == req.id:
+            # A resend (the client timed out or got busy/expired): the frame is in the ring
+            # already and is never appended twice.
+            if rec.reply is not None:
+                self._send(identity, rec.reply)
+            elif rec.window is not None:
+                self._submit(identity, req, cam, model, rec.window, rec.extra, received,
+                             deadline)
+            return
+        ring = cam.ring(model.name, model.input_shape, model.config.stride)
+        due = ring.append(req.arrays[0])
+        extra = {"model": model.name, "ready": due, "frames": ring.buffered,
+                 "seq": ring.received}
+        if not due:
+            reply = encode_reply(req.id, extra)
+            cam.pushes[model.name] = PushRecord(req.id, extra, reply=reply)
+            self._send(identity, reply)
+            return
+        window = ring.window()  # a copy: later frames do not change this prediction
+        cam.pushes[model.name] = PushRecord(req.id, extra, window=window)
+        self._submit(identity, req, cam, model, window, extra, received, deadline)
 
     def stats(self) -> dict[str, Any]:
         return {"uptime_s": round(time.monotonic() - self.started, 3),
                 "generation": self.generation, **self.counters,
-                "cameras": {c: {"requests": w.requests, "queued": w.pending}
-                            for c, w in self.workers.items()},
-                "models": {n: {"backend": m.backend.info.name,
-                               "precision": m.backend.info.precision,
-                               "sessions": m.open_sessions, "warm_sessions": len(m.warm),
-                               "compute_ms_ewma": round(m.compute_ms_ewma, 3)}
-                           for n, m in self.models.items()}}
+                "pid": os.getpid(), "process_cpu_s": round(time.process_time(), 6),
+                "cameras": {c: {"requests": s.requests, "in_flight": s.in_flight,
+                                "lane": s.lane}
+                            for c, s in self.cameras.cameras.items()},
+                "models": {n: m.stats() for n, m in self.models.items()}}
 
     def _log_stats(self) -> None:
         for record in self.latency.drain(self.config.server.stats_interval):
             log.info("latency", **record)
+        self.errors.flush()
 
     def _reclaim_idle(self, now: float) -> None:
-        idle = self.config.server.idle_timeout
-        for camera, worker in list(self.workers.items()):
-            if not worker.is_alive() or (worker.pending == 0 and worker.busy_since is None
-                                         and now - worker.last_activity > idle):
-                worker.stop()
-                del self.workers[camera]
-                log.info("camera_reclaimed", camera=camera, idle_s=round(now -
-                                                                         worker.last_activity))
+        for camera, idle in self.cameras.reclaim_idle(now, self.config.server.idle_timeout):
+            log.info("camera_reclaimed", camera=camera, idle_s=round(idle))
 
     # -- reload ----------------------------------------------------------------------------
     def _begin_reload(self) -> None:
@@ -322,7 +406,14 @@ class Server:
                 if config.endpoint != self.config.endpoint:
                     log.warning("reload_endpoint_ignored", endpoint=config.endpoint,
                                 reason="changing the endpoint needs a restart")
-                models = load_models(config, self.generation + 1, keep=self.models)
+                if config.server.max_cameras != self.config.server.max_cameras:
+                    log.warning("reload_max_cameras_ignored",
+                                max_cameras=config.server.max_cameras,
+                                reason="changing max_cameras needs a restart")
+                # New and changed models get their own executors, warmed here, while the
+                # current ones keep serving.
+                models = load_models(config, self.generation + 1, keep=self.models,
+                                     start=self._start_model, cancel=self._stop)
                 self._reload_result = models
                 self._pending_config = config
             except BaseException as exc:
@@ -347,78 +438,99 @@ class Server:
         self.notifier.ready(f"serving {', '.join(self.models)} ({note})")
 
     def _swap_models(self, models: dict[str, ServedModel]) -> None:
-        """Serve the reloaded models; retired ones close once their last session is gone."""
+        """Serve the reloaded models; replaced ones finish their queued work, then close."""
         old = self.models
         self.generation += 1
         self.models = models
         self.config = self._pending_config
         for name, model in old.items():
             if models.get(name) is not model:
-                model.retired = True
-                model.maybe_close()
+                model.stop_accepting(time.monotonic() + RETIRE_TIMEOUT_S)
+                self.retiring.append(model)
         log.info("reload", phase="done", models=list(models), generation=self.generation)
+
+    def _reap_retired(self) -> None:
+        for model in list(self.retiring):
+            if not any(ex.is_alive() for ex in model.executors):
+                self.retiring.remove(model)
+                model.close()
 
     # -- shutdown --------------------------------------------------------------------------
     def shutdown(self) -> int:
-        deadline = time.monotonic() + self.config.server.drain_timeout
+        drain = self.config.server.drain_timeout
+        deadline = time.monotonic() + drain
         self.notifier.stopping("draining in-flight requests")
-        log.info("shutdown_started", queued=sum(w.pending for w in self.workers.values()),
-                 drain_timeout=self.config.server.drain_timeout,
+        everything = [*self.models.values(), *self.retiring]
+        log.info("shutdown_started", drain_timeout=drain,
+                 queued=sum(m.scheduler.pending for m in everything if m.scheduler),
                  reason="fatal device error" if self._fatal else "signal")
-        for worker in self.workers.values():
-            worker.drain_deadline = deadline
-            threading.Thread(target=worker.stop, daemon=True).start()
-        # Keep answering: queued work finishes (or is answered shutting-down after the
-        # deadline); new requests are refused with shutting-down.
+        for model in everything:
+            model.stop_accepting(deadline)
+        # Keep the loop's duties while executors drain: queued work is answered (or answered
+        # shutting-down after the deadline), new requests are refused with shutting-down.
         while time.monotonic() < deadline + 1.0:
-            alive = [w for w in self.workers.values() if w.is_alive()]
-            self._drain_sockets()
-            if not alive:
+            self._deliver()
+            self._refuse_new()
+            if not any(ex.is_alive() for m in everything for ex in m.executors):
                 break
-            time.sleep(0.01)
-        self._drain_sockets()
-        stuck = [w.camera for w in self.workers.values() if w.is_alive()]
+            time.sleep(0.005)
+        self._deliver()
+        self._refuse_new()
+        stuck = [ex.name for m in everything for ex in m.executors if ex.is_alive()]
         if self._sampler is not None:
             self._sampler.stop(2.0)
         self._log_stats()
-        for model in self.models.values():
-            if not stuck:
+        if not stuck:
+            for model in everything:
                 model.close()
-        self._close_sockets()
+        self._close_sockets(wait=not stuck)
         self.notifier.close()
         code = 1 if (self._fatal or stuck) else 0
-        log.info("shutdown_complete", exit_code=code, stuck_workers=stuck,
+        log.info("shutdown_complete", exit_code=code, stuck_executors=stuck,
+                 replies_dropped=self.counters["replies_dropped"],
                  fatal=str(self._fatal) if self._fatal else None)
         return code
 
-    def _drain_sockets(self) -> None:
-        self._forward_replies()
-        assert self._router is not None
-        while True:
+    def _refuse_new(self) -> None:
+        if self._router is None:
+            return
+        for _ in range(READ_BURST):
             try:
                 msg = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            req_id = None
             try:
-                req_id = decode_request(msg[1:], self.limits).id
+                req_id: int | None = decode_request(msg[1:], self.limits).id
             except ProtocolError as exc:
                 req_id = exc.req_id
+            except Exception:
+                req_id = None
             self._send(msg[0].bytes, encode_reply(req_id, error=(
                 ErrorCode.SHUTTING_DOWN.value, "the daemon is shutting down; retry on restart")))
 
-    def _close_sockets(self) -> None:
-        for sock in (self._router, self._replies):
-            if sock is not None:
-                sock.close(0)
-        if self._ctx is not None:
+    def _close_sockets(self, wait: bool = True) -> None:
+        if self._router is not None:
+            self._router.close(0)
+        self.outbox.close()
+        if wait:  # term() waits for every executor's socket: a stuck one would hang exit
             self._ctx.term()
         if self._ipc_path is not None:
             self._ipc_path.unlink(missing_ok=True)
+
+    def startup_cancelled(self) -> int:
+        """SIGTERM/SIGINT arrived during startup(): nothing is served yet, stop at once."""
+        self.notifier.stopping("stopped during start-up")
+        self.notifier.close()
+        log.info("shutdown_complete", exit_code=0, phase="startup",
+                 reason="signal during start-up; the engine build was abandoned")
+        return 0
 
 
 def run_server(config: Config, config_path: Path | None = None) -> int:
     server = Server(config, config_path)
     server.install_signal_handlers()
-    server.startup()
+    try:
+        server.startup()
+    except BuildCancelled:
+        return server.startup_cancelled()
     return server.serve()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import socket
 import stat
 from pathlib import Path
@@ -63,3 +65,155 @@ def prepare_ipc_path(path: Path) -> None:
         probe.close()
     raise UserError(f"another process is listening on {path}; stop it first "
                     "(systemctl stop stgcnd) or choose another endpoint")
+
+
+# ---------------------------------------------------------------- endpoint checks before start-up
+
+# A Unix socket path is at most 107 bytes (sun_path is 108 with the terminating NUL).
+SUN_PATH_MAX = 107
+_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[\w.-]+|\*):(\d+|\*)$")
+
+
+def check_endpoint(endpoint: str) -> None:
+    """Raise UserError unless the daemon can listen on `endpoint`.
+
+    Cheap checks (no model is loaded yet), so that a wrong endpoint fails in a second with a fix,
+    not after minutes of engine building: the scheme, the ipc socket's directory and path length,
+    the tcp port, and whether something already listens there.
+    """
+    scheme, address = parse_endpoint(endpoint, listening=True)
+    if scheme == "ipc":
+        _check_ipc_listen(endpoint, address)
+    else:
+        host, port = address.rsplit(":", 1)
+        _check_tcp_listen(endpoint, host, int(port))
+
+
+def parse_endpoint(endpoint: str, *, listening: bool) -> tuple[str, str]:
+    """("ipc", path) or ("tcp", "host:port") for a well-formed endpoint, else UserError.
+
+    `listening`: checked for the daemon (which binds: host "*" allowed) rather than a client.
+    """
+    example = "ipc:///run/stgcnd/stgcnd.sock or tcp://127.0.0.1:5555"
+    if not isinstance(endpoint, str) or not endpoint.strip():
+        raise UserError(f"the endpoint is empty; use {example}")
+    if "://" not in endpoint:
+        raise UserError(f"{endpoint!r} is not a ZeroMQ endpoint{_did_you_mean(endpoint)}")
+    scheme, address = endpoint.split("://", 1)
+    if scheme == "inproc":
+        raise UserError(f"{endpoint}: inproc:// exists only inside one process, so no camera "
+                        f"can reach it; use {example}")
+    if scheme not in ("ipc", "tcp"):
+        raise UserError(f"{endpoint}: unsupported scheme {scheme + '://'!r}; use {example}")
+    if scheme == "ipc":
+        if not address:
+            raise UserError(f"{endpoint}: ipc:// needs a socket path, e.g. "
+                            "ipc:///run/stgcnd/stgcnd.sock")
+        return scheme, address
+    match = _HOST_PORT.match(address)
+    if not match:
+        raise UserError(f"{endpoint}: expected tcp://HOST:PORT, e.g. tcp://127.0.0.1:5555"
+                        + (" (tcp://*:5555 listens on every interface)" if listening else ""))
+    host, port = match.groups()
+    if host == "*" and not listening:
+        raise UserError(f"{endpoint}: '*' is for the daemon's side (every interface); connect "
+                        f"to the daemon's address, e.g. tcp://127.0.0.1:{port}")
+    if port == "*" or not 1 <= int(port) <= 65535:
+        raise UserError(f"{endpoint}: the port must be a number from 1 to 65535 that cameras "
+                        "can be told, e.g. tcp://127.0.0.1:5555")
+    return scheme, address
+
+
+def _did_you_mean(endpoint: str) -> str:
+    text = endpoint.strip()
+    if text.startswith("ipc:"):  # "ipc:/tmp/x.sock", "ipc:tmp/x.sock"
+        text = text[len("ipc:"):]
+    elif text.startswith("tcp:"):
+        return f": did you mean tcp://{text[len('tcp:'):].lstrip('/')}?"
+    if _HOST_PORT.match(text):
+        return f": did you mean tcp://{text}?"
+    if "/" in text or text.endswith(".sock"):
+        return f": did you mean ipc://{Path(text).absolute()}?"
+    return "; use ipc:///path/to/socket or tcp://host:port"
+
+
+def _check_ipc_listen(endpoint: str, address: str) -> None:
+    if address.startswith("@"):
+        return  # Linux abstract socket: no file, no directory
+    path = Path(address)
+    size = len(os.fsencode(address))
+    if size > SUN_PATH_MAX:
+        raise UserError(f"{endpoint}: the socket path is {size} bytes, Unix sockets allow at "
+                        f"most {SUN_PATH_MAX}; choose a shorter path, e.g. "
+                        "ipc:///tmp/stgcnd.sock")
+    try:
+        # What bind_router does anyway; doing it now turns a missing or read-only directory
+        # into an error before start-up rather than after it.
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{endpoint}: cannot create the socket's directory {path.parent}: "
+                        f"{exc.strerror}; choose a directory you can write (e.g. "
+                        "ipc:///tmp/stgcnd.sock), or under systemd let RuntimeDirectory= "
+                        "create it") from None
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.stat().st_mode):
+            raise UserError(f"{endpoint}: {path} exists and is not a socket; remove it or "
+                            "choose another endpoint")
+        if _unix_socket_answers(path):
+            raise UserError(f"{endpoint}: another process is listening on {path}; stop it "
+                            "first (systemctl stop stgcnd) or choose another endpoint")
+        return  # a killed daemon's leftover: bind_router removes it
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.bind(address)  # the exact test: permissions, read-only file systems
+    except OSError as exc:
+        raise UserError(f"{endpoint}: cannot create a socket at {path}: {exc.strerror}; "
+                        "choose a directory you can write (e.g. ipc:///tmp/stgcnd.sock)"
+                        ) from None
+    finally:
+        probe.close()
+    path.unlink()
+
+
+def _unix_socket_answers(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False  # refused: a killed daemon's leftover, removed at bind time
+    finally:
+        probe.close()
+
+
+def _check_tcp_listen(endpoint: str, host: str, port: int) -> None:
+    # Binding a plain socket the way ZeroMQ will (SO_REUSEADDR) is the cheapest exact answer to
+    # "can we listen here": it catches a port in use, a privileged port and an address that is
+    # not this machine's. Host names other than localhost are left to ZeroMQ (no DNS here).
+    address = host.strip("[]")
+    if host == "*":
+        address = "0.0.0.0"
+    elif host == "localhost":
+        address = "127.0.0.1"
+    try:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        socket.inet_pton(family, address)
+    except OSError:
+        return  # an interface or host name
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((address, port))
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            reason = "another process is listening on that port (is stgcnd already running?)"
+        elif exc.errno == errno.EACCES:
+            reason = "ports below 1024 need privileges; use a port from 1024 up"
+        elif exc.errno == errno.EADDRNOTAVAIL:
+            reason = f"{host} is not an address of this machine; use * or 127.0.0.1"
+        else:
+            reason = exc.strerror or str(exc)
+        raise UserError(f"cannot listen on {endpoint}: {reason}") from None
+    finally:
+        probe.close()

@@ -243,7 +243,7 @@ class _JetsonSysfs:
                 continue
             milli = self._read_int(Path(zone) / "temp")
             value = None if milli is None or milli <= -256000 else milli / 1000
-            temps[name.removesuffix("-thermal").removesuffix("-therm")] = value
+            temps[_strip_suffix(_strip_suffix(name, "-thermal"), "-therm")] = value
         if temps:
             out["temps_c"] = temps
             out["gpu_temp_c"] = gpu_temperature_c(temps)
@@ -365,3 +365,8 @@ class SystemSampler:
             sample["cpu_freq_mhz"] = max(cores)
         sample["gpu_temp_c"] = gpu_temperature_c(line.get("temps_c"))
         sample["power_total_mw"] = total_power_mw(line.get("power_mw"))
+
+
+def _strip_suffix(text: str, suffix: str) -> str:
+    """str.removesuffix, which is Python 3.9+ (JetPack 5 runs 3.8)."""
+    return text[:-len(suffix)] if suffix and text.endswith(suffix) else text

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from stgcnd.engines.device import device_identity
+from stgcnd.engines.device import device_identity, runtime_identity
 from stgcnd.engines.options import BuildOptions
 
 
@@ -41,7 +41,8 @@ class Builder:
 
     def environment(self, options: BuildOptions) -> dict[str, Any]:
         return {"backend_version": self.version(),
-                "device": device_identity(self.device_kind(options))}
+                "device": device_identity(self.device_kind(options)),
+                "runtime": runtime_identity(self.name)}
 
     def check(self, options: BuildOptions) -> None:
         """Raise UserError if `options` cannot be built here, saying what would make it work."""

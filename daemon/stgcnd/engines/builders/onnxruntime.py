@@ -14,8 +14,8 @@ from typing import Any
 
 from stgcnd.engines.builders.base import BuildContext, Builder
 from stgcnd.engines.options import BuildOptions
-from stgcnd.runtimes import import_onnxruntime
 from stgcnd.errors import BackendUnavailable, UserError
+from stgcnd.runtimes import import_onnxruntime
 
 
 def _probe_space(path: Path, nbytes: int) -> None:

@@ -27,10 +27,10 @@ from typing import Any
 
 from stgcnd.engines.builders.base import BuildContext, Builder
 from stgcnd.engines.options import BuildOptions
-from stgcnd.runtimes import import_tensorrt
 from stgcnd.errors import BackendUnavailable, UserError
-from stgcnd.fsutil import atomic_write_bytes
+from stgcnd.fsutil import atomic_write_bytes, file_sha256
 from stgcnd.log import get_logger
+from stgcnd.runtimes import import_tensorrt, tensorrt_logger
 
 log = get_logger(__name__)
 
@@ -96,6 +96,56 @@ def supports_timing_cache(trt: Any) -> bool:
 def supports_implicit_int8(trt: Any) -> bool:
     return (has_builder_flag(trt, "INT8") and hasattr(trt, "IInt8EntropyCalibrator2")
             and hasattr(trt.IBuilderConfig, "int8_calibrator"))
+
+
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """The batch shapes a dynamic-batch engine is tuned for: powers of two below max_batch,
+    and max_batch itself (8 -> 1, 2, 4, 8; 6 -> 1, 2, 4, 6). The daemon's batch runner pads a
+    batch to the smallest bucket that holds it."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return (*out, max_batch)
+
+
+def bucket_profiles(buckets: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """One optimization profile (min, opt, max batch) per bucket, tuned at the bucket (opt =
+    max = bucket) and covering the batches down to the previous bucket + 1, so the profiles
+    are disjoint and every batch 1..max has exactly one. One profile per bucket also lets
+    each of the runner's execution contexts own a profile, which TensorRT 8.x requires of
+    contexts used concurrently."""
+    out, low = [], 1
+    for b in sorted(set(buckets)):
+        out.append((low, b, b))
+        low = b + 1
+    return out
+
+
+def calibration_batching(windows: int, max_batch: int, dynamic: bool) -> tuple[int, int]:
+    """(batch, batches) for implicit INT8 calibration.
+
+    TensorRT calibrates a dynamic-shape network at the kOPT shape of the calibration profile
+    (its MIN/MAX are overwritten with kOPT), so the calibrator's batch and that profile's opt
+    must be the same number: stgcnd makes a profile with min = opt = max = batch. A batch
+    never exceeds the windows available, so a few windows still give one batch (not zero);
+    leftover windows that do not fill a batch are not used.
+    """
+    if windows < 1:
+        raise UserError("INT8 calibration needs at least one window")
+    batch = max(1, min(max_batch, windows)) if dynamic else 1
+    return batch, windows // batch
+
+
+def calibration_cache_name(version: str, onnx_sha256: str, calibration_sha256: str,
+                           batch: int) -> str:
+    """The entropy-calibration cache's file name. The ONNX *content* hash is in it: a cache
+    keeps per-tensor scales by tensor name, and a re-exported model (new checkpoint, same file
+    name) would otherwise silently reuse scales learnt on the old weights."""
+    return (f"tensorrt-{version}-onnx{onnx_sha256[:12]}-calib{calibration_sha256[:12]}"
+            f"-b{batch}.cache")
 
 
 @dataclass(frozen=True)
@@ -166,24 +216,9 @@ def capabilities(trt: Any) -> dict[str, Any]:
 # --- callbacks: logger, progress, calibrator -------------------------------------------------
 
 def make_logger(trt: Any) -> Any:
-    """A TensorRT ILogger that forwards to stgcnd's structured log and keeps the errors."""
-
-    class StructLogger(trt.ILogger):
-        def __init__(self) -> None:
-            trt.ILogger.__init__(self)
-            self.errors: list[str] = []
-
-        def log(self, severity: Any, msg: str) -> None:
-            sev = trt.ILogger.Severity
-            if severity in (sev.INTERNAL_ERROR, sev.ERROR):
-                self.errors.append(msg)
-                log.error("tensorrt_log", message=msg)
-            elif severity == sev.WARNING:
-                log.warning("tensorrt_log", message=msg)
-            elif severity == sev.INFO:
-                log.debug("tensorrt_log", message=msg)
-
-    return StructLogger()
+    """The process's one TensorRT logger (stgcnd.runtimes.tensorrt_logger), for builds too:
+    TensorRT keeps a single logger pointer, so builder and runtime must share it."""
+    return tensorrt_logger(trt)
 
 
 class ProgressSink:
@@ -242,13 +277,23 @@ def make_progress_monitor(trt: Any, sink: ProgressSink) -> Any:
 def _device_buffer(nbytes: int) -> tuple[int, Any]:
     """(device pointer, an object to write host arrays into it) via pycuda, else torch."""
     try:
-        import pycuda.autoprimaryctx  # noqa: F401  (the process's primary context)
         import pycuda.driver as cuda
-
-        mem = cuda.mem_alloc(nbytes)
-        return int(mem), lambda host: cuda.memcpy_htod(mem, host)
     except ImportError:
-        pass
+        cuda = None
+    if cuda is not None:
+        from stgcnd.backends.cuda import pycuda_current
+
+        # TensorRT calls the calibrator in the building thread: make the primary context
+        # current there for each call (pycuda.autoprimaryctx would push it only in the thread
+        # that first imports it).
+        with pycuda_current():
+            mem = cuda.mem_alloc(nbytes)
+
+        def write(host: Any) -> None:
+            with pycuda_current():
+                cuda.memcpy_htod(mem, host)
+
+        return int(mem), write
     try:
         import torch
     except ImportError:
@@ -259,7 +304,8 @@ def _device_buffer(nbytes: int) -> tuple[int, Any]:
 
 
 def make_entropy_calibrator(trt: Any, windows: Any, batch: int, cache_path: Path) -> Any:
-    """An IInt8EntropyCalibrator2 over `windows` with its cache at `cache_path` (TRT <= 10)."""
+    """An IInt8EntropyCalibrator2 over `windows`, `batch` at a time (see
+    calibration_batching), with its cache at `cache_path` (TensorRT <= 10)."""
     import numpy as np
 
     base = trt.IInt8EntropyCalibrator2
@@ -329,6 +375,7 @@ class TensorRTBuilder(Builder):
         onnx = ctx.qdq_onnx_path if plan.onnx == "qdq" else ctx.onnx_path
         assert onnx is not None
         logger = make_logger(trt)
+        errors_mark = logger.error_count  # the logger is shared: only this build's errors
         builder = trt.Builder(logger)
         network = builder.create_network(network_flags(trt, plan.strongly_typed))
         parser = trt.OnnxParser(network, logger)
@@ -349,14 +396,20 @@ class TensorRTBuilder(Builder):
                         reason="builder optimization levels need TensorRT >= 8.6")
         for flag in plan.builder_flags:
             config.set_flag(getattr(trt.BuilderFlag, flag))
-        profile = None
+        buckets: tuple[int, ...] = ()
+        profiles: list[tuple[int, int, int]] = []
         if o.dynamic_batch:
+            buckets = batch_buckets(o.max_batch)
+            profiles = bucket_profiles(buckets)
             inp = network.get_input(0)
             rest = tuple(inp.shape)[1:]
-            profile = builder.create_optimization_profile()
-            profile.set_shape(inp.name, (1, *rest), (max(1, o.max_batch // 2), *rest),
-                              (o.max_batch, *rest))
-            config.add_optimization_profile(profile)
+            for low, opt, high in profiles:
+                profile = builder.create_optimization_profile()
+                profile.set_shape(inp.name, (low, *rest), (opt, *rest), (high, *rest))
+                if config.add_optimization_profile(profile) < 0:
+                    raise UserError(f"TensorRT {trt.__version__} rejected the optimization "
+                                    f"profile for batch {low}..{high}; report this with the "
+                                    "ONNX and `stgcnd doctor` output")
         if o.layer_info:
             config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
         if supports_progress_monitor(trt):
@@ -376,15 +429,27 @@ class TensorRTBuilder(Builder):
                 timing_cache = config.create_timing_cache(b"")
                 config.set_timing_cache(timing_cache, False)
         calib_cache = None
+        calib_batch = 0
         if plan.calibrator:
-            calib = o.extra.get("calibration_sha256") or "synthetic"
-            calib_cache = ctx.model_dir / "calibration" / (
-                f"tensorrt-{trt.__version__}-{ctx.onnx_path.stem}-{calib[:12]}.cache")
-            batch = o.max_batch if o.dynamic_batch else 1
-            config.int8_calibrator = make_entropy_calibrator(trt, ctx.calibration, batch,
+            calib_batch, batches = calibration_batching(len(ctx.calibration), o.max_batch,
+                                                        o.dynamic_batch)
+            calib_cache = ctx.model_dir / "calibration" / calibration_cache_name(
+                trt.__version__, file_sha256(ctx.onnx_path),
+                o.extra.get("calibration_sha256") or "synthetic", calib_batch)
+            log.info("tensorrt_calibration", batch=calib_batch, batches=batches,
+                     windows=len(ctx.calibration), cache=str(calib_cache))
+            config.int8_calibrator = make_entropy_calibrator(trt, ctx.calibration, calib_batch,
                                                              calib_cache)
-            if profile is not None:
-                config.set_calibration_profile(profile)
+            if o.dynamic_batch:
+                # Calibration runs at the calibration profile's kOPT shape: a profile of its
+                # own with min = opt = max = the calibrator's batch.
+                inp = network.get_input(0)
+                shape = (calib_batch, *tuple(inp.shape)[1:])
+                calib_profile = builder.create_optimization_profile()
+                calib_profile.set_shape(inp.name, shape, shape, shape)
+                if not config.set_calibration_profile(calib_profile):
+                    raise UserError(f"TensorRT {trt.__version__} rejected the calibration "
+                                    f"profile for batch {calib_batch}; try --int8-mode qdq")
         t0 = time.perf_counter()
         if build_api(trt) == "build_serialized_network":
             serialized = builder.build_serialized_network(network, config)
@@ -392,10 +457,11 @@ class TensorRTBuilder(Builder):
             engine = builder.build_engine(network, config)
             serialized = engine.serialize() if engine is not None else None
         if serialized is None:
+            why = "; ".join(logger.errors_since(errors_mark)[-3:])
             raise UserError(
                 f"TensorRT {trt.__version__} could not build a {o.precision} engine: "
-                f"{'; '.join(logger.errors[-3:]) or 'see the tensorrt_log events'}; try a "
-                "larger --workspace-mb or another precision")
+                f"{why or 'see the tensorrt_log events'}; try a larger --workspace-mb or "
+                "another precision")
         data = _host_bytes(serialized)
         with open(out, "wb") as f:
             f.write(data)
@@ -406,6 +472,9 @@ class TensorRTBuilder(Builder):
             "opt_level": o.opt_level if supports_opt_level(trt) else None,
             "tensorrt_build_seconds": round(time.perf_counter() - t0, 3),
             "calibration_cache": str(calib_cache) if calib_cache else None,
+            "calibration_batch": calib_batch or None,
+            # The runner makes one execution context per bucket, bound to its profile.
+            "batch_buckets": list(buckets), "profiles": [list(p) for p in profiles],
             "notes": list(plan.notes)}
         if timing_cache is not None:
             with build_lock(cache_path.with_suffix(".lock"), cache_path.name):

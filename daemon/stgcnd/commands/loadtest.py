@@ -1,0 +1,143 @@
+"""`stgcnd loadtest`: P processes x K simulated cameras against a daemon (our perf_analyzer)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from stgcnd.errors import UserError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "loadtest", help="measure a daemon under load: P processes x K cameras",
+        description="Drive a daemon with P processes x K simulated cameras (threads, each with "
+                    "its own stgcnd_client.Client), open loop at a rate or closed loop, in window "
+                    "or push mode, optionally with cameras joining mid-run. Prints windows/s, "
+                    "round-trip percentiles, the server's own timings, overhead (round trip "
+                    "minus compute), errors and the daemon's CPU time per request; --json "
+                    "writes all of it. --serve starts a daemon of its own (e.g. --backend noop, "
+                    "which measures the daemon itself on any machine).")
+    target = p.add_argument_group("target")
+    target.add_argument("--endpoint", default=None,
+                        help="the daemon's endpoint (required unless --serve)")
+    target.add_argument("--model", default=None, help="model name (default: the daemon's "
+                                                      "default model)")
+    load = p.add_argument_group("load")
+    load.add_argument("--processes", type=int, default=1, help="load processes (default: 1)")
+    load.add_argument("--cameras", type=int, default=4,
+                      help="cameras per process from the start (default: 4)")
+    load.add_argument("--mode", choices=["window", "push"], default="window",
+                      help="window: a full window per request; push: one frame per request, "
+                           "the server keeps the window (default: window)")
+    loop = load.add_mutually_exclusive_group()
+    loop.add_argument("--rate", type=float, default=None, metavar="HZ",
+                      help="open loop: requests per second per camera on a fixed schedule "
+                           "(default: 25)")
+    loop.add_argument("--closed-loop", action="store_true",
+                      help="send the next request as soon as the reply arrives")
+    load.add_argument("--duration", type=float, default=10.0,
+                      help="measured seconds (default: 10)")
+    load.add_argument("--warmup", type=float, default=2.0,
+                      help="seconds of load before measuring, excluded from stats (default: 2)")
+    load.add_argument("--join", type=int, default=0, metavar="N",
+                      help="N extra cameras that join during the measured interval")
+    load.add_argument("--join-at", type=float, default=None, metavar="S",
+                      help="second of the measured interval at which they join (default: "
+                           "its middle)")
+    load.add_argument("--join-window", type=float, default=5.0, metavar="S",
+                      help="the running cameras' errors are reported separately for S seconds "
+                           "from the join (default: 5)")
+    load.add_argument("--timeout-ms", type=float, default=5000.0,
+                      help="a reply later than this is lost (no retries; default: 5000)")
+    load.add_argument("--seed", type=int, default=0, help="synthetic skeleton seed")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", default=None, metavar="PATH",
+                     help="write the full report as JSON to PATH (- for stdout; the table then "
+                          "goes to stderr)")
+    out.add_argument("--fail-on-errors", action="store_true",
+                     help="exit 1 when any request got an error or no reply")
+    serve = p.add_argument_group("--serve: a daemon of its own on a temporary ipc endpoint")
+    serve.add_argument("--serve", action="store_true",
+                       help="start `stgcnd serve`, wait for it, run, stop it")
+    serve.add_argument("--backend", default="noop",
+                       help="the served model's backend (default: noop)")
+    serve.add_argument("--frames", type=int, default=150, help="window length T (default: 150)")
+    serve.add_argument("--persons", type=int, default=1, help="person slots M (default: 1)")
+    serve.add_argument("--checkpoint", type=Path, default=None,
+                       help="checkpoint to serve (default: the demo model)")
+    serve.add_argument("--precision", default="fp32", help="default: fp32")
+    serve.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
+    serve.add_argument("--max-batch", type=int, default=1, help="default: 1")
+    serve.add_argument("--serve-config", type=Path, default=None, metavar="TOML",
+                       help="serve this configuration instead (its endpoint is replaced)")
+    serve.add_argument("--engines", type=Path, default=None, help="engine store directory")
+    serve.add_argument("--daemon-log", type=Path, default=None,
+                       help="write the daemon's log here (default: a temp file)")
+    p.set_defaults(func=run)
+
+
+def _plan(args: argparse.Namespace, endpoint: str) -> Any:
+    from stgcnd.loadtest.plan import DEFAULT_RATE_HZ, LoadPlan
+
+    return LoadPlan(endpoint=endpoint, processes=args.processes, cameras=args.cameras,
+                    mode=args.mode, rate_hz=None if args.closed_loop else
+                    (args.rate if args.rate is not None else DEFAULT_RATE_HZ),
+                    duration=args.duration, warmup=args.warmup, join=args.join,
+                    join_at=args.join_at, join_window=args.join_window, model=args.model,
+                    timeout_ms=args.timeout_ms, seed=args.seed)
+
+
+def _emit(report: dict[str, Any], json_path: str | None) -> None:
+    from stgcnd.loadtest.report import format_table
+
+    table_out = sys.stderr if json_path == "-" else sys.stdout
+    print(format_table(report), file=table_out, flush=True)
+    if json_path is None:
+        return
+    text = json.dumps(report, indent=2, allow_nan=False)
+    if json_path == "-":
+        print(text, flush=True)
+    else:
+        Path(json_path).write_text(text + "\n")
+        print(f"report: {json_path}", file=table_out, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stgcnd.loadtest.report import has_failures
+    from stgcnd.loadtest.runner import run_load
+
+    if args.serve and args.endpoint:
+        raise UserError("--serve starts its own daemon on a temporary endpoint; drop --endpoint "
+                        "(or drop --serve to test a running daemon)")
+    if not args.serve and not args.endpoint:
+        raise UserError("give --endpoint of a running daemon, or --serve to start one")
+    if not args.serve:
+        report = run_load(_plan(args, args.endpoint))
+    else:
+        from stgcnd.loadtest.serve import ServedDaemon, ServeOptions
+
+        plan_check = _plan(args, "ipc://placeholder")  # bad load options fail before a start
+        opts = ServeOptions(backend=args.backend, frames=args.frames, persons=args.persons,
+                            checkpoint=args.checkpoint, precision=args.precision,
+                            device=args.device, max_batch=args.max_batch,
+                            config=args.serve_config, engines=args.engines,
+                            log_path=args.daemon_log)
+        daemon = ServedDaemon(opts, model=args.model or "loadtest",
+                              cameras=plan_check.total_cameras)
+        print(f"starting daemon ({opts.backend if opts.config is None else opts.config}); "
+              f"log: {daemon.log_path}", file=sys.stderr, flush=True)
+        with daemon:
+            report = run_load(_plan(args, daemon.endpoint), served_pid=daemon.pid,
+                              served=daemon.describe())
+        report["served"] = daemon.describe()  # now with the daemon's exit code
+        if daemon.returncode != 0:
+            print(f"warning: the daemon exited with code {daemon.returncode}; see "
+                  f"{daemon.log_path}", file=sys.stderr, flush=True)
+    _emit(report, args.json)
+    if args.fail_on_errors and has_failures(report):
+        return 1
+    return 0

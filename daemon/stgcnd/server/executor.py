@@ -1,0 +1,166 @@
+"""An executor: one thread that owns one BatchRunner of one model (Triton's model instance).
+
+The thread makes its runner (CUDA streams, graphs per bucket, client lanes), warms every bucket
+and only then reports ready: the daemon says READY=1 after all executors did. From then on it
+takes a batch from the model's scheduler whenever it is free, answers `expired` for jobs that
+cannot finish in time (judged by the warmed-up compute time of the bucket the batch runs in,
+never by set-up), runs the rest as one batch and hands the replies to the I/O loop. The runner
+is closed by the same thread at the end.
+
+Liveness (gunicorn's arbiter): `heartbeat` is a monotonic timestamp refreshed on every pass of
+the loop; `busy_since` is set while a batch runs. The watchdog trusts only these.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from stgcnd.log import get_logger
+from stgcnd.server.outbox import Outbox, Reply
+from stgcnd.server.scheduler import Job, Scheduler
+from stgcnd_client.protocol import ErrorCode, encode_reply
+
+log = get_logger(__name__)
+
+TAKE_TIMEOUT_S = 0.5
+EWMA = 0.2
+
+
+class FatalDeviceError(RuntimeError):
+    """The GPU is in an unrecoverable state: the process must exit and be restarted."""
+
+
+def is_fatal(exc: BaseException) -> bool:
+    mod = type(exc).__module__ or ""
+    text = str(exc)
+    return (isinstance(exc, FatalDeviceError) or mod.startswith("pycuda")
+            or "CUDA error" in text or "cudaError" in text or "illegal memory access" in text)
+
+
+def softmax_rows(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+class Executor(threading.Thread):
+    def __init__(self, model: Any, index: int, scheduler: Scheduler, outbox: Outbox,
+                 buckets: Sequence[int], lanes: int, warmup_runs: int,
+                 on_fatal: Callable[[BaseException], None]) -> None:
+        super().__init__(name=f"executor-{model.name}-{index}", daemon=True)
+        self.model = model                 # stgcnd.server.models.ServedModel
+        self.scheduler = scheduler
+        self.outbox = outbox
+        self._buckets = tuple(buckets)
+        self._lanes = lanes
+        self._warmup_runs = warmup_runs
+        self._on_fatal = on_fatal
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.heartbeat = time.monotonic()
+        self.busy_since: float | None = None
+        self.drain_deadline: float | None = None   # set at shutdown
+        self.compute_ms: dict[int, float] = {}     # bucket -> warmed compute estimate
+        self.buckets: tuple[int, ...] = ()
+        self.batches = 0
+        self.windows = 0
+
+    # -- start-up, in this thread ----------------------------------------------------------
+    def run(self) -> None:
+        try:
+            runner = self.model.backend.open_runner(self._buckets, self._lanes)
+        except BaseException as exc:
+            self.error = exc
+            self.ready.set()
+            return
+        writer = None
+        try:
+            self.compute_ms = dict(runner.warm_up(self._warmup_runs))
+            self.buckets = runner.buckets
+            writer = self.outbox.writer()
+        except BaseException as exc:
+            self.error = exc
+            self.ready.set()
+            runner.close()
+            return
+        self.ready.set()
+        try:
+            self._serve(runner, writer)
+        finally:
+            writer.close(0)
+            runner.close()
+
+    def estimate_ms(self, n: int) -> float:
+        """Expected compute time of a batch of n (its bucket's warmed-up estimate)."""
+        for b in self.buckets:
+            if b >= n:
+                return self.compute_ms.get(b, 0.0)
+        return self.compute_ms.get(self.buckets[-1], 0.0) if self.buckets else 0.0
+
+    # -- the loop --------------------------------------------------------------------------
+    def _serve(self, runner: Any, writer: Any) -> None:
+        while True:
+            self.heartbeat = time.monotonic()
+            jobs = self.scheduler.take(runner.max_batch, TAKE_TIMEOUT_S)
+            if jobs is None:
+                return
+            if not jobs:
+                continue
+            replies = self._answer(runner, jobs)
+            self.outbox.put(replies, writer)
+
+    def _answer(self, runner: Any, jobs: list[Job]) -> list[Reply]:
+        now = time.monotonic()
+        if self.drain_deadline is not None and now > self.drain_deadline:
+            return [_error(j, ErrorCode.SHUTTING_DOWN, "the daemon is shutting down; retry on "
+                           "its restart", "shutting-down") for j in jobs]
+        replies: list[Reply] = []
+        eta = now + self.estimate_ms(len(jobs)) / 1e3
+        runnable = []
+        for job in jobs:
+            if job.deadline is not None and eta > job.deadline:
+                replies.append(_error(job, ErrorCode.EXPIRED, (
+                    f"deadline passed: {(now - job.received) * 1e3:.1f} ms in queue and a "
+                    f"batch of {len(jobs)} takes ~{self.estimate_ms(len(jobs)):.1f} ms; "
+                    "raise timeout_ms or add capacity"), "expired"))
+            else:
+                runnable.append(job)
+        if runnable:
+            replies.extend(self._run(runner, runnable))
+        return replies
+
+    def _run(self, runner: Any, jobs: list[Job]) -> list[Reply]:
+        started = time.monotonic()
+        self.busy_since = started
+        try:
+            logits = runner.run([j.window for j in jobs], [j.lane for j in jobs])
+        except Exception as exc:
+            log.error("batch_failed", model=self.model.name, batch=len(jobs),
+                      error=f"{type(exc).__name__}: {exc}")
+            if is_fatal(exc):
+                self._on_fatal(exc)
+            return [_error(j, ErrorCode.INTERNAL, f"inference failed: {type(exc).__name__}: "
+                           f"{exc}", "error") for j in jobs]
+        finally:
+            self.busy_since = None
+            self.heartbeat = time.monotonic()
+        t = runner.last_timings
+        compute_ms = float(t.get("compute_ms", t.get("total_ms", 0.0)))
+        bucket = runner.bucket_for(len(jobs))
+        old = self.compute_ms.get(bucket)
+        self.compute_ms[bucket] = compute_ms if old is None else (1 - EWMA) * old + EWMA * \
+            compute_ms
+        self.batches += 1
+        self.windows += len(jobs)
+        stages = {k: round(float(v), 3) for k, v in t.items()
+                  if k in ("h2d_ms", "d2h_ms", "upload_ms", "download_ms")}
+        return self.model.replies(jobs, logits, started, compute_ms, len(jobs), bucket, stages)
+
+
+def _error(job: Job, code: ErrorCode, message: str, outcome: str) -> Reply:
+    return Reply(job, encode_reply(job.req_id, error=(code.value, message)), outcome)

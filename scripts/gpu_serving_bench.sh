@@ -1,0 +1,110 @@
+#!/bin/bash
+# The serving core on a GPU, end to end: `stgcnd bench` (the backend's own best batched rate)
+# and `stgcnd loadtest` against the daemon, in one session so the numbers compare.
+#
+# Usage (repo root; wheels for the GPU machine in .whl/ as for scripts/gpu_checks.sh):
+#   OUT=dir PART=new bash scripts/gpu_serving_bench.sh   # bench + the batched daemon
+#   OUT=dir PART=old bash scripts/gpu_serving_bench.sh   # the per-camera design (.old/) and
+#                                                        # the batched one without client streams
+# .old/ holds the previous design's daemon/ and clients/ (git archive 5fdd169 daemon clients).
+set -o pipefail
+OUT=${OUT:-/tmp/gpu-out}
+PART=${PART:-new}
+DUR=${DUR:-12}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+fi
+NEW=/tmp/site:$PWD/daemon:$PWD/clients:$PWD
+OLD=/tmp/site:$PWD/.old/daemon:$PWD/.old/clients
+export PYTHONPATH=$NEW
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/gpu.txt"
+nproc | sed 's/^/cpus /' | tee -a "$OUT/gpu.txt"
+tmp=$(mktemp -d)
+
+start_daemon() {  # $1 name, $2 PYTHONPATH, $3 extra model keys
+  cat > "$tmp/$1.toml" <<TOML
+[server]
+endpoint = "ipc://$tmp/$1.sock"
+engines_dir = "$tmp/engines"
+stats_interval = 2.0
+idle_timeout = 3.0
+queue_size = 16
+max_cameras = 200
+[[models]]
+name = "single"
+backend = "torch"
+device = "cuda"
+precision = "fp16"
+cuda_graph = true
+$3
+TOML
+  PYTHONPATH=$2 python3 -m stgcnd --log-format json serve --config "$tmp/$1.toml" \
+    > "$OUT/daemon-$1.log" 2>&1 &
+  dpid=$!
+  for _ in $(seq 1 180); do
+    grep -q '"event": "ready"' "$OUT/daemon-$1.log" && return 0
+    kill -0 $dpid 2>/dev/null || break
+    sleep 1
+  done
+  echo "daemon $1 did not start"; tail -5 "$OUT/daemon-$1.log"; return 1
+}
+
+stop_daemon() {
+  kill -TERM $dpid; wait $dpid; echo "daemon exit code $?" | tee -a "$OUT/loadtest.txt"
+}
+
+lt() {  # $1 name, $2 label, rest: loadtest args
+  local name=$1 label=$2; shift 2
+  echo "== $name: $label" | tee -a "$OUT/loadtest.txt"
+  timeout 120 python3 -m stgcnd loadtest --endpoint "ipc://$tmp/$name.sock" --model single \
+    --json "$OUT/lt-$name-$label.json" "$@" 2>&1 | tail -25 | tee -a "$OUT/loadtest.txt"
+}
+
+suite() {  # $1 daemon name
+  sleep 6  # cameras of the previous run are reclaimed (idle_timeout 3 s, checked every 2 s)
+  lt "$1" one-closed --processes 1 --cameras 1 --closed-loop --duration "$DUR" --warmup 2
+  lt "$1" one-25hz --processes 1 --cameras 1 --rate 25 --duration "$DUR" --warmup 2
+  lt "$1" sat-64-closed --processes 8 --cameras 8 --closed-loop --duration "$DUR" --warmup 3
+  sleep 6
+  lt "$1" sat-128-closed --processes 8 --cameras 16 --closed-loop --duration "$DUR" --warmup 3
+  sleep 6
+  lt "$1" c64-25hz --processes 8 --cameras 8 --rate 25 --duration "$DUR" --warmup 3
+  sleep 6
+  lt "$1" c128-25hz --processes 8 --cameras 16 --rate 25 --duration "$DUR" --warmup 3
+  sleep 6
+  lt "$1" join32 --processes 1 --cameras 4 --rate 25 --duration "$DUR" --warmup 1 \
+    --join 32 --join-at 4
+}
+
+rc=0
+if [ "$PART" = new ]; then
+  timeout 200 python3 -m pytest -q -rfs -p no:cacheprovider -o addopts="" \
+    tests/backends/test_runner.py tests/backends/test_gpu.py > "$OUT/pytest_gpu.txt" 2>&1 || rc=1
+  tail -3 "$OUT/pytest_gpu.txt"
+  timeout 200 python3 -m stgcnd bench --device cuda --backends torch-cudagraph \
+    --precisions fp16 --batch 1 16 64 --persons 1 --json "$OUT/bench.json" 2>&1 \
+    | tail -8 | tee "$OUT/bench.txt"
+  python3 -c "import pycuda.driver as c; print('pycuda BLOCKING_SYNC', int(c.event_flags.BLOCKING_SYNC))"
+  start_daemon new "$NEW" $'demo = true\nmax_batch = 64' || exit 1
+  suite new
+  stop_daemon
+  # Variants: no client streams (a batch moves in one copy each way); two executors.
+  start_daemon nolanes "$NEW" $'demo = true\nmax_batch = 64\nclient_streams = false' || exit 1
+  lt nolanes one-closed --processes 1 --cameras 1 --closed-loop --duration "$DUR" --warmup 2
+  lt nolanes sat-128-closed --processes 8 --cameras 16 --closed-loop --duration "$DUR" --warmup 3
+  stop_daemon
+  start_daemon two "$NEW" $'demo = true\nmax_batch = 64\ninstances = 2' || exit 1
+  lt two sat-128-closed --processes 8 --cameras 16 --closed-loop --duration "$DUR" --warmup 3
+  stop_daemon
+fi
+if [ "$PART" = old ]; then
+  # The per-camera design (one thread and session per camera), same model and precision.
+  start_daemon old "$OLD" "warm_sessions = 8" || exit 1
+  suite old
+  stop_daemon
+fi
+exit $rc

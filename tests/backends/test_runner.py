@@ -1,0 +1,116 @@
+"""Batch runners (an executor's device resources): every window of a batch gets its own
+answer, padded buckets included; on CUDA with per-client lanes, one graph per bucket, and
+graphs captured while another runner replays (a reload under load).
+
+The CPU tests run everywhere; the CUDA ones on the GPU test machine (`pytest -m gpu`).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from stgcnd.backends.base import normalize_buckets
+from stgcnd.backends.torch_backend import TorchBackend
+from stgcnd.model import reference_logits
+from stgcnd.model.synthetic import synthetic_windows
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def batch(small_model):
+    spec = small_model.spec
+    return synthetic_windows(7, spec.frames, spec.persons, spec.num_node, seed=31)
+
+
+def test_buckets_always_cover_every_batch_size():
+    assert normalize_buckets((1, 2, 4, 8, 16, 32, 64), 16) == (1, 2, 4, 8, 16)
+    assert normalize_buckets((4,), 8) == (1, 4)          # 1 is always there
+    assert normalize_buckets((64,), 16) == (1, 16)       # clipped to what the backend takes
+    assert normalize_buckets((3, 3, 2), 1) == (1,)
+
+
+def test_cpu_runner_parity_and_estimates(small_model, batch):
+    ref = reference_logits(small_model, batch)
+    with TorchBackend(small_model, "fp32", "cpu", max_batch=8) as backend:
+        runner = backend.open_runner((1, 2, 4, 8), lanes=4)
+        try:
+            est = runner.warm_up(1)
+            assert runner.buckets == tuple(range(1, 9))   # CPU: no padding, every size
+            assert est[4] == pytest.approx(4 * est[1])
+            out = runner.run(list(batch[:5]), [0, 1, 2, 3, 0])
+            assert out.shape == (5, ref.shape[1])
+            np.testing.assert_allclose(out, ref[:5], atol=1e-4)
+            one = runner.run([batch[6]], [2])
+            np.testing.assert_allclose(one[0], ref[6], atol=1e-4)
+            with pytest.raises(ValueError):
+                runner.run(list(batch[:2]), [0])          # one lane per window
+        finally:
+            runner.close()
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("lanes", [0, 8])
+@pytest.mark.parametrize("precision,tol", [("fp32", 1e-4), ("fp16", 1e-2)])
+def test_cuda_runner_parity_padded_buckets_and_lanes(small_model, batch, lanes, precision,
+                                                      tol):
+    ref = reference_logits(small_model, batch)
+    with TorchBackend(small_model, precision, "cuda", cuda_graph=True,
+                      max_batch=8) as backend:
+        runner = backend.open_runner((1, 2, 4, 8), lanes=lanes)
+        try:
+            assert sorted(runner.graphs) == [1, 2, 4, 8]      # all captured up front
+            est = runner.warm_up(2)
+            assert set(est) == {1, 2, 4, 8} and all(v > 0 for v in est.values())
+            lane_ids = [0, 3, 3, 7, 1, 2, 5] if lanes else [0] * 7   # lane 3 twice
+            full = runner.run(list(batch), lane_ids)           # 7 in bucket 8 (padded)
+            three = runner.run(list(batch[:3]), lane_ids[:3])  # 3 in bucket 4
+            again = runner.run(list(batch), lane_ids)
+        finally:
+            runner.close()
+    assert np.max(np.abs(full - ref)) <= tol
+    assert np.max(np.abs(three - ref[:3])) <= tol
+    np.testing.assert_allclose(full, again, rtol=0, atol=tol / 100)
+    assert "compute_ms" in runner.last_timings
+
+
+@gpu
+@pytest.mark.gpu
+def test_capturing_a_new_runner_while_another_replays(small_model, batch):
+    """A reload builds new executors (graph captures) while the old ones serve: this crashed
+    the per-camera design ("Cannot prepare for replay during capturing stage")."""
+    ref = reference_logits(small_model, batch)
+    with TorchBackend(small_model, "fp16", "cuda", cuda_graph=True, max_batch=8) as backend:
+        serving = backend.open_runner((1, 2, 4, 8), lanes=4)
+        stop = threading.Event()
+        errors: list[BaseException] = []
+        worst = [0.0]
+
+        def serve() -> None:
+            try:
+                while not stop.is_set():
+                    out = serving.run(list(batch[:4]), [0, 1, 2, 3])
+                    worst[0] = max(worst[0], float(np.max(np.abs(out - ref[:4]))))
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=serve)
+        t.start()
+        try:
+            for _ in range(3):   # three reloads' worth of captures
+                fresh = backend.open_runner((1, 2, 4, 8), lanes=4)
+                out = fresh.run(list(batch), [0, 1, 2, 3, 0, 1, 2])
+                fresh.close()
+                assert np.max(np.abs(out - ref)) <= 1e-2
+        finally:
+            stop.set()
+            t.join(60)
+            serving.close()
+    assert not errors, errors
+    assert worst[0] <= 1e-2

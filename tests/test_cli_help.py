@@ -1,0 +1,58 @@
+"""Every command's --help: each option and argument is described and shows its default."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from stgcnd.cli import build_parser
+from tests.conftest import REPO
+
+
+def _all_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    found = []
+
+    def walk(parser: argparse.ArgumentParser, name: str) -> None:
+        found.append((name, parser))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub_name, sub in action.choices.items():
+                    walk(sub, f"{name} {sub_name}")
+
+    walk(build_parser(), "stgcnd")
+    return found
+
+
+PARSERS = _all_parsers()
+
+
+@pytest.mark.parametrize(("name", "parser"), PARSERS, ids=[n for n, _ in PARSERS])
+def test_every_option_is_described_with_its_default(name, parser):
+    problems = []
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._VersionAction,
+                               argparse._SubParsersAction)):
+            continue
+        label = "/".join(action.option_strings) or action.dest
+        text = action.help or ""
+        if not text.strip() or text == argparse.SUPPRESS:
+            problems.append(f"{label}: no description")
+            continue
+        trivial = action.default in (None, False, True, [], argparse.SUPPRESS)
+        if action.option_strings and not trivial and "default" not in text.lower():
+            problems.append(f"{label}: default {action.default!r} not shown")
+    assert not problems, f"`{name} --help`: " + "; ".join(problems)
+
+
+def test_demo_help_as_a_user_sees_it():
+    proc = subprocess.run([sys.executable, "-m", "stgcnd", "demo", "--help"],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    for option, default in (("--cameras", "4"), ("--duration", "20"), ("--mode", "push"),
+                            ("--fps", "25")):
+        after = text.split(f"{option} ", 2)[-1]
+        assert f"(default: {default})" in after.split(" --")[0], option
