@@ -49,3 +49,13 @@ def test_follower_reads_complete_lines_only(tmp_path):
     assert describe({"event": "request"}) is None
     assert describe({"event": "model_load_failed", "level": "error", "error": "boom"}) == \
         "error: model_load_failed boom"
+
+
+def test_overload_answers_do_not_fail_the_demo_other_errors_do():
+    from stgcnd.commands.demo import _error_counts
+
+    rows = [{"errors": 3, "error_causes": {"the daemon answered expired: deadline passed": 2,
+                                           "no reply within 5 s (the daemon is overloaded)": 1}},
+            {"errors": 1, "error_causes": {"the daemon answered busy: queue full": 1}},
+            {"errors": 0, "error_causes": {}}]
+    assert _error_counts(rows) == (3, 1)

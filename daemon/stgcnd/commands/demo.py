@@ -137,8 +137,29 @@ def run(args: argparse.Namespace) -> int:
     _say(f"daemon stopped (exit code {proc.returncode}); log: {log_path}")
     _say("took " + ", ".join(f"{k} {v:.1f} s" for k, v in timing.items())
         + f"; summarize the log: stgcnd logs summarize {log_path}")
-    errors = sum(int(r["errors"]) for r in rows)  # type: ignore[call-overload]
+    overload, errors = _error_counts(rows)
+    if overload:
+        _say(f"{overload} request(s) expired or were refused as busy in the daemon's queue: "
+             "that is the saturated CPU, counted in `errors` but not a failure of the demo")
     return 0 if proc.returncode == 0 and errors == 0 else 1
+
+
+# Answers a saturated daemon gives by design (deadline passed in its queue, queue full).
+OVERLOAD_CAUSES = ("the daemon answered expired", "the daemon answered busy")
+
+
+def _error_counts(rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """(overload answers, other failures) over all cameras."""
+    overload = other = 0
+    for row in rows:
+        causes = dict(row.get("error_causes") or {})
+        for cause, count in causes.items():
+            if str(cause).startswith(OVERLOAD_CAUSES):
+                overload += int(count)
+            else:
+                other += int(count)
+        other += int(row["errors"]) - sum(int(c) for c in causes.values())
+    return overload, other
 
 
 def demo_config(stride: int = 25) -> str:
