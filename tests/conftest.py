@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from stgcnd.model.demo import demo_state_dict
 
@@ -13,6 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def write_checkpoint(path: Path, state: dict, wrap: str | None = None, prefix: str = "") -> Path:
+    torch = pytest.importorskip("torch")  # torch is an optional extra: checkpoints need it
     state = {f"{prefix}{k}": v for k, v in state.items()}
     torch.save({wrap: state, "epoch": 60} if wrap else state, path)
     return path
@@ -20,6 +20,7 @@ def write_checkpoint(path: Path, state: dict, wrap: str | None = None, prefix: s
 
 @pytest.fixture(scope="session")
 def two_stream_state() -> dict:
+    pytest.importorskip("torch")
     return demo_state_dict("mediapipe", "spatial", num_class=2, two_stream=True, seed=7)
 
 

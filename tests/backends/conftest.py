@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from stgcnd.model import ModelSpec, load_model
+from stgcnd.model import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
 from tests.conftest import write_checkpoint
 
@@ -18,6 +18,8 @@ FRAMES = 24
 
 @pytest.fixture(scope="session")
 def small_model(tmp_path_factory, two_stream_state):
+    from stgcnd.model import load_model  # needs torch; two_stream_state skips without it
+
     path = write_checkpoint(tmp_path_factory.mktemp("bk") / "m.pt", two_stream_state)
     return load_model(ModelSpec(checkpoint=path, frames=FRAMES, persons=2, graph_op="einsum"))
 

@@ -6,7 +6,8 @@ import json
 
 import numpy as np
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")  # an optional extra: pip install -e ".[torch]"
 
 from stgcnd.backends.registry import AUTO_CACHE_NAME, open_backend
 from stgcnd.engines.options import BuildOptions

@@ -15,9 +15,9 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-from stgcnd.backends.torch_backend import TorchBackend  # noqa: E402
-from stgcnd.model import reference_logits  # noqa: E402
-from stgcnd.model.synthetic import synthetic_windows  # noqa: E402
+from stgcnd.backends.torch_backend import TorchBackend
+from stgcnd.model import reference_logits
+from stgcnd.model.synthetic import synthetic_windows
 
 
 @pytest.fixture(scope="module")

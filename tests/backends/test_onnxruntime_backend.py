@@ -13,12 +13,13 @@ from stgcnd.backends.onnxruntime_backend import OnnxRuntimeBackend
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.export.onnx_export import onnx_bytes
 from stgcnd.model import reference_logits
-from stgcnd.model.optimized import optimize_for_export
 from tests.backends.conftest import resource_counts
 
 
 @pytest.fixture(scope="module")
 def onnx_path(tmp_path_factory, small_model) -> Path:
+    from stgcnd.model.optimized import optimize_for_export  # torch: small_model needs it too
+
     path = tmp_path_factory.mktemp("ort") / "opt.onnx"
     path.write_bytes(onnx_bytes(small_model, optimize_for_export(small_model),
                                 dynamic_batch=True))

@@ -14,10 +14,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stgcnd.backends.base import normalize_buckets  # noqa: E402
-from stgcnd.backends.torch_backend import TorchBackend  # noqa: E402
-from stgcnd.model import reference_logits  # noqa: E402
-from stgcnd.model.synthetic import synthetic_windows  # noqa: E402
+from stgcnd.backends.base import normalize_buckets
+from stgcnd.backends.torch_backend import TorchBackend
+from stgcnd.model import reference_logits
+from stgcnd.model.synthetic import synthetic_windows
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -9,6 +9,8 @@ import weakref
 import numpy as np
 import pytest
 
+pytest.importorskip("torch")  # an optional extra: pip install -e ".[torch]"
+
 from stgcnd.backends.torch_backend import TorchBackend
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.model import reference_logits

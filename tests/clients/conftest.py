@@ -16,7 +16,7 @@ CLIENTS_DIR = Path(__file__).resolve().parents[2] / "clients"
 if str(CLIENTS_DIR) not in sys.path:
     sys.path.insert(0, str(CLIENTS_DIR))
 
-from client_fakes import FakeDaemon, FakeModelServer, Handler  # noqa: E402
+from client_fakes import FakeDaemon, FakeModelServer, Handler
 
 
 @pytest.fixture

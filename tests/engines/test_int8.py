@@ -32,6 +32,7 @@ def test_calibration_file_of_wrong_shape_is_refused(store_root, tmp_path):
 
 
 def test_int8_qdq_matches_fp32(store_root, tmp_path):
+    pytest.importorskip("torch")  # compares with the PyTorch network's activations
     from stgcnd.backends.onnxruntime_backend import OnnxRuntimeBackend
     from stgcnd.engines.validate import validate_backend
     from stgcnd.model import load_model

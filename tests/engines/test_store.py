@@ -85,7 +85,7 @@ spec = SimpleNamespace(checkpoint=None, seed={demo_spec().seed}, num_class=2, st
     two_stream=True, layout="mediapipe", persons=1, frames={FRAMES}, motion="first-difference",
     graph_op="matmul", input_shape=(3, {FRAMES}, 33, 1))
 a = EngineStore(Path({str(store_root)!r})).find(spec, "onnxruntime", BuildOptions())
-print(a.path if a else None, "torch" in sys.modules)
+print(a.path if a else None, sys.modules.get("torch") is not None)
 """
     r = run_python(code)
     assert r.returncode == 0, r.stderr

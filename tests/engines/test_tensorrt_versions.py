@@ -66,7 +66,7 @@ try:
     caps["builder"] = "constructed"
 except TypeError as e:
     caps["builder"] = "stub"
-caps["torch_imported"] = "torch" in sys.modules
+caps["torch_imported"] = sys.modules.get("torch") is not None
 print(json.dumps(caps))
 """
 

@@ -10,6 +10,8 @@ import numpy as np
 import onnx
 import pytest
 
+pytest.importorskip("torch")  # an optional extra: pip install -e ".[torch]"
+
 from stgcnd.errors import UserError
 from stgcnd.export.onnx_export import export_model, ort_session
 from stgcnd.model import ModelSpec, load_model, reference_logits

@@ -7,7 +7,10 @@ import numpy as np
 
 
 def _np(state, key):
-    return state[key].detach().cpu().numpy().astype(np.float64)
+    value = state[key]  # a torch tensor, or a numpy array (the torch-free demo weights)
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value, dtype=np.float64)
 
 
 def _bn(x, state, p, axis):

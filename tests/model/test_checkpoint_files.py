@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-import torch
 from onnx import TensorProto, helper
+
+torch = pytest.importorskip("torch")  # an optional extra: pip install -e ".[torch]"
 
 from stgcnd.errors import CheckpointError
 from stgcnd.model import ModelSpec, load_model

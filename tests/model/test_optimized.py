@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")  # an optional extra: pip install -e ".[torch]"
 
 from stgcnd.model import ModelSpec, load_model
 from stgcnd.model.demo import demo_state_dict

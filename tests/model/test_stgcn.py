@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")  # an optional extra: pip install -e ".[torch]"
 
 from stgcnd.model import ModelSpec, load_model, reference_logits
 from stgcnd.model.demo import demo_state_dict

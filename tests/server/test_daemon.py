@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch")  # an optional extra: pip install -e ".[torch]"
 import zmq
 
 from stgcnd.model import ModelSpec, load_model, reference_logits

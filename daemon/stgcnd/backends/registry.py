@@ -61,7 +61,8 @@ def available_backends() -> dict[str, str | None]:
         out["tensorrt"] = "no CUDA GPU found"
     else:
         out["tensorrt"] = None
-    out["torch"] = None if _importable("torch") else "torch is not installed"
+    out["torch"] = None if _importable("torch") else \
+        'torch is not installed (it is optional: pip install -e ".[torch]")'
     out["onnxruntime"] = (None if _importable("onnxruntime")
                           else "onnxruntime is not installed (pip install onnxruntime)")
     out["noop"] = None  # numpy only; never picked by "auto" (it computes nothing)
@@ -101,9 +102,9 @@ def _spec_of(model_or_spec: Any) -> Any:
 def _loaded(model_or_spec: Any) -> Any:
     if _is_loaded_model(model_or_spec):
         return model_or_spec
-    from stgcnd.model import load_model
+    from stgcnd.model.reference import load_for_inference
 
-    return load_model(model_or_spec)
+    return load_for_inference(model_or_spec)  # without torch: the demo's numpy stand-in
 
 
 def _options(options: Any) -> Any:
@@ -189,7 +190,11 @@ def fastest_cpu_backend(model: Any, options: Any, store: Any) -> str:
         log.info("auto_backend_cached", backend=cache[key]["backend"], key=key[:12])
         return str(cache[key]["backend"])
     timings: dict[str, float] = {}
+    unavailable = available_backends()
     for name in ("torch", "onnxruntime"):
+        if unavailable[name] is not None:  # torch is optional: auto runs without it
+            log.info("auto_backend_skipped", backend=name, reason=unavailable[name])
+            continue
         try:
             backend = _load(model, name, options, store)
         except BackendUnavailable as exc:

@@ -28,6 +28,7 @@ from stgcnd_client import Client, ClientError, ServerError, Timeout
 class CameraStats:
     camera: str
     latencies_ms: list[float] = field(default_factory=list)
+    compute_ms: list[float] = field(default_factory=list)   # the daemon's, per prediction
     replies: int = 0
     predictions: int = 0
     errors: int = 0
@@ -43,13 +44,15 @@ class CameraStats:
         self.last_error = cause
 
     def row(self) -> dict[str, object]:
+        """The table's row; None where there is no data yet (shown as '-')."""
         lat = np.array(self.latencies_ms)
         elapsed = max(time.monotonic() - self.started, 1e-9)
-        p50, p99 = (np.percentile(lat, [50, 99]) if lat.size else (float("nan"),) * 2)
+        p50, p99 = (float(v) for v in np.percentile(lat, [50, 99])) if lat.size else (None, None)
+        compute = float(np.median(self.compute_ms)) if self.compute_ms else None
         return {"camera": self.camera, "replies": self.replies, "predictions": self.predictions,
-                "rate_hz": self.replies / elapsed, "p50_ms": float(p50),
-                "p99_ms": float(p99), "errors": self.errors,
-                "label": self.last_label, "error_causes": dict(self.causes)}
+                "rate_hz": self.replies / elapsed if self.replies else None, "p50_ms": p50,
+                "p99_ms": p99, "compute_ms": compute, "errors": self.errors,
+                "label": self.last_label or "-", "error_causes": dict(self.causes)}
 
 
 def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: float,
@@ -97,6 +100,8 @@ def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: floa
                 if res is not None:
                     stats.predictions += 1
                     stats.latencies_ms.append(res.client_ms)
+                    if "compute_ms" in res.timings:
+                        stats.compute_ms.append(res.timings["compute_ms"])
                     stats.last_label = res.label_name
             except Timeout:
                 stats.failed(f"no reply within {timeout:g} s (the daemon is overloaded, "
@@ -112,6 +117,13 @@ def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: floa
                 stop.wait(delay)
             else:
                 next_at = time.monotonic()  # fell behind: do not burst to catch up
+
+
+def _num(value: object, width: int, digits: int) -> str:
+    """A right-aligned number, or '-' while there is none (no `nan` in the table)."""
+    if value is None:
+        return f"{'-':>{width}}"
+    return f"{value:>{width}.{digits}f}"
 
 
 def no_daemon_cause(endpoint: str, timeout: float) -> str:
@@ -148,21 +160,25 @@ def failure_lines(rows: list[dict[str, object]]) -> list[str]:
 
 def format_table(rows: list[dict[str, object]]) -> str:
     head = f"{'camera':<10} {'replies':>8} {'preds':>7} {'rate Hz':>8} {'p50 ms':>8} " \
-           f"{'p99 ms':>8} {'errors':>7}  label"
+           f"{'p99 ms':>8} {'compute ms':>10} {'errors':>7}  label"
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['camera']!s:<10} {r['replies']:>8} {r['predictions']:>7} "
-                     f"{r['rate_hz']:>8.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+                     f"{_num(r['rate_hz'], 8, 1)} {_num(r['p50_ms'], 8, 1)} "
+                     f"{_num(r['p99_ms'], 8, 1)} {_num(r.get('compute_ms'), 10, 1)} "
                      f"{r['errors']:>7}  {r['label']}")
     return "\n".join(lines)
 
 
 def simulate(endpoint: str, cameras: int = 4, fps: float = 25.0, mode: str = "push",
              duration: float = 20.0, model: str | None = None, out: TextIO | None = None,
-             refresh: float = 1.0, err: TextIO | None = None) -> list[dict[str, object]]:
-    """Run the cameras; print a live table every `refresh` seconds; return the final rows.
+             refresh: float = 1.0, err: TextIO | None = None, legend: str = ""
+             ) -> list[dict[str, object]]:
+    """Run the cameras; print a live table every `refresh` seconds (on a terminal); return
+    the final rows.
 
-    The final table goes to `out`, then one line per failure cause to `err` (stderr).
+    The final table goes to `out` (with `legend` under it), then one line per failure cause
+    to `err` (stderr).
     """
     out = out or sys.stdout
     stop = threading.Event()
@@ -181,7 +197,7 @@ def simulate(endpoint: str, cameras: int = 4, fps: float = 25.0, mode: str = "pu
             time.sleep(refresh)
             table = format_table([s.row() for s in stats])
             if live:
-                out.write("\x1b[H\x1b[J" + table + "\n")
+                out.write("\x1b[H\x1b[J" + table + ("\n" + legend if legend else "") + "\n")
             out.flush()
     except KeyboardInterrupt:
         stop.set()
@@ -189,6 +205,8 @@ def simulate(endpoint: str, cameras: int = 4, fps: float = 25.0, mode: str = "pu
         th.join(timeout=10)
     rows = [s.row() for s in stats]
     out.write(format_table(rows) + "\n")
+    if legend:
+        out.write(legend + "\n")
     out.flush()
     err = err or sys.stderr
     for line in failure_lines(rows):

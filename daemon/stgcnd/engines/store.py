@@ -48,6 +48,10 @@ log = get_logger(__name__)
 MANIFEST_FORMAT = "stgcnd-engine-manifest/1"
 MODEL_FORMAT = "stgcnd-store-model/1"
 EXPORT_VARIANT = "optimized"
+# The demo model's graph is built from its numpy weights (stgcnd.export.demo_onnx), with or
+# without torch, so that every machine makes the same demo ONNX; its own variant keeps it apart
+# from the PyTorch export of the same weights in the export key.
+DEMO_EXPORT_VARIANT = "numpy-demo"
 # Test hook: seconds to sleep after the artefact's temp file is written and before it is
 # committed, so tests can kill a build half-way. Never set in production.
 PAUSE_ENV = "STGCND_TEST_PAUSE_BUILD"
@@ -109,7 +113,7 @@ def export_key(spec: Any, checkpoint_sha256: str | None, dynamic_batch: bool) ->
             "demo_seed": spec.seed if spec.checkpoint is None else None,
             "layout": spec.layout, "persons": spec.persons, "frames": spec.frames,
             "motion": spec.motion, "graph_op": spec.graph_op, "dynamic_batch": dynamic_batch,
-            "variant": EXPORT_VARIANT}
+            "variant": DEMO_EXPORT_VARIANT if spec.checkpoint is None else EXPORT_VARIANT}
 
 
 def _sidecar(onnx_path: Path) -> Path:
@@ -325,9 +329,9 @@ class EngineStore:
 
     @staticmethod
     def _load(spec: Any) -> Any:
-        from stgcnd.model import load_model
+        from stgcnd.model.reference import load_for_inference
 
-        return load_model(spec)
+        return load_for_inference(spec)  # the demo without torch: its numpy stand-in
 
     def _checkpoint_sha(self, model: Any, spec: Any) -> str | None:
         if _is_loaded_model(model):
@@ -366,15 +370,24 @@ class EngineStore:
             if not writable:
                 raise self._read_only(f"{mdir.name}/{path.relative_to(mdir)}", reason)
             from stgcnd.export.onnx_export import export_model
-            from stgcnd.model.optimized import optimize_for_export
 
             log.info("onnx_export_needed", path=str(path), reason=reason)
             # Without onnxruntime (a TensorRT-only Jetson) the export is checked by onnx only;
             # the built engine is validated against PyTorch anyway.
             check = importlib.util.find_spec("onnxruntime") is not None
             try:
-                res = export_model(model, path, dynamic_batch=dynamic_batch, validate=check,
-                                   module=optimize_for_export(model), variant=EXPORT_VARIANT)
+                if model.spec.is_demo:
+                    from stgcnd.export.demo_onnx import demo_onnx_bytes
+
+                    res = export_model(model, path, dynamic_batch=dynamic_batch, validate=check,
+                                       variant=DEMO_EXPORT_VARIANT,
+                                       data=demo_onnx_bytes(model.spec, dynamic_batch))
+                else:
+                    from stgcnd.model.optimized import optimize_for_export
+
+                    res = export_model(model, path, dynamic_batch=dynamic_batch,
+                                       validate=check, module=optimize_for_export(model),
+                                       variant=EXPORT_VARIANT)
                 sidecar = {**res.sidecar,
                            "store_export_key": export_key(model.spec, model.checkpoint_sha256,
                                                          dynamic_batch),

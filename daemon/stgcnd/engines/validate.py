@@ -57,7 +57,7 @@ def default_windows(spec: Any, n: int = DEFAULT_VALIDATION_WINDOWS) -> np.ndarra
 def validate_backend(model: Any, backend: Any, windows: np.ndarray | None = None
                      ) -> dict[str, Any]:
     """Compare a Backend with the fp32 PyTorch reference of `model` (a LoadedModel)."""
-    from stgcnd.model.loader import reference_logits
+    from stgcnd.model.reference import reference_logits
 
     windows = default_windows(model.spec) if windows is None else windows
     ref = reference_logits(model, windows)

@@ -12,18 +12,22 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from stgcnd.errors import UserError, ValidationError
 from stgcnd.fsutil import atomic_write_bytes, atomic_write_json
 from stgcnd.log import get_logger
-from stgcnd.model import LoadedModel, reference_logits
+from stgcnd.model.reference import reference_logits
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd.runtimes import import_onnxruntime
 from stgcnd.versions import tool_versions
+
+if TYPE_CHECKING:  # torch is optional: only the export of a PyTorch network imports it
+    import torch
+
+    from stgcnd.model import LoadedModel
 
 log = get_logger(__name__)
 
@@ -49,6 +53,8 @@ def sidecar_path(onnx_path: Path) -> Path:
 def onnx_bytes(model: LoadedModel, module: torch.nn.Module | None = None,
                dynamic_batch: bool = False, opset: int = OPSET) -> bytes:
     """Serialised ONNX of `module` (default: the model's own network) for one batch of windows."""
+    import torch
+
     module = module if module is not None else model.module
     example = torch.zeros((1, *model.spec.input_shape), dtype=torch.float32)
     buf = io.BytesIO()
@@ -100,7 +106,7 @@ def validate_with_ort(model: LoadedModel, onnx_data: bytes, dynamic_batch: bool,
     diff = float(np.max(np.abs(got - ref)))
     if not np.isfinite(diff) or diff > tolerance:
         raise ValidationError(
-            f"ONNX Runtime output differs from PyTorch by {diff:.3g} (> {tolerance:g}) on "
+            f"ONNX Runtime output differs from the reference by {diff:.3g} (> {tolerance:g}) on "
             f"{len(windows)} windows; the exported graph is not the same function. Report this "
             "with `stgcnd doctor` output; try --graph-op einsum.")
     return diff
@@ -108,15 +114,26 @@ def validate_with_ort(model: LoadedModel, onnx_data: bytes, dynamic_batch: bool,
 
 def export_model(model: LoadedModel, output: Path, dynamic_batch: bool = False,
                  validate: bool = True, tolerance: float = DEFAULT_TOLERANCE,
-                 module: torch.nn.Module | None = None, variant: str = "plain") -> ExportResult:
-    """Export, check, validate, then write the ONNX file and its sidecar atomically."""
+                 module: torch.nn.Module | None = None, variant: str = "plain",
+                 data: bytes | None = None) -> ExportResult:
+    """Export, check, validate, then write the ONNX file and its sidecar atomically.
+
+    `data`: an ONNX graph built elsewhere (the demo model's, from numpy: no torch needed) to
+    check, validate against the model's reference and write the same way.
+    """
     import hashlib
 
     output = Path(output)
     if output.suffix != ".onnx":
         raise UserError(f"--output must end in .onnx, got {output}")
     t0 = time.perf_counter()
-    data = onnx_bytes(model, module, dynamic_batch)
+    if data is None and module is None and getattr(model, "module", None) is None:
+        # The demo model without torch (stgcnd.model.numpy_demo): its graph is built from numpy.
+        from stgcnd.export.demo_onnx import VARIANT, demo_onnx_bytes
+
+        data, variant = demo_onnx_bytes(model.spec, dynamic_batch), VARIANT
+    if data is None:
+        data = onnx_bytes(model, module, dynamic_batch)
     try:
         check_onnx(data)
     except Exception as exc:  # the checker's own exception types differ across onnx releases

@@ -16,7 +16,19 @@ __all__ = ["LoadedModel", "ModelSpec", "load_model", "reference_logits"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("LoadedModel", "load_model", "reference_logits"):
+    if name == "reference_logits":  # dispatches: PyTorch, or numpy for the torch-free demo
+        from stgcnd.model.reference import reference_logits
+
+        return reference_logits
+    if name in ("LoadedModel", "load_model"):
+        from stgcnd.model.reference import torch_installed, torch_missing
+
+        if not torch_installed():
+            if name == "load_model":  # the demo model without torch; else the fix in one line
+                from stgcnd.model.reference import load_for_inference
+
+                return load_for_inference
+            raise torch_missing("a PyTorch network")
         from stgcnd.model import loader
 
         return getattr(loader, name)

@@ -2,33 +2,39 @@
 
 Its predictions mean nothing. Weights come from numpy's seeded generator (not torch's), so the
 same seed gives the same bytes on every machine and torch release, and the engine store can
-reuse artefacts built from it. The same generator makes original-format test checkpoints.
+reuse artefacts built from it. The weights are made without torch (`demo_arrays`), so the
+demo model can be served with ONNX Runtime alone; `demo_state_dict` wraps them as tensors for
+the PyTorch network. The same generator makes original-format test checkpoints.
 """
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from stgcnd.model.architecture import stream_state_layout
 from stgcnd.model.graph import adjacency
-from stgcnd.model.stgcn import STGCN
+
+if TYPE_CHECKING:
+    import torch
 
 DEMO_WARNING = ("demo model: random weights, its predictions mean nothing; "
                 "configure a checkpoint for real use")
 
 
-def random_stream_state(a: np.ndarray, num_class: int, rng: np.random.Generator,
-                        in_channels: int = 3, edge_importance: bool = True
-                        ) -> dict[str, torch.Tensor]:
-    """A single stream's state_dict with the original key names and randomised BN statistics."""
-    template = STGCN(torch.from_numpy(a), num_class, in_channels, edge_importance)
-    state: dict[str, torch.Tensor] = {}
-    for key, value in template.state_dict().items():
-        shape = tuple(value.shape)
+def random_stream_arrays(a: np.ndarray, num_class: int, rng: np.random.Generator,
+                         in_channels: int = 3, edge_importance: bool = True
+                         ) -> dict[str, np.ndarray]:
+    """A single stream's weights with the original key names and randomised BN statistics."""
+    state: dict[str, np.ndarray] = {}
+    layout = stream_state_layout(a.shape[0], a.shape[1], num_class, in_channels,
+                                 edge_importance)
+    for key, shape in layout:
         if key == "A":
             arr = a
         elif key.endswith("num_batches_tracked"):
-            state[key] = torch.tensor(1000, dtype=torch.long)
+            state[key] = np.array(1000, dtype=np.int64)
             continue
         elif key.endswith("running_mean"):
             arr = rng.normal(0.0, 0.2, shape)
@@ -36,27 +42,44 @@ def random_stream_state(a: np.ndarray, num_class: int, rng: np.random.Generator,
             arr = rng.uniform(0.5, 2.0, shape)
         elif key.startswith("edge_importance"):
             arr = rng.uniform(0.5, 1.5, shape)
-        elif value.dim() == 1 and key.endswith("weight"):  # BN gamma
+        elif len(shape) == 1 and key.endswith("weight"):  # BN gamma
             arr = rng.uniform(0.7, 1.3, shape)
         elif key.endswith("bias"):
             arr = rng.normal(0.0, 0.05, shape)
         else:  # conv weights: variance-preserving through ReLU
             fan_in = int(np.prod(shape[1:]))
             arr = rng.normal(0.0, np.sqrt(2.0 / fan_in), shape)
-        state[key] = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+        state[key] = np.ascontiguousarray(arr, dtype=np.float32)
     return state
+
+
+def demo_arrays(layout: str = "mediapipe", strategy: str = "spatial", num_class: int = 2,
+                two_stream: bool = True, seed: int = 0, edge_importance: bool = True
+                ) -> dict[str, np.ndarray]:
+    """An original-format (two-stream or single-stream) state as numpy arrays."""
+    rng = np.random.default_rng(seed)
+    a = adjacency(layout, strategy)
+    if not two_stream:
+        return random_stream_arrays(a, num_class, rng, edge_importance=edge_importance)
+    state: dict[str, np.ndarray] = {}
+    for stream in ("origin_stream", "motion_stream"):
+        sub = random_stream_arrays(a, num_class, rng, edge_importance=edge_importance)
+        state.update({f"{stream}.{k}": v for k, v in sub.items()})
+    return state
+
+
+def spec_arrays(spec: Any) -> dict[str, np.ndarray]:
+    """The demo weights a ModelSpec without checkpoint stands for."""
+    return demo_arrays(spec.layout, spec.strategy, spec.num_class, spec.two_stream,
+                       seed=spec.seed)
 
 
 def demo_state_dict(layout: str = "mediapipe", strategy: str = "spatial", num_class: int = 2,
                     two_stream: bool = True, seed: int = 0, edge_importance: bool = True
                     ) -> dict[str, torch.Tensor]:
-    """An original-format (two-stream or single-stream) state_dict with random weights."""
-    rng = np.random.default_rng(seed)
-    a = adjacency(layout, strategy)
-    if not two_stream:
-        return random_stream_state(a, num_class, rng, edge_importance=edge_importance)
-    state = {}
-    for stream in ("origin_stream", "motion_stream"):
-        sub = random_stream_state(a, num_class, rng, edge_importance=edge_importance)
-        state.update({f"{stream}.{k}": v for k, v in sub.items()})
-    return state
+    """`demo_arrays` as a PyTorch state_dict (needs torch)."""
+    import torch
+
+    arrays = demo_arrays(layout, strategy, num_class, two_stream, seed, edge_importance)
+    return {k: torch.from_numpy(v.copy()) if v.ndim else torch.tensor(int(v), dtype=torch.long)
+            for k, v in arrays.items()}

@@ -24,19 +24,12 @@ from typing import Literal
 import torch
 from torch import nn
 
+from stgcnd.model.architecture import BLOCKS, TEMPORAL_KERNEL
 from stgcnd.model.spec import MOTION_FORMULAS
 
 MotionFormula = Literal["first-difference", "second-difference"]
 GraphOp = Literal["einsum", "matmul"]
 
-# (in_channels, out_channels, temporal stride, residual) of the 10 blocks; in_channels of block 0
-# is the number of input channels (3: x, y, visibility).
-BLOCKS: tuple[tuple[int | None, int, int, bool], ...] = (
-    (None, 64, 1, False), (64, 64, 1, True), (64, 64, 1, True), (64, 64, 1, True),
-    (64, 128, 2, True), (128, 128, 1, True), (128, 128, 1, True),
-    (128, 256, 2, True), (256, 256, 1, True), (256, 256, 1, True),
-)
-TEMPORAL_KERNEL = 9
 
 
 def motion(x: torch.Tensor, formula: MotionFormula = "first-difference") -> torch.Tensor:
