@@ -81,5 +81,8 @@ class BuildOptions:
             key["synthetic_calibration"] = self.calibration is None
         if backend in (None, "tensorrt"):
             key.update(workspace_mb=self.workspace_mb, opt_level=self.opt_level,
-                       layer_info=self.layer_info)
+                       layer_info=self.layer_info,
+                       # One optimization profile per batch bucket (the batched executors'
+                       # contexts); engines built before that layout are rebuilt.
+                       profiles="per-bucket")
         return key
