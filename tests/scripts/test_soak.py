@@ -12,6 +12,9 @@ import pytest
 
 from tests.conftest import REPO
 
+# the soak's daemon serves the torch backend: an optional extra (pip install -e ".[torch]").
+pytest.importorskip("torch")
+
 pytestmark = pytest.mark.slow
 
 SOAK = REPO / "scripts" / "soak.py"

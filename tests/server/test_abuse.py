@@ -161,6 +161,9 @@ CHILD = """
 import sys, numpy as np, zmq
 sys.path.insert(0, {clients!r})
 from stgcnd_client.protocol import encode_request
+
+# the abused daemon serves the torch backend: an optional extra (pip install -e ".[torch]").
+pytest.importorskip("torch")
 s = zmq.Context.instance().socket(zmq.DEALER)
 s.connect({endpoint!r})
 w = np.random.rand(3, {frames}, 33, 1).astype("float32")

@@ -17,6 +17,9 @@ from stgcnd_client.protocol import decode_reply, encode_request
 from tests.server.daemon_harness import FRAMES, Daemon
 from tests.server.test_daemon import raw_dealer
 
+# answers are checked against the PyTorch network: an optional extra (pip install -e ".[torch]").
+pytest.importorskip("torch")
+
 pytestmark = pytest.mark.slow
 
 

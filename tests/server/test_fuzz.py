@@ -33,6 +33,9 @@ from stgcnd_client.protocol import ErrorCode, Limits, ProtocolError, decode_repl
 from tests.fuzz_messages import LOAD_CODES, Case, Generator
 from tests.server.daemon_harness import Daemon
 
+# the fuzzed daemon serves the torch backend: an optional extra (pip install -e ".[torch]").
+pytest.importorskip("torch")
+
 FRAMES = 16
 WINDOW = (3, FRAMES, 33, 1)
 MAX_MESSAGE_BYTES = 256 * 1024  # small, so oversized cases stay cheap
