@@ -25,6 +25,9 @@ from stgcnd_client.protocol import decode_reply, encode_request
 from tests.conftest import REPO
 from tests.server.daemon_harness import FRAMES, Daemon, process_stats, stop_by_pid
 
+# The abused daemon serves the torch backend: an optional extra (pip install -e ".[torch]").
+pytest.importorskip("torch")
+
 pytestmark = pytest.mark.slow
 
 GOOD_CLIENTS = 3
@@ -162,8 +165,6 @@ import sys, numpy as np, zmq
 sys.path.insert(0, {clients!r})
 from stgcnd_client.protocol import encode_request
 
-# the abused daemon serves the torch backend: an optional extra (pip install -e ".[torch]").
-pytest.importorskip("torch")
 s = zmq.Context.instance().socket(zmq.DEALER)
 s.connect({endpoint!r})
 w = np.random.rand(3, {frames}, 33, 1).astype("float32")
