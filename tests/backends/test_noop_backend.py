@@ -102,6 +102,7 @@ def test_one_thread_at_a_time_per_session():
 
 
 def test_num_class_comes_from_labels_then_checkpoint_then_spec(tmp_path):
+    pytest.importorskip("torch")  # writes a PyTorch checkpoint
     from stgcnd.model.demo import demo_state_dict
 
     ckpt = write_checkpoint(tmp_path / "five.pt",

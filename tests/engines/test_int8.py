@@ -111,6 +111,7 @@ def assert_parseable_by_tensorrt(graph) -> None:
 def test_checker_catches_onnxruntime_default_layout(tmp_path):
     """ONNX Runtime's default Q/DQ (INT32 bias DequantizeLinear) is what TensorRT rejects:
     the checker that guards every quantization must report it."""
+    pytest.importorskip("torch")  # exports the PyTorch network
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     from stgcnd.engines.quantize import _reader_class, tensorrt_qdq_problems
