@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from stgcnd.commands._camera_args import add_camera_args
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -15,13 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--endpoint", required=True,
                    help="the daemon's endpoint, as `stgcnd serve` logs it in its \"ready\" line "
                         "(ipc:///path/to/socket or tcp://host:port); required")
-    p.add_argument("--cameras", type=int, default=4,
-                   help="simulated cameras, one client thread each (default: 4)")
-    p.add_argument("--fps", type=float, default=25.0,
-                   help="frames per second per camera (default: 25)")
-    p.add_argument("--mode", choices=["window", "push"], default="push",
-                   help="push: one frame per request, the daemon keeps each camera's window; "
-                        "window: a full window per request (default: push)")
+    add_camera_args(p)
     p.add_argument("--duration", type=float, default=20.0,
                    help="seconds to run (default: 20)")
     p.add_argument("--model", default=None,

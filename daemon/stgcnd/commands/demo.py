@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stgcnd.commands._camera_args import add_camera_args
 from stgcnd.errors import UserError
 
 
@@ -21,15 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "CPU backend, a temporary ipc endpoint), run simulated 25 fps "
                                    "cameras against it with a live table, then stop it cleanly. "
                                    "The demo model's predictions mean nothing.")
-    p.add_argument("--cameras", type=int, default=4,
-                   help="simulated cameras, one client thread each (default: 4)")
+    add_camera_args(p)
     p.add_argument("--duration", type=float, default=20.0,
                    help="seconds the cameras run, after the daemon is ready (default: 20)")
-    p.add_argument("--mode", choices=["window", "push"], default="push",
-                   help="push: one frame per request, the daemon keeps each camera's window; "
-                        "window: a full window per request (default: push)")
-    p.add_argument("--fps", type=float, default=25.0,
-                   help="frames per second per camera (default: 25)")
     p.add_argument("--stride", type=int, default=25,
                    help="push mode: one prediction every N frames (default: 25 = 1 per second)")
     p.add_argument("--engines", type=Path, default=None, help="engine store directory")

@@ -31,15 +31,12 @@ TAKE_TIMEOUT_S = 0.5
 EWMA = 0.2
 
 
-class FatalDeviceError(RuntimeError):
-    """The GPU is in an unrecoverable state: the process must exit and be restarted."""
-
-
 def is_fatal(exc: BaseException) -> bool:
+    """The GPU is in an unrecoverable state: the process must exit and be restarted."""
     mod = type(exc).__module__ or ""
     text = str(exc)
-    return (isinstance(exc, FatalDeviceError) or mod.startswith("pycuda")
-            or "CUDA error" in text or "cudaError" in text or "illegal memory access" in text)
+    return (mod.startswith("pycuda") or "CUDA error" in text or "cudaError" in text
+            or "illegal memory access" in text)
 
 
 def softmax_rows(logits: np.ndarray) -> np.ndarray:

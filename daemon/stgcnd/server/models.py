@@ -93,9 +93,6 @@ class ServedModel:
         log.info("model_closed", model=self.name, generation=self.generation)
 
     # -- answers ---------------------------------------------------------------------------
-    def estimate_ms(self, n: int = 1) -> float:
-        return min((ex.estimate_ms(n) for ex in self.executors), default=0.0)
-
     def replies(self, jobs: list[Job], logits: np.ndarray, started: float, compute_ms: float,
                 batch: int, bucket: int, stages: dict[str, float]) -> list[Reply]:
         """Encode one reply per job from its row of the batch's logits."""
