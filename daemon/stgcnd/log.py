@@ -71,6 +71,12 @@ def logging_config() -> dict[str, Any]:
     return dict(_current)
 
 
+def debug_enabled() -> bool:
+    """Whether debug events are logged: hot paths test this once instead of building an event
+    that the level filter then drops (a structlog proxy call costs microseconds even then)."""
+    return parse_level(_current["level"]) <= logging.DEBUG
+
+
 def log_is_json() -> bool:
     return _current["fmt"] == "json"
 

@@ -49,6 +49,7 @@ class Scheduler:
         self._ready: deque[str] = deque()   # cameras with queued work, in serving order
         self._pending = 0
         self._closed = False
+        self._idle = 0   # executors waiting in take(): only they need a wake-up
         self._cond = threading.Condition(threading.Lock())
 
     # -- the I/O loop's side ---------------------------------------------------------------
@@ -66,7 +67,8 @@ class Scheduler:
                 self._ready.append(job.camera)
             q.append(job)
             self._pending += 1
-            self._cond.notify()
+            if self._idle:  # a busy executor takes this job when it asks next: no wake-up
+                self._cond.notify()
         return True
 
     def queued(self, camera: str) -> int:
@@ -105,7 +107,11 @@ class Scheduler:
                 left = end - time.monotonic()
                 if left <= 0:
                     return []
-                self._cond.wait(left)
+                self._idle += 1
+                try:
+                    self._cond.wait(left)
+                finally:
+                    self._idle -= 1
             if self.delay_s and self._pending < max_batch:
                 self._wait_for_fuller(max_batch)
             return self._form(max_batch)
@@ -119,7 +125,11 @@ class Scheduler:
             left = end - time.monotonic()
             if left <= 0:
                 return
-            self._cond.wait(left)
+            self._idle += 1
+            try:
+                self._cond.wait(left)
+            finally:
+                self._idle -= 1
 
     def _form(self, max_batch: int) -> list[Job]:
         batch: list[Job] = []

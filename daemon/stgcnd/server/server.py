@@ -26,7 +26,7 @@ import zmq
 
 from stgcnd import __version__
 from stgcnd.errors import BuildCancelled
-from stgcnd.log import get_logger
+from stgcnd.log import debug_enabled, get_logger
 from stgcnd.server.cameras import CameraState, CameraTable, PushRecord
 from stgcnd.server.config import Config, load_config
 from stgcnd.server.errorlog import ClientErrorLog
@@ -55,6 +55,11 @@ RETIRE_TIMEOUT_S = 30.0   # a reloaded-away model's executors drain within this
 # interval would let a busy loop hold back an executor whose batch is done for up to 5 ms;
 # 0.5 ms bounds that hand-over at a cost of a few hundred extra switches per second.
 GIL_SWITCH_INTERVAL_S = 0.0005
+# pyzmq's constants are enums; combining them per request costs enum arithmetic in the loop.
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
+_NOBLOCK_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 
 
 class Server:
@@ -86,6 +91,7 @@ class Server:
 
         self.latency = LatencyAggregator()
         self._sampler: Any = None
+        self._log_requests = debug_enabled()  # per-request events only at --log-level debug
 
     # -- signals ---------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -202,8 +208,15 @@ class Server:
     def _send(self, identity: bytes, frames: list[Any]) -> bool:
         """Send without ever blocking the loop; False when the reply was dropped."""
         assert self._router is not None
+        send = self._router.send
         try:
-            self._router.send_multipart([identity, *frames], zmq.NOBLOCK)
+            # Frame by frame with plain-int flags: send_multipart combines enum flags per frame,
+            # which showed up in the loop's profile. Only the first frame can be refused
+            # (routing); once it is queued the rest of the message always is.
+            send(identity, _NOBLOCK_MORE)
+            last = len(frames) - 1
+            for i, frame in enumerate(frames):
+                send(frame, _NOBLOCK if i == last else _NOBLOCK_MORE)
             return True
         except zmq.Again:
             # The client's queue is full: it sends and does not read. Blocking here would
@@ -243,18 +256,19 @@ class Server:
                                 {k: t[k] for k in ("queue_ms", "compute_ms") if k in t})
         # Per request, at debug level only (`--log-level debug`): exact percentiles for
         # `stgcnd logs summarize`; free when the level filters it out.
-        log.debug("request", camera=job.camera, model=job.model, request_id=job.req_id,
-                  outcome=outcome, total_ms=round(total_ms, 3),
-                  **{k: v for k, v in t.items() if k != "total_ms"})
+        if self._log_requests:
+            log.debug("request", camera=job.camera, model=job.model, request_id=job.req_id,
+                      outcome=outcome, total_ms=round(total_ms, 3),
+                      **{k: v for k, v in t.items() if k != "total_ms"})
 
     def _read_requests(self, limit: int) -> None:
         router = self._router
         assert router is not None
         # EVENTS rather than reading until zmq.Again: the exception costs more than the check.
         for _ in range(limit):
-            if not router.get(zmq.EVENTS) & zmq.POLLIN:
+            if not router.get(_EVENTS) & _POLLIN:
                 return
-            msg = router.recv_multipart(zmq.NOBLOCK, copy=False)
+            msg = router.recv_multipart(_NOBLOCK, copy=False)
             self._handle(msg[0].bytes, msg[1:], time.monotonic())
 
     def _handle(self, identity: bytes, frames: list[Any], received: float) -> None:
