@@ -187,3 +187,63 @@ class DriverGraph:
         if self._graph:
             lib.cuGraphDestroy(self._graph)
             self._graph = ctypes.c_void_p()
+
+
+# --- per-window copies and stream ordering through the driver API ----------------------------
+
+_CU_EVENT_DISABLE_TIMING = 0x2
+
+
+class LaneOps:
+    """Copies and event ordering for one window at a time, as plain driver calls.
+
+    A batch moves each window up and its logits down on the window's client stream (a lane),
+    ordered against the batch's compute stream by events: seven calls per window. Through torch
+    (`set_stream`, `copy_`, `Event.record`, `wait_event`) each costs several microseconds of
+    Python and dispatcher work, which the H100 run measured as most of the executor's time per
+    full batch. A ctypes call into libcuda costs about a microsecond, so these take raw
+    addresses and stream/event handles prepared once at start-up.
+
+    The calls run in the calling thread's current context: the executor thread that made the
+    runner, where torch (runtime API) has made the device's primary context current. Every
+    call returns a CUresult; the hot loop or's them together and `check` raises once.
+    """
+
+    def __init__(self, events: int) -> None:
+        lib = _driver()
+        ptr, size, uint = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint
+        dev = ctypes.c_uint64  # CUdeviceptr
+        self.htod = _bind(lib, "cuMemcpyHtoDAsync_v2", dev, ptr, size, ptr)
+        self.dtoh = _bind(lib, "cuMemcpyDtoHAsync_v2", ptr, dev, size, ptr)
+        self.record = _bind(lib, "cuEventRecord", ptr, ptr)
+        self.wait = _bind(lib, "cuStreamWaitEvent", ptr, ptr, uint)
+        self._create = _bind(lib, "cuEventCreate", ctypes.POINTER(ptr), uint)
+        self._destroy = _bind(lib, "cuEventDestroy_v2", ptr)
+        self.events: list[int] = []
+        try:
+            for _ in range(events):
+                handle = ctypes.c_void_p()
+                _check(self._create(ctypes.byref(handle), _CU_EVENT_DISABLE_TIMING),
+                       "cuEventCreate")
+                self.events.append(int(handle.value or 0))
+        except BaseException:
+            self.destroy()
+            raise
+
+    @staticmethod
+    def check(status: int, what: str) -> None:
+        if status:
+            # "CUDA error" marks it fatal for the executor: the context may be unusable.
+            raise RuntimeError(f"CUDA error: {what} failed with CUresult {status}")
+
+    def destroy(self) -> None:
+        for handle in self.events:
+            self._destroy(handle)
+        self.events = []
+
+
+def _bind(lib: Any, name: str, *argtypes: Any) -> Any:
+    fn = getattr(lib, name)
+    fn.argtypes = list(argtypes)
+    fn.restype = ctypes.c_int
+    return fn

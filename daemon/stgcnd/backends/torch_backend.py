@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from stgcnd.backends.base import Backend, BackendInfo, BatchRunner, Session
+from stgcnd.backends.cuda import LaneOps
 from stgcnd.errors import BackendUnavailable
 from stgcnd.log import get_logger
 
@@ -290,17 +291,28 @@ class _CudaRunner(BatchRunner):
         with torch.cuda.stream(self.stream):
             self.dev_in = torch.zeros(shape, dtype=torch.float32, device=dev)
         self.lane_streams = [torch.cuda.Stream(device=dev) for _ in range(self.lanes)]
-        self.lane_events = [(torch.cuda.Event(), torch.cuda.Event()) for _ in range(self.lanes)]
         self.started = torch.cuda.Event(enable_timing=True)
         self.computed = torch.cuda.Event(enable_timing=True)
         # Blocking sync: the executor sleeps until the batch is back instead of spinning a
         # core for the whole compute time (the default), which on a Jetson is a core the
         # cameras need, and here was most of the daemon's CPU per request.
         self.done = torch.cuda.Event(blocking=True)
-        # Views made once: indexing a tensor per window costs microseconds on every request.
-        self.host_rows = list(self.host_in)
-        self.dev_rows = list(self.dev_in)
-        self.out_rows = list(self.host_out)
+        # The per-window work is plain driver calls on addresses and handles taken once here
+        # (see LaneOps): per lane an upload and a download event, plus the batch's "computed"
+        # event the lanes wait for. Torch calls per window cost most of a full batch's host time.
+        self.ops: LaneOps | None = None
+        if self.lanes:
+            self.ops = LaneOps(2 * self.lanes + 1)
+            self.up_events = self.ops.events[:self.lanes]
+            self.down_events = self.ops.events[self.lanes:2 * self.lanes]
+            self.computed_raw = self.ops.events[-1]
+            self.stream_handle = int(self.stream.cuda_stream)
+            self.lane_handles = [int(s.cuda_stream) for s in self.lane_streams]
+            self.in_bytes = self.host_in[0].nbytes
+            self.out_bytes = self.host_out[0].nbytes
+            self.host_in_ptrs = [int(r.data_ptr()) for r in self.host_in]
+            self.dev_in_ptrs = [int(r.data_ptr()) for r in self.dev_in]
+            self.host_out_ptrs = [int(r.data_ptr()) for r in self.host_out]
         self.outputs: dict[int, torch.Tensor] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = torch.cuda.graph_pool_handle() if backend.cuda_graph else None
@@ -334,19 +346,17 @@ class _CudaRunner(BatchRunner):
         stream = self.stream
         for i, w in enumerate(windows):
             np.copyto(self.host_in_np[i], w, casting="same_kind")
+        ops = self.ops
         with torch.inference_mode():
-            if self.lanes:
+            if ops is not None:
                 # Each window up on its client's own stream; the batch waits for all of them.
-                # set_stream rather than a `with` block per window: fewer calls on the hot
-                # path; the compute stream is set again right after.
+                main, size, bad = self.stream_handle, self.in_bytes, 0
+                htod, record, wait = ops.htod, ops.record, ops.wait
                 for i, lane in enumerate(lanes):
-                    s = self.lane_streams[lane]
-                    up = self.lane_events[lane][0]
-                    torch.cuda.set_stream(s)
-                    self.dev_rows[i].copy_(self.host_rows[i], non_blocking=True)
-                    up.record(s)
-                    stream.wait_event(up)
-                torch.cuda.set_stream(stream)
+                    s, up = self.lane_handles[lane], self.up_events[lane]
+                    bad |= htod(self.dev_in_ptrs[i], self.host_in_ptrs[i], size, s)
+                    bad |= record(up, s) | wait(main, up, 0)
+                ops.check(bad, "a window's upload on its client stream")
             else:
                 with torch.cuda.stream(stream):
                     self.dev_in[:n].copy_(self.host_in[:n], non_blocking=True)
@@ -360,16 +370,19 @@ class _CudaRunner(BatchRunner):
                 else:
                     out = self.backend.forward(self.dev_in[:bucket], self.side)
             self.computed.record(stream)
-            if self.lanes:
+            if ops is not None:
+                # Each client's stream waits for the batch and takes its own row down; the
+                # compute stream (and so `done`) waits for every download.
+                main, size, computed = self.stream_handle, self.out_bytes, self.computed_raw
+                dtoh, record, wait = ops.dtoh, ops.record, ops.wait
+                base = int(out.data_ptr())
+                bad = record(computed, main)
                 for i, lane in enumerate(lanes):
-                    s = self.lane_streams[lane]
-                    down = self.lane_events[lane][1]
-                    s.wait_event(self.computed)
-                    torch.cuda.set_stream(s)
-                    self.out_rows[i].copy_(out[i], non_blocking=True)
-                    down.record(s)
-                    stream.wait_event(down)
-                torch.cuda.set_stream(stream)
+                    s, down = self.lane_handles[lane], self.down_events[lane]
+                    bad |= wait(s, computed, 0)
+                    bad |= dtoh(self.host_out_ptrs[i], base + i * size, size, s)
+                    bad |= record(down, s) | wait(main, down, 0)
+                ops.check(bad, "a result's download on its client stream")
             else:
                 with torch.cuda.stream(stream):
                     self.host_out[:n].copy_(out[:n], non_blocking=True)
@@ -383,5 +396,7 @@ class _CudaRunner(BatchRunner):
         self.graphs.clear()
         self.outputs.clear()
         self.pool = None
+        if self.ops is not None:  # every lane's work was ordered before the compute stream's end
+            self.ops.destroy()
+            self.ops = None
         self.lane_streams = []
-        self.lane_events = []
