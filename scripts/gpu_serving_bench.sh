@@ -70,7 +70,9 @@ suite() {  # $1 daemon name
   lt "$1" one-25hz --processes 1 --cameras 1 --rate 25 --duration "$DUR" --warmup 2
   lt "$1" sat-64-closed --processes 8 --cameras 8 --closed-loop --duration "$DUR" --warmup 3
   sleep 6
+  spy "$1-sat-128" &
   lt "$1" sat-128-closed --processes 8 --cameras 16 --closed-loop --duration "$DUR" --warmup 3
+  wait $!
   sleep 6
   lt "$1" c64-25hz --processes 8 --cameras 8 --rate 25 --duration "$DUR" --warmup 3
   sleep 6
@@ -78,6 +80,13 @@ suite() {  # $1 daemon name
   sleep 6
   lt "$1" join32 --processes 1 --cameras 4 --rate 25 --duration "$DUR" --warmup 1 \
     --join 32 --join-at 4
+}
+
+spy() {  # $1 label: where the daemon's threads spend the saturated run (py-spy, if carried)
+  [ -x /tmp/site/bin/py-spy ] || return 0
+  sleep 6
+  /tmp/site/bin/py-spy record -p $dpid -d 5 -r 250 -f raw --threads --idle \
+    -o "$OUT/spy-$1.txt" > /dev/null 2>&1 || echo "py-spy failed for $1"
 }
 
 rc=0
@@ -98,7 +107,9 @@ if [ "$PART" = new ]; then
   lt nolanes sat-128-closed --processes 8 --cameras 16 --closed-loop --duration "$DUR" --warmup 3
   stop_daemon
   start_daemon two "$NEW" $'demo = true\nmax_batch = 64\ninstances = 2' || exit 1
+  spy two-sat-128 &
   lt two sat-128-closed --processes 8 --cameras 16 --closed-loop --duration "$DUR" --warmup 3
+  wait $!
   stop_daemon
 fi
 if [ "$PART" = old ]; then
