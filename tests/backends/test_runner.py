@@ -114,3 +114,36 @@ def test_capturing_a_new_runner_while_another_replays(small_model, batch):
             serving.close()
     assert not errors, errors
     assert worst[0] <= 1e-2
+
+
+@gpu
+@pytest.mark.gpu
+def test_two_runners_prepared_at_once(small_model, batch):
+    """`instances = 2` starts two executors together: one's set-up while the other captured
+    failed on the H100 ("operation not permitted when stream is capturing") until runners
+    were prepared one at a time."""
+    ref = reference_logits(small_model, batch)
+    with TorchBackend(small_model, "fp16", "cuda", cuda_graph=True, max_batch=8) as backend:
+        outs: list[np.ndarray] = []
+        errors: list[BaseException] = []
+
+        def executor() -> None:
+            try:
+                runner = backend.open_runner((1, 2, 4, 8), lanes=4)
+                try:
+                    runner.warm_up(1)
+                    outs.append(runner.run(list(batch), [0, 1, 2, 3, 0, 1, 2]))
+                finally:
+                    runner.close()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=executor) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert not errors, errors
+    assert len(outs) == 3
+    for out in outs:
+        assert np.max(np.abs(out - ref)) <= 1e-2

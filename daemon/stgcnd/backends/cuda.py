@@ -32,6 +32,12 @@ _pycuda_context: Any = None
 # One stream capture at a time in the process: beginning a capture while another thread's
 # stream is capturing can invalidate it (a synchronizing call during capture is an error).
 CAPTURE_LOCK = threading.Lock()
+# One runner prepared at a time in the process: a runner's set-up (pinned and device buffers,
+# library handles, warm-up runs) is not legal while another thread captures a graph. Two
+# executors preparing at once failed on the H100 with "operation not permitted when stream is
+# capturing". Serving runners never take this lock, so a reload's preparation never stalls
+# them: they only replay, which CAPTURE_LOCK orders against captures.
+PREPARE_LOCK = threading.Lock()
 
 
 def init_cuda(kind: CudaKind) -> Any:
@@ -210,7 +216,14 @@ class LaneOps:
     """
 
     def __init__(self, events: int) -> None:
-        lib = _driver()
+        # PyDLL, not CDLL: these calls only enqueue work and return in about a microsecond, so
+        # they keep the GIL. A CDLL call releases and re-takes it every time, and with the I/O
+        # loop busy each re-take waited for the loop's switch interval (the H100 profile).
+        try:
+            lib = ctypes.PyDLL("libcuda.so.1")
+        except OSError as exc:
+            raise BackendUnavailable(f"libcuda.so.1 not found ({exc}); the CUDA runner needs "
+                                     "the NVIDIA driver") from None
         ptr, size, uint = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint
         dev = ctypes.c_uint64  # CUdeviceptr
         self.htod = _bind(lib, "cuMemcpyHtoDAsync_v2", dev, ptr, size, ptr)
@@ -240,6 +253,17 @@ class LaneOps:
         for handle in self.events:
             self._destroy(handle)
         self.events = []
+
+
+# memmove that keeps the GIL (ctypes.memmove releases it): a window is ~60 KB, copied in
+# microseconds, and re-taking the GIL after each of a batch's copies cost more than the copy.
+_memmove_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_size_t)(ctypes._memmove_addr)  # type: ignore[attr-defined]
+
+
+def host_copy(dst: int, src: int, nbytes: int) -> None:
+    """Copy nbytes between host addresses without releasing the GIL."""
+    _memmove_gil(dst, src, nbytes)
 
 
 def _bind(lib: Any, name: str, *argtypes: Any) -> Any:

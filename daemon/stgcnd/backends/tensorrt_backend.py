@@ -486,7 +486,7 @@ class _TrtRunner(BatchRunner):
         super().__init__(backend, buckets, lanes)
         import pycuda.driver as cuda
 
-        from stgcnd.backends.cuda import pycuda_current
+        from stgcnd.backends.cuda import PREPARE_LOCK, pycuda_current
 
         self.cuda = cuda
         self.plan = plan_contexts(self.buckets, backend.profile_ranges, backend.dynamic)
@@ -502,7 +502,9 @@ class _TrtRunner(BatchRunner):
                      reason="the engine has one optimization profile for several buckets; "
                             "rebuild it (stgcnd build) for one profile per bucket")
         rows = self.max_batch
-        with pycuda_current():
+        # One runner prepared at a time (see cuda.PREPARE_LOCK): allocations and context
+        # creation are not legal while another executor captures a graph.
+        with PREPARE_LOCK, pycuda_current():
             self.compute = cuda.Stream()
             self.start, self.done = cuda.Event(), cuda.Event()
             self.finished = self._blocking_event()
@@ -570,10 +572,11 @@ class _TrtRunner(BatchRunner):
     def warm_up(self, runs: int = 3) -> dict[int, float]:
         """Capture one CUDA graph per bucket (when asked and allowed), then time every bucket.
         A failed capture is not fatal: logged once, and every bucket runs without a graph."""
-        from stgcnd.backends.cuda import CAPTURE_LOCK, DriverGraph, pycuda_current
+        from stgcnd.backends.cuda import CAPTURE_LOCK, PREPARE_LOCK, DriverGraph, pycuda_current
 
         if self.use_graphs and self.backend.graph_failure is None:
-            with pycuda_current():
+            # A bucket's first enqueue does deferred set-up: not while another executor captures.
+            with PREPARE_LOCK, pycuda_current():
                 for b in self.buckets:
                     self._set_shape(self.contexts[b], b)
                     self._enqueue(b)  # deferred set-up happens outside the capture
