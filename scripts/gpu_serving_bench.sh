@@ -4,8 +4,8 @@
 #
 # Usage (repo root; wheels for the GPU machine in .whl/ as for scripts/gpu_checks.sh):
 #   OUT=dir PART=new bash scripts/gpu_serving_bench.sh   # bench + the batched daemon
-#   OUT=dir PART=old bash scripts/gpu_serving_bench.sh   # the per-camera design (.old/) and
-#                                                        # the batched one without client streams
+#   OUT=dir PART=old bash scripts/gpu_serving_bench.sh   # the per-camera design (.old/)
+#   OUT=dir PART=buckets bash scripts/gpu_serving_bench.sh  # three bucket sets, open loop
 # .old/ holds the previous design's daemon/ and clients/ (git archive 5fdd169 daemon clients).
 set -o pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -111,6 +111,27 @@ if [ "$PART" = new ]; then
   lt two sat-128-closed --processes 8 --cameras 16 --closed-loop --duration "$DUR" --warmup 3
   wait $!
   stop_daemon
+fi
+if [ "$PART" = buckets ]; then
+  # Bucket granularity under open-loop load: a batch of 40 padded to 64 computes as 64, and the
+  # longer cycle then gathers bigger batches again (the 128 x 25 Hz run settles at bucket 64).
+  i=0
+  for set in "1, 2, 4, 8, 16, 32, 64" "1, 2, 4, 8, 16, 24, 32, 48, 64" \
+             "1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64"; do
+    i=$((i + 1))
+    echo "== buckets$i: [$set]" | tee -a "$OUT/loadtest.txt"
+    start_daemon "buckets$i" "$NEW" "demo = true
+max_batch = 64
+buckets = [$set]" || exit 1
+    grep -o '"seconds": [0-9.]*' "$OUT/daemon-buckets$i.log" | head -1 | tee -a "$OUT/loadtest.txt"
+    lt "buckets$i" c128-25hz --processes 8 --cameras 16 --rate 25 --duration "$DUR" --warmup 3
+    sleep 6
+    lt "buckets$i" c64-25hz --processes 8 --cameras 8 --rate 25 --duration "$DUR" --warmup 3
+    sleep 6
+    lt "buckets$i" sat-128-closed --processes 8 --cameras 16 --closed-loop --duration "$DUR" \
+      --warmup 3
+    stop_daemon
+  done
 fi
 if [ "$PART" = old ]; then
   # The per-camera design (one thread and session per camera), same model and precision.

@@ -66,8 +66,12 @@ class ModelConfig:
     # batch shapes prepared before READY (a batch runs in the smallest bucket that holds it),
     # how long a batch may wait to fill (0: never wait while the device is idle) and how many
     # executors (each with its own runner, streams and graphs) share the model's queue.
+    # 24 and 48 besides the powers of two: a batch of 40 padded to 64 computes as 64, and
+    # under open-loop load the longer cycle gathers bigger batches again; on the H100, 128
+    # cameras x 25 Hz ran at p50 23.6 ms with powers of two and 8.6 ms with these
+    # (docs/benchmarks.md). A TensorRT engine maps them onto the profiles it was built with.
     max_batch: int = 0
-    buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)
     max_queue_delay_us: int = 0
     instances: int = 1
     # One CUDA stream per camera for its window's upload and its result's download, ordered
