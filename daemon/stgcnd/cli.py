@@ -73,6 +73,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"stgcnd {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ModuleNotFoundError as exc:
+        # torch is optional: a command (or option) that needs it says what to install in one
+        # line instead of a traceback. Anything else missing is a broken install: re-raise.
+        if (exc.name or "").split(".")[0] != "torch":
+            raise
+        from stgcnd.model.reference import TORCH_EXTRA
+
+        print(f"stgcnd {args.command}: error: this needs PyTorch, which is not installed: "
+              f"{TORCH_EXTRA}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"stgcnd {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -57,3 +57,16 @@ def test_a_checkpoint_without_torch_says_what_to_install(tmp_path):
                        env=no_torch_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert 'pip install -e ".[torch]"' in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["export", "--optimized", "-o", "OUT/x.onnx"],   # the demo's plain export needs no torch
+    ["bench", "--backends", "onnxruntime"],           # the baseline is PyTorch eager
+])
+def test_commands_that_need_torch_say_what_to_install(tmp_path, argv):
+    argv = [a.replace("OUT", str(tmp_path)) for a in argv]
+    r = subprocess.run([sys.executable, "-m", "stgcnd", *argv], env=no_torch_env(tmp_path),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "needs PyTorch" in r.stderr and 'pip install -e ".[torch]"' in r.stderr
+    assert "Traceback" not in r.stderr
