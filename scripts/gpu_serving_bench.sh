@@ -6,6 +6,7 @@
 #   OUT=dir PART=new bash scripts/gpu_serving_bench.sh   # bench + the batched daemon
 #   OUT=dir PART=old bash scripts/gpu_serving_bench.sh   # the per-camera design (.old/)
 #   OUT=dir PART=buckets bash scripts/gpu_serving_bench.sh  # three bucket sets, open loop
+#   OUT=dir PART=open bash scripts/gpu_serving_bench.sh     # 128 and 64 cameras x 25 Hz, 1 camera
 # .old/ holds the previous design's daemon/ and clients/ (git archive 5fdd169 daemon clients).
 set -o pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -110,6 +111,15 @@ if [ "$PART" = new ]; then
   spy two-sat-128 &
   lt two sat-128-closed --processes 8 --cameras 16 --closed-loop --duration "$DUR" --warmup 3
   wait $!
+  stop_daemon
+fi
+if [ "$PART" = open ]; then
+  # The open-loop loads alone (a short re-run when a noisy machine spoilt them).
+  start_daemon open "$NEW" $'demo = true\nmax_batch = 64' || exit 1
+  lt open c128-25hz --processes 8 --cameras 16 --rate 25 --duration "$DUR" --warmup 3
+  sleep 6
+  lt open c64-25hz --processes 8 --cameras 8 --rate 25 --duration "$DUR" --warmup 3
+  lt open one-closed --processes 1 --cameras 1 --closed-loop --duration "$DUR" --warmup 2
   stop_daemon
 fi
 if [ "$PART" = buckets ]; then

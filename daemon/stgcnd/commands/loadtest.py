@@ -71,7 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="checkpoint to serve (default: the demo model)")
     serve.add_argument("--precision", default="fp32", help="default: fp32")
     serve.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
-    serve.add_argument("--max-batch", type=int, default=1, help="default: 1")
+    serve.add_argument("--max-batch", type=int, default=0,
+                       help="largest batch across cameras (default: 0, the daemon's own "
+                            "default: 64 on a GPU, 16 on a CPU; 1 turns batching off)")
     serve.add_argument("--serve-config", type=Path, default=None, metavar="TOML",
                        help="serve this configuration instead (its endpoint is replaced)")
     serve.add_argument("--engines", type=Path, default=None, help="engine store directory")

@@ -33,7 +33,7 @@ class ServeOptions:
     checkpoint: Path | None = None
     precision: str = "fp32"
     device: str = "auto"
-    max_batch: int = 1
+    max_batch: int = 0               # 0: the daemon's default (auto)
     config: Path | None = None        # the user's TOML instead of ours (endpoint overridden)
     engines: Path | None = None
     log_path: Path | None = None
