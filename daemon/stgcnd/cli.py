@@ -78,10 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # line instead of a traceback. Anything else missing is a broken install: re-raise.
         if (exc.name or "").split(".")[0] != "torch":
             raise
-        from stgcnd.model.reference import TORCH_EXTRA
+        from stgcnd.model.reference import torch_missing
 
-        print(f"stgcnd {args.command}: error: this needs PyTorch, which is not installed: "
-              f"{TORCH_EXTRA}", file=sys.stderr)
+        print(f"stgcnd {args.command}: error: {torch_missing('this')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"stgcnd {args.command}: interrupted", file=sys.stderr)

@@ -255,15 +255,12 @@ class LaneOps:
         self.events = []
 
 
-# memmove that keeps the GIL (ctypes.memmove releases it): a window is ~60 KB, copied in
-# microseconds, and re-taking the GIL after each of a batch's copies cost more than the copy.
-_memmove_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
-                                 ctypes.c_size_t)(ctypes._memmove_addr)  # type: ignore[attr-defined]
-
-
-def host_copy(dst: int, src: int, nbytes: int) -> None:
-    """Copy nbytes between host addresses without releasing the GIL."""
-    _memmove_gil(dst, src, nbytes)
+# host_copy(dst, src, nbytes): memmove between host addresses that keeps the GIL
+# (ctypes.memmove releases it). A window is ~60 KB, copied in microseconds, and re-taking the
+# GIL after each of a batch's copies cost more than the copy. Called directly: no wrapper on
+# the per-window path.
+host_copy = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_size_t)(ctypes._memmove_addr)  # type: ignore[attr-defined]
 
 
 def _bind(lib: Any, name: str, *argtypes: Any) -> Any:

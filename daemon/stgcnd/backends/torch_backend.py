@@ -361,11 +361,11 @@ class _CudaRunner(BatchRunner):
         with torch.inference_mode():
             if ops is not None:
                 # Each window up on its client's own stream; the batch waits for all of them.
-                main, size, bad = self.stream_handle, self.in_bytes, 0
+                main, bad = self.stream_handle, 0
                 htod, record, wait = ops.htod, ops.record, ops.wait
                 for i, lane in enumerate(lanes):
                     s, up = self.lane_handles[lane], self.up_events[lane]
-                    bad |= htod(self.dev_in_ptrs[i], self.host_in_ptrs[i], size, s)
+                    bad |= htod(self.dev_in_ptrs[i], rows[i], size, s)
                     bad |= record(up, s) | wait(main, up, 0)
                 ops.check(bad, "a window's upload on its client stream")
             else:

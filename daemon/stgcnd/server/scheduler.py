@@ -107,11 +107,7 @@ class Scheduler:
                 left = end - time.monotonic()
                 if left <= 0:
                     return []
-                self._idle += 1
-                try:
-                    self._cond.wait(left)
-                finally:
-                    self._idle -= 1
+                self._wait(left)
             if self.delay_s and self._pending < max_batch:
                 self._wait_for_fuller(max_batch)
             return self._form(max_batch)
@@ -125,11 +121,15 @@ class Scheduler:
             left = end - time.monotonic()
             if left <= 0:
                 return
-            self._idle += 1
-            try:
-                self._cond.wait(left)
-            finally:
-                self._idle -= 1
+            self._wait(left)
+
+    def _wait(self, timeout: float) -> None:
+        # Counted while waiting, so that submit() wakes an executor only when one is idle.
+        self._idle += 1
+        try:
+            self._cond.wait(timeout)
+        finally:
+            self._idle -= 1
 
     def _form(self, max_batch: int) -> list[Job]:
         batch: list[Job] = []
