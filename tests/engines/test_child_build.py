@@ -11,7 +11,7 @@ import pytest
 
 from stgcnd.engines.child_build import remove_leftovers
 from stgcnd.engines.options import BuildOptions
-from stgcnd.engines.store import EngineStore
+from stgcnd.engines.store import PAUSE_ENV, EngineStore
 from stgcnd.errors import BuildCancelled, UserError
 from tests.engines.conftest import demo_spec
 from tests.engines.test_store import paths
@@ -49,15 +49,19 @@ def test_cancel_set_before_asking_builds_nothing(store_root):
     assert not art.exists()
 
 
-def test_cancel_mid_build_kills_the_child_and_removes_its_files(store_root):
+def test_cancel_mid_build_kills_the_child_and_removes_its_files(store_root, monkeypatch):
     art, manifest_path, _ = paths(store_root)
     old_manifest = manifest_path.read_text()
+    # The child holds its written temp artefact for 60 s before it would validate and commit,
+    # so the cancel below always lands mid-build. (Without the pause, a fast CPU build could
+    # commit between the watcher seeing the temp file and setting the event: CI saw that.)
+    monkeypatch.setenv(PAUSE_ENV, "60")
     cancel = threading.Event()
     store = EngineStore(store_root, cancel=cancel)
-    # Set the event once the child has a temp file in the store (its build is under way).
+
     def cancel_when_writing() -> None:
         end = time.monotonic() + 120
-        while time.monotonic() < end and not list(art.parent.glob(".*.tmp-*")):
+        while time.monotonic() < end and not list(art.parent.glob(f".{art.stem}.tmp-*")):
             time.sleep(0.05)
         cancel.set()
 
@@ -67,9 +71,10 @@ def test_cancel_mid_build_kills_the_child_and_removes_its_files(store_root):
     with pytest.raises(BuildCancelled):
         store.prepare(demo_spec(), "onnxruntime", BuildOptions(), rebuild="test: forced")
     watcher.join()
-    assert time.monotonic() - t0 < 120
+    assert time.monotonic() - t0 < 60  # the pause was cut short, not waited out
     assert not list(store_root.rglob(".*.tmp-*"))
     assert manifest_path.read_text() == old_manifest  # the old artefact is still the one
+    monkeypatch.delenv(PAUSE_ENV)
     assert EngineStore(store_root).prepare(demo_spec(), "onnxruntime").reused
 
 
