@@ -7,6 +7,8 @@
 #   OUT=dir PART=old bash scripts/gpu_serving_bench.sh   # the per-camera design (.old/)
 #   OUT=dir PART=buckets bash scripts/gpu_serving_bench.sh  # three bucket sets, open loop
 #   OUT=dir PART=open bash scripts/gpu_serving_bench.sh     # 128 and 64 cameras x 25 Hz, 1 camera
+#   OUT=dir PART=cpu bash scripts/gpu_serving_bench.sh   # where the daemon's CPU goes, per thread:
+#                                    the ZeroMQ floor, the noop backend, then torch
 # .old/ holds the previous design's daemon/ and clients/ (git archive 5fdd169 daemon clients).
 set -o pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -14,7 +16,7 @@ PART=${PART:-new}
 DUR=${DUR:-12}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if [ -d .whl ]; then
+if [ -d .whl ] && [ -z "$SKIP_WHL" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
 fi
@@ -26,7 +28,9 @@ python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', 
 nproc | sed 's/^/cpus /' | tee -a "$OUT/gpu.txt"
 tmp=$(mktemp -d)
 
-start_daemon() {  # $1 name, $2 PYTHONPATH, $3 extra model keys
+start_daemon() {  # $1 name, $2 PYTHONPATH, $3 extra model keys, $4 backend (default torch)
+  local model=$'backend = "torch"\ndevice = "cuda"\nprecision = "fp16"\ncuda_graph = true'
+  [ "${4:-torch}" = noop ] && model=$'backend = "noop"\ndevice = "cpu"\nprecision = "fp32"'
   cat > "$tmp/$1.toml" <<TOML
 [server]
 endpoint = "ipc://$tmp/$1.sock"
@@ -37,10 +41,7 @@ queue_size = 16
 max_cameras = 200
 [[models]]
 name = "single"
-backend = "torch"
-device = "cuda"
-precision = "fp16"
-cuda_graph = true
+$model
 $3
 TOML
   PYTHONPATH=$2 python3 -m stgcnd --log-format json serve --config "$tmp/$1.toml" \
@@ -83,6 +84,17 @@ suite() {  # $1 daemon name
     --join 32 --join-at 4
 }
 
+ltc() {  # lt, and the daemon's CPU per thread over the middle of the measured part
+  # $1 name, $2 label, $3 offered requests/s (0: closed loop, per-request columns omitted)
+  local name=$1 label=$2 rate=$3; shift 3
+  ( sleep 6; python3 scripts/thread_cpu.py $dpid $((DUR - 6)) $rate \
+      > "$OUT/threads-$name-$label.txt" ) &
+  local tpid=$!
+  lt "$name" "$label" "$@"
+  wait $tpid
+  cat "$OUT/threads-$name-$label.txt" | tee -a "$OUT/loadtest.txt"
+}
+
 spy() {  # $1 label: where the daemon's threads spend the saturated run (py-spy, if carried)
   [ -x /tmp/site/bin/py-spy ] || return 0
   sleep 6
@@ -121,6 +133,38 @@ if [ "$PART" = open ]; then
   lt open c64-25hz --processes 8 --cameras 8 --rate 25 --duration "$DUR" --warmup 3
   lt open one-closed --processes 1 --cameras 1 --closed-loop --duration "$DUR" --warmup 2
   stop_daemon
+fi
+if [ "$PART" = cpu ]; then
+  # The floor (bare ZeroMQ round trip), then the daemon's CPU per thread: noop (the daemon
+  # alone) and torch (plus the GPU path), at the loads of the issue's goals.
+  python3 scripts/zmq_echo_floor.py 20000 | tee -a "$OUT/loadtest.txt"
+  for backend in ${BACKENDS:-noop torch}; do
+    start_daemon "cpu-$backend" "$NEW" "demo = true
+max_batch = 64" "$backend" || exit 1
+    sleep 4
+    ltc "cpu-$backend" one-closed 0 --processes 1 --cameras 1 --closed-loop --duration "$DUR" \
+      --warmup 2
+    sleep 6
+    ltc "cpu-$backend" c64-25hz 1600 --processes 8 --cameras 8 --rate 25 --duration "$DUR" \
+      --warmup 3
+    sleep 6
+    ltc "cpu-$backend" c128-25hz 3200 --processes 8 --cameras 16 --rate 25 --duration "$DUR" \
+      --warmup 3
+    sleep 6
+    ltc "cpu-$backend" sat-128-closed 0 --processes 8 --cameras 16 --closed-loop \
+      --duration "$DUR" --warmup 3
+    stop_daemon
+  done
+  if [ -d .base ]; then  # the same two open-loop loads on an earlier tree (.base/), same machine
+    BASE=/tmp/site:$PWD/.base/daemon:$PWD/.base/clients
+    start_daemon cpu-base "$BASE" $'demo = true\nmax_batch = 64' || exit 1
+    sleep 4
+    ltc cpu-base one-closed 0 --processes 1 --cameras 1 --closed-loop --duration "$DUR" \
+      --warmup 2
+    sleep 6
+    ltc cpu-base c64-25hz 1600 --processes 8 --cameras 8 --rate 25 --duration "$DUR" --warmup 3
+    stop_daemon
+  fi
 fi
 if [ "$PART" = buckets ]; then
   # Bucket granularity under open-loop load: a batch of 40 padded to 64 computes as 64, and the

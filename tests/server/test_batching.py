@@ -235,6 +235,14 @@ def test_deadline_estimate_is_the_warmed_compute_time(daemon):
     assert rep.error is not None and rep.error.code == "expired"
 
 
+def test_an_idle_executor_is_woken_for_every_request(daemon):
+    """The I/O loop queues requests without waking the executor and wakes it once before it
+    polls; were that forgotten, a request would wait for the executor's 0.5 s take timeout."""
+    with Client(daemon.endpoint, camera_id="wake", timeout=60) as cl:
+        queued = sorted(cl.infer(_window(i)).timings["queue_ms"] for i in range(7))
+    assert queued[3] < 100, queued  # the median; ~0.1 ms when woken, ~250 ms when not
+
+
 def test_huge_finite_values_get_an_error_not_a_nan_prediction(daemon):
     w = np.full((3, FRAMES, 33, 1), 3e38, np.float32)
     with raw_dealer(daemon.endpoint) as s:

@@ -86,6 +86,15 @@ def test_ready_status_and_hello(daemon):
     assert list(m.labels) == ["normal", "shoplifting"] and m.default
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names from /proc")
+def test_threads_carry_their_names_for_top_and_py_spy(daemon):
+    from pathlib import Path
+
+    names = {p.read_text().strip() for p in Path(f"/proc/{daemon.proc.pid}/task").glob(
+        "*/comm")}
+    assert "exec0-demo" in names, names
+
+
 def test_infer_matches_pytorch_reference(daemon, reference):
     x = synthetic_windows(3, FRAMES, 1, seed=21)
     ref = reference_logits(reference, x)

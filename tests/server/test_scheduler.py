@@ -101,6 +101,26 @@ def test_an_idle_executor_is_woken_by_a_submit():
     assert got and got[0] - sent < 0.5
 
 
+def test_a_deferred_submit_waits_for_wake():
+    """submit(wake=False) leaves an idle executor asleep until wake(): the I/O loop queues a
+    burst of requests and wakes it once, just before it polls (and releases the GIL)."""
+    s = Scheduler(queue_size=10)
+    got: list[list[Job] | None] = []
+    t = threading.Thread(target=lambda: got.append(s.take(4, timeout=5.0)))
+    t.start()
+    time.sleep(0.05)                 # the executor is waiting in take()
+    s.submit(job("a", 1), wake=False)
+    s.submit(job("b", 1), wake=False)
+    time.sleep(0.3)
+    assert not got                   # not woken by the deferred submits
+    woken = time.monotonic()
+    s.wake()
+    t.join(5.0)
+    assert got and got[0] is not None and len(got[0]) == 2
+    assert time.monotonic() - woken < 1.0   # by wake(), not by take's 5 s timeout
+    s.wake()                         # nothing queued, nobody waiting: a no-op
+
+
 def test_queue_delay_waits_for_a_fuller_batch_but_no_longer_than_the_delay():
     s = Scheduler(queue_size=10, max_queue_delay_us=200_000)
     s.submit(job("a", 1))

@@ -23,6 +23,7 @@ import numpy as np
 from stgcnd.log import get_logger
 from stgcnd.server.outbox import Outbox, Reply
 from stgcnd.server.scheduler import Job, Scheduler
+from stgcnd.threadname import name_os_thread
 from stgcnd_client.protocol import ErrorCode, encode_reply
 
 log = get_logger(__name__)
@@ -51,6 +52,7 @@ class Executor(threading.Thread):
                  on_fatal: Callable[[BaseException], None]) -> None:
         super().__init__(name=f"executor-{model.name}-{index}", daemon=True)
         self.model = model                 # stgcnd.server.models.ServedModel
+        self._index = index
         self.scheduler = scheduler
         self.outbox = outbox
         self._buckets = tuple(buckets)
@@ -69,6 +71,7 @@ class Executor(threading.Thread):
 
     # -- start-up, in this thread ----------------------------------------------------------
     def run(self) -> None:
+        name_os_thread(f"exec{self._index}-{self.model.name}")
         try:
             runner = self.model.backend.open_runner(self._buckets, self._lanes)
         except BaseException as exc:

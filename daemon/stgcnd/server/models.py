@@ -67,8 +67,8 @@ class ServedModel:
             raise UserError(f"model {self.name!r}: could not prepare its executor: "
                             f"{type(failed).__name__}: {failed}") from failed
 
-    def submit(self, job: Job) -> bool:
-        return self.scheduler is not None and self.scheduler.submit(job)
+    def submit(self, job: Job, wake: bool = True) -> bool:
+        return self.scheduler is not None and self.scheduler.submit(job, wake)
 
     def stop_accepting(self, drain_deadline: float | None = None) -> None:
         """Queued work still runs (until drain_deadline); new work is refused."""

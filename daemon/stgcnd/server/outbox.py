@@ -17,6 +17,10 @@ import zmq
 from stgcnd.server.scheduler import Job
 
 _ids = itertools.count()
+# Plain ints: pyzmq's enum constants cost enum arithmetic on every use in the loop.
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 @dataclass
@@ -46,7 +50,7 @@ class Outbox:
     def put(self, replies: list[Reply], writer: zmq.Socket) -> None:
         self._items.extend(replies)  # deque appends are atomic: no lock needed
         try:
-            writer.send(b"", zmq.NOBLOCK)
+            writer.send(b"", _NOBLOCK)
         except zmq.Again:  # a thousand wake-ups already queued: the loop is awake anyway
             pass
 
@@ -55,11 +59,13 @@ class Outbox:
         after this call always comes with a wake-up of its own."""
         # Checking EVENTS costs a getsockopt; a NOBLOCK recv on an empty socket raises
         # zmq.Again, whose construction costs ~10x that, and this runs every loop pass.
-        while self.reader.get(zmq.EVENTS) & zmq.POLLIN:
-            self.reader.recv(zmq.NOBLOCK)
+        reader = self.reader
+        while reader.get(_EVENTS) & _POLLIN:
+            reader.recv(_NOBLOCK)
+        items = self._items
         out: list[Any] = []
-        while self._items:
-            out.append(self._items.popleft())
+        while items:
+            out.append(items.popleft())
         return out
 
     def close(self) -> None:

@@ -53,8 +53,11 @@ class Scheduler:
         self._cond = threading.Condition(threading.Lock())
 
     # -- the I/O loop's side ---------------------------------------------------------------
-    def submit(self, job: Job) -> bool:
-        """Queue a job; False when its camera already has queue_size jobs waiting (busy)."""
+    def submit(self, job: Job, wake: bool = True) -> bool:
+        """Queue a job; False when its camera already has queue_size jobs waiting (busy).
+
+        wake=False leaves waking an idle executor to a later `wake()`: the I/O loop queues a
+        whole burst of requests and wakes once, just before it blocks in poll (see wake)."""
         with self._cond:
             if self._closed:
                 return False
@@ -67,9 +70,21 @@ class Scheduler:
                 self._ready.append(job.camera)
             q.append(job)
             self._pending += 1
-            if self._idle:  # a busy executor takes this job when it asks next: no wake-up
+            if self._idle and wake:  # a busy executor takes this job when it asks next
                 self._cond.notify()
         return True
+
+    def wake(self) -> None:
+        """Wake an idle executor if work is queued (after submits with wake=False).
+
+        Called by the I/O loop right before it blocks in poll, which releases the GIL: the
+        woken executor then finds the GIL free. Woken mid-burst, it would wake only to wait
+        for the GIL the loop still holds, a second sleep and wake-up per hand-off; and a burst
+        of requests costs one wake-up, not one per request."""
+        if self._idle and self._pending:
+            with self._cond:
+                if self._idle and self._pending:
+                    self._cond.notify()
 
     def queued(self, camera: str) -> int:
         q = self._queues.get(camera)

@@ -164,6 +164,7 @@ class Server:
         next_watchdog = time.monotonic()
         stalled_logged = False
         while not self._stop.is_set():
+            self._wake_executors()  # last before poll releases the GIL (Scheduler.wake)
             events = dict(poller.poll(LOOP_TICK_MS))
             self._deliver()
             if self._router in events:
@@ -190,6 +191,11 @@ class Server:
                     self.notifier.watchdog()
                 next_watchdog = now + wd_interval
         return self.shutdown()
+
+    def _wake_executors(self) -> None:
+        for model in self.models.values():
+            if model.scheduler is not None:
+                model.scheduler.wake()
 
     def stalled_executors(self, now: float | None = None) -> list[str]:
         """Executors stuck in one batch, or whose loop stopped turning (gunicorn's arbiter:
@@ -358,7 +364,7 @@ class Server:
                 deadline: float | None) -> None:
         job = Job(identity, req.id, cam.name, model.name, req.op, window, cam.lane, received,
                   deadline, extra)
-        if not model.submit(job):
+        if not model.submit(job, wake=False):  # the loop wakes an executor before it polls
             raise ProtocolError(ErrorCode.BUSY, (
                 f"camera {cam.name!r} already has {self.config.server.queue_size} requests "
                 "queued; slow down or raise [server] queue_size"), req.id)

@@ -29,6 +29,7 @@ import psutil
 
 from stgcnd.log import get_logger
 from stgcnd.telemetry.tegrastats import gpu_temperature_c, hottest_c, parse_line, total_power_mw
+from stgcnd.threadname import name_os_thread
 
 log = get_logger(__name__)
 
@@ -100,6 +101,7 @@ class TegrastatsReader:
             proc.wait(2.0)
 
     def _run(self) -> None:
+        name_os_thread("stgcnd-tegra")
         backoff = self.backoff_start_s
         first = True
         while not self._stop.is_set():
@@ -310,6 +312,7 @@ class SystemSampler:
             self._nvml.close()
 
     def _loop(self) -> None:
+        name_os_thread("stgcnd-sampler")
         next_at = time.monotonic() + self.interval_s
         while not self._stop.wait(max(0.0, next_at - time.monotonic())):
             next_at += self.interval_s
