@@ -15,12 +15,9 @@ from typing import Any
 import zmq
 
 from stgcnd.server.scheduler import Job
+from stgcnd.server.transport import EVENTS, NOBLOCK, POLLIN
 
 _ids = itertools.count()
-# Plain ints: pyzmq's enum constants cost enum arithmetic on every use in the loop.
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
-_NOBLOCK = int(zmq.NOBLOCK)
 
 
 @dataclass
@@ -50,7 +47,7 @@ class Outbox:
     def put(self, replies: list[Reply], writer: zmq.Socket) -> None:
         self._items.extend(replies)  # deque appends are atomic: no lock needed
         try:
-            writer.send(b"", _NOBLOCK)
+            writer.send(b"", NOBLOCK)
         except zmq.Again:  # a thousand wake-ups already queued: the loop is awake anyway
             pass
 
@@ -60,8 +57,8 @@ class Outbox:
         # Checking EVENTS costs a getsockopt; a NOBLOCK recv on an empty socket raises
         # zmq.Again, whose construction costs ~10x that, and this runs every loop pass.
         reader = self.reader
-        while reader.get(_EVENTS) & _POLLIN:
-            reader.recv(_NOBLOCK)
+        while reader.get(EVENTS) & POLLIN:
+            reader.recv(NOBLOCK)
         items = self._items
         out: list[Any] = []
         while items:

@@ -34,7 +34,7 @@ from stgcnd.server.models import ServedModel, load_models
 from stgcnd.server.notify import Notifier
 from stgcnd.server.outbox import Outbox, Reply
 from stgcnd.server.scheduler import Job
-from stgcnd.server.transport import bind_router
+from stgcnd.server.transport import EVENTS, NOBLOCK, NOBLOCK_MORE, POLLIN, bind_router
 from stgcnd_client.protocol import (
     ErrorCode,
     Limits,
@@ -55,11 +55,6 @@ RETIRE_TIMEOUT_S = 30.0   # a reloaded-away model's executors drain within this
 # interval would let a busy loop hold back an executor whose batch is done for up to 5 ms;
 # 0.5 ms bounds that hand-over at a cost of a few hundred extra switches per second.
 GIL_SWITCH_INTERVAL_S = 0.0005
-# pyzmq's constants are enums; combining them per request costs enum arithmetic in the loop.
-_EVENTS = int(zmq.EVENTS)
-_POLLIN = int(zmq.POLLIN)
-_NOBLOCK = int(zmq.NOBLOCK)
-_NOBLOCK_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 
 
 class Server:
@@ -219,10 +214,10 @@ class Server:
             # Frame by frame with plain-int flags: send_multipart combines enum flags per frame,
             # which showed up in the loop's profile. Only the first frame can be refused
             # (routing); once it is queued the rest of the message always is.
-            send(identity, _NOBLOCK_MORE)
+            send(identity, NOBLOCK_MORE)
             last = len(frames) - 1
             for i, frame in enumerate(frames):
-                send(frame, _NOBLOCK if i == last else _NOBLOCK_MORE)
+                send(frame, NOBLOCK if i == last else NOBLOCK_MORE)
             return True
         except zmq.Again:
             # The client's queue is full: it sends and does not read. Blocking here would
@@ -272,9 +267,9 @@ class Server:
         assert router is not None
         # EVENTS rather than reading until zmq.Again: the exception costs more than the check.
         for _ in range(limit):
-            if not router.get(_EVENTS) & _POLLIN:
+            if not router.get(EVENTS) & POLLIN:
                 return
-            msg = router.recv_multipart(_NOBLOCK, copy=False)
+            msg = router.recv_multipart(NOBLOCK, copy=False)
             self._handle(msg[0].bytes, msg[1:], time.monotonic())
 
     def _handle(self, identity: bytes, frames: list[Any], received: float) -> None:

@@ -17,6 +17,13 @@ from stgcnd.server.config import Config
 
 log = get_logger(__name__)
 
+# ZeroMQ flags as plain ints for the I/O loop's per-request calls: pyzmq's constants are
+# enums, and combining or passing them costs enum arithmetic on every use.
+EVENTS = int(zmq.EVENTS)
+POLLIN = int(zmq.POLLIN)
+NOBLOCK = int(zmq.NOBLOCK)
+NOBLOCK_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
+
 
 def bind_router(ctx: zmq.Context, config: Config) -> tuple[zmq.Socket, Path | None]:
     """A bound ROUTER on the configured endpoint, and its ipc socket file if any."""
