@@ -9,6 +9,9 @@
 #   OUT=dir PART=open bash scripts/gpu_serving_bench.sh     # 128 and 64 cameras x 25 Hz, 1 camera
 #   OUT=dir PART=cpu bash scripts/gpu_serving_bench.sh   # where the daemon's CPU goes, per thread:
 #                                    the ZeroMQ floor, the noop backend, then torch
+#   OUT=dir PART=loop bash scripts/gpu_serving_bench.sh  # dispatch "loop" against "thread":
+#                                    GPU tests of the loop path, bench, per-thread CPU per mode
+#   OUT=dir PART=ab bash scripts/gpu_serving_bench.sh    # the same two, interleaved twice
 # .old/ holds the previous design's daemon/ and clients/ (git archive 5fdd169 daemon clients).
 set -o pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -165,6 +168,74 @@ max_batch = 64" "$backend" || exit 1
     ltc cpu-base c64-25hz 1600 --processes 8 --cameras 8 --rate 25 --duration "$DUR" --warmup 3
     stop_daemon
   fi
+fi
+if [ "$PART" = loop ]; then
+  # The loop-driven dispatch against executor threads, same machine, same run: the GPU tests
+  # of the loop path, bench, the ZeroMQ floor, then torch (and noop) daemons in each mode with
+  # the daemon's CPU per thread at the issue's loads.
+  # shellcheck disable=SC2086
+  timeout 300 python3 -m pytest -q -rfs -p no:cacheprovider -o addopts="" \
+    ${TESTS:-tests/backends/test_runner.py tests/server/test_loop_dispatch.py} \
+    > "$OUT/pytest_gpu.txt" 2>&1 || rc=1
+  tail -3 "$OUT/pytest_gpu.txt"
+  timeout 200 python3 -m stgcnd bench --device cuda --backends torch-cudagraph \
+    --precisions fp16 --batch 1 16 64 --persons 1 --json "$OUT/bench.json" 2>&1 \
+    | tail -8 | tee "$OUT/bench.txt"
+  python3 scripts/zmq_echo_floor.py 20000 | tee -a "$OUT/loadtest.txt"
+  for mode in ${MODES:-loop thread}; do
+    start_daemon "torch-$mode" "$NEW" "demo = true
+max_batch = 64
+dispatch = \"$mode\"" || exit 1
+    sleep 4
+    ltc "torch-$mode" one-closed 0 --processes 1 --cameras 1 --closed-loop --duration "$DUR" \
+      --warmup 2
+    sleep 6
+    ltc "torch-$mode" c64-25hz 1600 --processes 8 --cameras 8 --rate 25 --duration "$DUR" \
+      --warmup 3
+    sleep 6
+    ltc "torch-$mode" c128-25hz 3200 --processes 8 --cameras 16 --rate 25 --duration "$DUR" \
+      --warmup 3
+    sleep 6
+    ltc "torch-$mode" sat-128-closed 0 --processes 8 --cameras 16 --closed-loop \
+      --duration "$DUR" --warmup 3
+    if [ "$mode" = loop ]; then
+      sleep 6
+      lt "torch-$mode" join32 --processes 1 --cameras 4 --rate 25 --duration "$DUR" \
+        --warmup 1 --join 32 --join-at 4
+    fi
+    stop_daemon
+  done
+  start_daemon noop-loop "$NEW" $'demo = true\nmax_batch = 64' noop || exit 1
+  sleep 4
+  ltc noop-loop one-closed 0 --processes 1 --cameras 1 --closed-loop --duration "$DUR" --warmup 2
+  sleep 6
+  ltc noop-loop c64-25hz 1600 --processes 8 --cameras 8 --rate 25 --duration "$DUR" --warmup 3
+  stop_daemon
+fi
+if [ "$PART" = ab ]; then
+  # dispatch "loop" and "thread" interleaved (loop, thread, loop, thread), so that a noisy
+  # spell of the shared machine cannot favour one; a native py-spy of the loop's thread.
+  for round in 1 2; do
+    for mode in loop thread; do
+      start_daemon "$mode$round" "$NEW" "demo = true
+max_batch = 64
+dispatch = \"$mode\"" || exit 1
+      sleep 4
+      ltc "$mode$round" one-closed 0 --processes 1 --cameras 1 --closed-loop \
+        --duration "$DUR" --warmup 2
+      spid=
+      if [ "$round$mode" = 1loop ] && [ -x /tmp/site/bin/py-spy ]; then
+        ( sleep 5; /tmp/site/bin/py-spy record -p $dpid -d 4 -r 500 -f raw --native \
+            -o "$OUT/spy-loop-c64.txt" > /dev/null 2>&1 ) &
+        spid=$!
+      fi
+      sleep 4
+      ltc "$mode$round" c64-25hz 1600 --processes 8 --cameras 8 --rate 25 --duration "$DUR" \
+        --warmup 3
+      [ -n "$spid" ] && wait $spid
+      stop_daemon
+    done
+  done
 fi
 if [ "$PART" = buckets ]; then
   # Bucket granularity under open-loop load: a batch of 40 padded to 64 computes as 64, and the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -38,17 +39,46 @@ def test_zero_logits_of_the_right_shape_and_timings():
 
 
 def test_batch_runner_for_the_daemons_executors():
-    """The executors' form (backend.open_runner): zero rows per window, every bucket warmed."""
+    """The executors' form (backend.open_runner): zero rows per window, every bucket warmed.
+    Like a GPU runner it is non-blocking and keeps the configured buckets."""
     backend = NoopBackend((3, 8, 33, 1), num_class=3, max_batch=8)
+    assert backend.nonblocking_runners
     runner = backend.open_runner(buckets=(1, 2, 4, 8), lanes=16)
     try:
+        assert runner.nonblocking
         estimates = runner.warm_up(runs=2)
-        # A CPU runner pads nothing: every batch size is its own bucket.
-        assert sorted(estimates) == list(range(1, 9)) and all(v >= 0 for v in estimates.values())
+        assert sorted(estimates) == [1, 2, 4, 8] and all(v >= 0 for v in estimates.values())
+        assert sorted(runner.wall_ms) == [1, 2, 4, 8]
         x = synthetic_windows(3, 8, 1, seed=9)
         out = runner.run(list(x), lanes=[5, 0, 15])
         assert out.shape == (3, 3) and out.dtype == np.float32 and not out.any()
         assert {"compute_ms", "total_ms"} <= set(runner.last_timings)
+        assert runner.bucket_for(3) == 4
+    finally:
+        runner.close()
+
+
+def test_simulated_compute_time_finishes_each_batch_that_long_after_its_launch():
+    """compute_us: launch returns at once; done() turns true only after that time; run()
+    (the threaded executors' form) waits it out."""
+    backend = NoopBackend((3, 8, 33, 1), num_class=2, max_batch=4)
+    backend.compute_us = 30_000
+    runner = backend.open_runner(buckets=(1, 4), lanes=4)
+    try:
+        x = list(synthetic_windows(2, 8, 1, seed=3))
+        t0 = time.perf_counter()
+        runner.launch(x, [0, 1])
+        launched = time.perf_counter() - t0
+        assert launched < 0.02, f"launch took {launched * 1e3:.1f} ms; it must not wait"
+        assert not runner.done()
+        while not runner.done():
+            time.sleep(0.001)
+        assert time.perf_counter() - t0 >= 0.03
+        out = runner.collect()
+        assert out.shape == (2, 2) and runner.last_timings["compute_ms"] >= 30.0
+        t0 = time.perf_counter()
+        runner.run(x[:1], [2])
+        assert time.perf_counter() - t0 >= 0.03
     finally:
         runner.close()
 

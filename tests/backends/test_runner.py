@@ -147,3 +147,49 @@ def test_two_runners_prepared_at_once(small_model, batch):
     assert len(outs) == 3
     for out in outs:
         assert np.max(np.abs(out - ref)) <= 1e-2
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("lanes", [0, 8])
+def test_cuda_runner_launch_only_enqueues_and_collects_the_same_answers(small_model, batch,
+                                                                       lanes):
+    """The loop-driven form: launch returns before the device is done, done() says when,
+    collect() gives what run() gives; also when another thread than the maker drives it (the
+    I/O loop drives runners made by the start-up or reload thread)."""
+    ref = reference_logits(small_model, batch)
+    lane_ids = [0, 3, 3, 7, 1, 2, 5] if lanes else [0] * 7
+    with TorchBackend(small_model, "fp32", "cuda", cuda_graph=True, max_batch=8) as backend:
+        assert backend.nonblocking_runners
+        runner = backend.open_runner((1, 2, 4, 8), lanes=lanes)
+        try:
+            assert runner.nonblocking
+            runner.warm_up(1)
+            assert set(runner.wall_ms) == {1, 2, 4, 8}
+            runner.launch(list(batch), lane_ids)
+            while not runner.done():
+                pass
+            out = runner.collect()
+            got: list[np.ndarray] = []
+            errors: list[BaseException] = []
+
+            def loop_thread() -> None:
+                try:
+                    runner.attach()
+                    for n in (7, 3, 1):
+                        runner.launch(list(batch[:n]), lane_ids[:n])
+                        while not runner.done():
+                            pass
+                        got.append(runner.collect())
+                except BaseException as exc:
+                    errors.append(exc)
+
+            t = threading.Thread(target=loop_thread)
+            t.start()
+            t.join(60)
+        finally:
+            runner.close()
+    assert not errors, errors
+    np.testing.assert_allclose(out, ref, atol=1e-4)
+    for part in got:
+        np.testing.assert_allclose(part, ref[:len(part)], atol=1e-4)

@@ -155,3 +155,28 @@ def test_drain_removes_everything():
     s.submit(job("b", 0))
     assert len(s.drain()) == 4
     assert s.pending == 0 and s.take(4, timeout=0.01) == []
+
+
+def test_take_now_never_waits_and_says_when_to_look_again():
+    """The loop-driven executors' form: a batch, nothing, a time to come back for a fuller
+    batch (max_queue_delay_us), or None once closed and drained."""
+    s = Scheduler(queue_size=10, max_queue_delay_us=50_000)
+    now = time.monotonic()
+    assert s.take_now(4, now) == ([], None)
+    s.submit(job("a", 0, received=now))
+    t0 = time.monotonic()
+    jobs, look = s.take_now(4, now)
+    assert time.monotonic() - t0 < 0.02, "take_now waited"
+    assert jobs == [] and look is not None and abs(look - (now + 0.05)) < 1e-9
+    for cam in ("b", "c", "d"):
+        s.submit(job(cam, 0, received=now))
+    jobs, look = s.take_now(4, now)  # a full batch goes at once, delay or not
+    assert jobs is not None and [j.camera for j in jobs] == ["a", "b", "c", "d"] and look is None
+    s.submit(job("e", 0, received=now))
+    jobs, _ = s.take_now(4, now + 0.051)  # the oldest job's delay is over
+    assert jobs is not None and [j.camera for j in jobs] == ["e"]
+    s.submit(job("f", 0, received=now))
+    s.close()
+    jobs, _ = s.take_now(4, now)  # closing hands out what is queued, without the delay
+    assert jobs is not None and [j.camera for j in jobs] == ["f"]
+    assert s.take_now(4, now) == (None, None)

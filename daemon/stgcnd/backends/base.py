@@ -100,7 +100,7 @@ class Session(ABC):
         self.close()
 
 
-class BatchRunner(ABC):
+class BatchRunner:
     """One executor's prepared device resources for one model: buckets and client lanes.
 
     Created, used and closed by one thread (the executor's): pycuda and CUDA-graph objects must
@@ -115,6 +115,10 @@ class BatchRunner(ABC):
         self.lanes = max(int(lanes), 0)
         self.last_timings: dict[str, float] = {}
         self.compute_ms: dict[int, float] = {}   # bucket -> warmed-up compute time estimate
+        # bucket -> warmed-up launch-to-finish time (host staging and copies included): when
+        # the I/O loop first looks whether a batch it launched is done
+        self.wall_ms: dict[int, float] = {}
+        self._walls: list[float] = []
 
     @property
     def max_batch(self) -> int:
@@ -127,20 +131,61 @@ class BatchRunner(ABC):
                 return b
         raise ValueError(f"batch of {n} exceeds the largest bucket {self.buckets[-1]}")
 
+    # True when `launch` only enqueues device work and returns in microseconds, so that the
+    # I/O loop itself may drive this runner (launch, then poll `done` on a timer) with no
+    # executor thread between it and the device: two thread hand-offs fewer per request.
+    # False for runners that compute on the calling thread (CPU runtimes): an executor thread
+    # runs them, or every camera would wait for each batch's compute.
+    nonblocking = False
+
     def run(self, windows: Sequence[np.ndarray], lanes: Sequence[int]) -> np.ndarray:
         """Logits (n, K) float32 (a copy) for n windows (3, T, V, M), one per client lane."""
+        self.launch(windows, lanes)
+        self.wait()
+        return self.collect()
+
+    def launch(self, windows: Sequence[np.ndarray], lanes: Sequence[int]) -> None:
+        """Start a batch of n windows (one lane each); `collect` returns its logits once
+        `done`. The windows may be reused as soon as this returns (they are staged)."""
         n = len(windows)
         if not 1 <= n <= self.max_batch or len(lanes) != n:
             raise ValueError(f"run takes 1..{self.max_batch} windows with one lane each")
-        t0 = time.perf_counter()
-        out = self._run(windows, lanes, self.bucket_for(n))
-        self.last_timings.setdefault("total_ms", (time.perf_counter() - t0) * 1e3)
+        self._t0 = time.perf_counter()
+        self._n = n
+        self._launch(windows, lanes, self.bucket_for(n))
+
+    def can_launch(self) -> bool:
+        """Whether `launch` would return at once now (False: try again shortly)."""
+        return True
+
+    def done(self) -> bool:
+        """Whether the launched batch has finished (never blocks)."""
+        return True
+
+    def wait(self) -> None:
+        """Block until the launched batch has finished (sleeping, not spinning)."""
+
+    def collect(self) -> np.ndarray:
+        """The launched batch's logits (n, K) float32, a copy; sets last_timings."""
+        out = self._collect()
+        self.last_timings.setdefault("total_ms", (time.perf_counter() - self._t0) * 1e3)
         return out
 
-    @abstractmethod
+    def _launch(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
+                ) -> None:
+        # Runners that compute on the calling thread finish within launch.
+        self._result = self._run(windows, lanes, bucket)
+
+    def _collect(self) -> np.ndarray:
+        out, self._result = self._result, None
+        return out
+
     def _run(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
              ) -> np.ndarray:
-        """Run n windows padded to `bucket`; set self.last_timings (compute_ms, total_ms)."""
+        """Run n windows padded to `bucket`; set self.last_timings (compute_ms, total_ms).
+        Synchronous runners implement this; non-blocking ones `_launch`, `done`, `wait` and
+        `_collect` instead."""
+        raise NotImplementedError
 
     def warm_up(self, runs: int = 3) -> dict[int, float]:
         """Run every bucket `runs` times on realistic data; record and return each bucket's
@@ -152,13 +197,19 @@ class BatchRunner(ABC):
         for b in self.buckets:
             times = [self._timed_run([x] * b) for _ in range(runs + 1)]
             self.compute_ms[b] = _warm_median(times)
+            self.wall_ms[b] = _warm_median(self._walls[-len(times):])
         return dict(self.compute_ms)
 
     def _timed_run(self, windows: list[np.ndarray]) -> float:
         self.run(windows, [i % self.lanes if self.lanes else 0 for i in range(len(windows))])
+        self._walls.append(float(self.last_timings["total_ms"]))
         return float(self.last_timings.get("compute_ms", self.last_timings["total_ms"]))
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def attach(self) -> None:
+        """Make this runner usable from the calling thread (the I/O loop, for non-blocking
+        runners made by another thread): e.g. make the device's context current there."""
+
+    def close(self) -> None:
         """Free the runner's streams, graphs, contexts and buffers (in the owning thread)."""
 
 
@@ -183,6 +234,8 @@ class SessionRunner(BatchRunner):
         x = synthetic_windows(1, t, m, v, seed=0)[0]
         one = _warm_median([self._timed_run([x]) for _ in range(runs + 1)])
         self.compute_ms = {b: b * one for b in self.buckets}
+        wall = _warm_median(self._walls)
+        self.wall_ms = {b: b * wall for b in self.buckets}
         return dict(self.compute_ms)
 
     def _run(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
@@ -219,6 +272,12 @@ class Backend(ABC):
 
     @abstractmethod
     def open_session(self) -> Session: ...
+
+    @property
+    def nonblocking_runners(self) -> bool:
+        """Whether open_runner gives runners whose launch only enqueues device work
+        (BatchRunner.nonblocking): the I/O loop may then drive them (dispatch "auto")."""
+        return False
 
     def open_runner(self, buckets: Sequence[int], lanes: int) -> BatchRunner:
         """One executor's device resources; call from the executor thread that will use it."""

@@ -13,17 +13,22 @@ It needs no torch, no artefact and no engine store; the model spec alone gives i
   the demo model's).
 
 It is never chosen by backend "auto": it computes nothing and only serves to benchmark.
+
+`compute_us` (the model key `noop_compute_us`) makes every batch finish that long after it
+starts, whatever its size, as a GPU's would: the daemon's scheduling, batching and completion
+timing can then be measured and tested on any machine at a realistic device time.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from stgcnd.backends.base import Backend, BackendInfo, Session
+from stgcnd.backends.base import Backend, BackendInfo, BatchRunner, Session
 from stgcnd.log import get_logger
 
 log = get_logger(__name__)
@@ -74,8 +79,58 @@ class NoopBackend(Backend):
         return cls(tuple(spec.input_shape), num_class, max_batch, precision,
                    details={"num_class_from": source})
 
+    compute_us = 0  # each batch's simulated device time (see the module docstring)
+
     def open_session(self) -> Session:
         return _NoopSession(self)
+
+    @property
+    def nonblocking_runners(self) -> bool:
+        return True
+
+    def open_runner(self, buckets: Sequence[int], lanes: int) -> BatchRunner:
+        return _NoopRunner(self, buckets, lanes)
+
+
+class _NoopRunner(BatchRunner):
+    """The batch copied in by one session; finished `compute_us` after its launch.
+
+    Non-blocking like a GPU runner (the copy takes microseconds), so the I/O loop drives it
+    and the daemon's loop-driven path runs, timer and all, on machines without a GPU."""
+
+    nonblocking = True
+    backend: NoopBackend
+
+    def __init__(self, backend: NoopBackend, buckets: Sequence[int], lanes: int) -> None:
+        super().__init__(backend, buckets, lanes)
+        self.session = backend.open_session()
+        self.batch = np.empty((self.max_batch, *backend.info.input_shape), dtype=np.float32)
+        self._compute_s = max(int(backend.compute_us), 0) / 1e6
+        self._ready_at = 0.0
+
+    def _launch(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
+                ) -> None:
+        n = len(windows)
+        for i, w in enumerate(windows):
+            np.copyto(self.batch[i], w, casting="same_kind")
+        self._result = self.session.infer(self.batch[:n])
+        self._ready_at = time.perf_counter() + self._compute_s
+
+    def done(self) -> bool:
+        return time.perf_counter() >= self._ready_at
+
+    def wait(self) -> None:
+        left = self._ready_at - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+
+    def _collect(self) -> np.ndarray:
+        ms = float(self.session.last_timings["compute_ms"]) + self._compute_s * 1e3
+        self.last_timings = {"compute_ms": ms}
+        return super()._collect()
+
+    def close(self) -> None:
+        self.session.close()
 
 
 class _NoopSession(Session):

@@ -121,6 +121,10 @@ class TorchBackend(Backend):
             return _EagerCudaSession(self)
         return _CudaSession(self)
 
+    @property
+    def nonblocking_runners(self) -> bool:
+        return self.device.type == "cuda" and self.optimized
+
     def open_runner(self, buckets: Sequence[int], lanes: int) -> BatchRunner:
         if self.device.type == "cuda" and self.optimized:
             return _CudaRunner(self, buckets, lanes)
@@ -301,7 +305,7 @@ class _CudaRunner(BatchRunner):
         # Blocking sync: the executor sleeps until the batch is back instead of spinning a
         # core for the whole compute time (the default), which on a Jetson is a core the
         # cameras need, and here was most of the daemon's CPU per request.
-        self.done = torch.cuda.Event(blocking=True)
+        self.done_event = torch.cuda.Event(blocking=True)
         # The per-window work is plain driver calls on addresses and handles taken once here
         # (see LaneOps): per lane an upload and a download event, plus the batch's "computed"
         # event the lanes wait for. Torch calls per window cost most of a full batch's host time.
@@ -345,8 +349,20 @@ class _CudaRunner(BatchRunner):
             return
         self.graphs[b], self.outputs[b] = graph, out
 
-    def _run(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
-             ) -> np.ndarray:
+    nonblocking = True  # _launch only enqueues: the I/O loop can drive it (base.BatchRunner)
+
+    def attach(self) -> None:
+        # LaneOps' driver calls use the calling thread's current context; a runtime call
+        # makes the device's primary context current in this thread (also on CUDA 11, where
+        # cudaSetDevice alone does not).
+        torch.cuda.set_device(self.backend.device)
+        self.stream.query()
+        # The loop only queries `done`: a blocking-sync event would still have CUDA's event
+        # thread woken by an interrupt at every batch's end, for nobody.
+        self.done_event = torch.cuda.Event()
+
+    def _launch(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
+                ) -> None:
         n = len(windows)
         stream = self.stream
         # Into the pinned batch: float32 C-contiguous windows (what the protocol delivers) by
@@ -397,10 +413,23 @@ class _CudaRunner(BatchRunner):
             else:
                 with torch.cuda.stream(stream):
                     self.host_out[:n].copy_(out[:n], non_blocking=True)
-            self.done.record(stream)
-        self.done.synchronize()
+            self.done_event.record(stream)
+
+    def can_launch(self) -> bool:
+        # A replay waits for the process-wide capture lock, which another thread holds for a
+        # whole capture (a reload preparing its buckets): the I/O loop retries instead.
+        return not self.backend.capture_lock.locked()
+
+    def done(self) -> bool:
+        return bool(self.done_event.query())
+
+    def wait(self) -> None:
+        self.done_event.synchronize()
+
+    def _collect(self) -> np.ndarray:
+        self.done_event.synchronize()  # returns at once when done() said so
         self.last_timings = {"compute_ms": self.started.elapsed_time(self.computed)}
-        return self.host_out_np[:n].copy()
+        return self.host_out_np[:self._n].copy()
 
     def close(self) -> None:
         self.stream.synchronize()

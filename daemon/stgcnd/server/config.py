@@ -29,6 +29,7 @@ DEFAULT_CONFIG_PATH = Path("/etc/stgcnd/stgcnd.toml")
 BACKENDS = ("auto", "tensorrt", "torch", "onnxruntime", "noop")
 PRECISIONS = ("fp32", "fp16", "int8")
 DEVICES = ("auto", "cpu", "cuda")
+DISPATCH = ("auto", "loop", "thread")
 
 
 def default_runtime_dir() -> Path:
@@ -78,6 +79,13 @@ class ModelConfig:
     # against the batch by events; false moves a batch in one copy each way (docs/benchmarks.md
     # compares the two).
     client_streams: bool = True
+    # Who drives the model's runners: "loop" (the I/O loop launches each batch and checks for
+    # its end on a timer: no thread hand-off on a request's path), "thread" (an executor
+    # thread per instance runs whole batches) or "auto" (loop for runners that only enqueue
+    # device work, i.e. CUDA graphs and noop; thread for CPU runtimes, whose compute would
+    # hold up every camera).
+    dispatch: str = "auto"
+    noop_compute_us: int = 0   # backend noop only: each batch finishes this long after start
     calibration: Path | None = None
     allow_synthetic_calibration: bool = False
     cuda_graph: bool = True    # on CUDA: one graph per bucket, captured before READY
@@ -206,6 +214,12 @@ def _check(config: Config) -> Config:
             raise UserError(f"{where}: device must be one of {', '.join(DEVICES)}")
         if m.precision not in PRECISIONS:
             raise UserError(f"{where}: precision must be one of {', '.join(PRECISIONS)}")
+        if m.dispatch not in DISPATCH:
+            raise UserError(f"{where}: dispatch must be one of {', '.join(DISPATCH)}")
+        if m.noop_compute_us and (m.backend != "noop" or not 0 <= m.noop_compute_us
+                                  <= 1_000_000):
+            raise UserError(f"{where}: noop_compute_us (0..1000000) is for backend = \"noop\" "
+                            "only; remove it")
         if m.layout not in LAYOUTS:
             raise UserError(f"{where}: layout must be one of {', '.join(LAYOUTS)}")
         if m.persons < 1 or m.frames < 3 or m.stride < 1 or m.max_batch < 0 or m.threads < 0:

@@ -1,14 +1,21 @@
-"""An executor: one thread that owns one BatchRunner of one model (Triton's model instance).
+"""Executors: what runs a model's batches (Triton's model instances).
 
-The thread makes its runner (CUDA streams, graphs per bucket, client lanes), warms every bucket
-and only then reports ready: the daemon says READY=1 after all executors did. From then on it
-takes a batch from the model's scheduler whenever it is free, answers `expired` for jobs that
-cannot finish in time (judged by the warmed-up compute time of the bucket the batch runs in,
-never by set-up), runs the rest as one batch and hands the replies to the I/O loop. The runner
-is closed by the same thread at the end.
+`ExecutorBase` is what every executor does with a batch: refuse jobs that cannot finish in
+time (`expired`, judged by the warmed-up compute time of the bucket the batch runs in, never by
+set-up), run the rest, keep the compute estimate, and turn logits into one reply per job.
+
+Two kinds drive it (the model's `dispatch`):
+- `Executor` here: a thread that owns one BatchRunner. It makes the runner (CUDA streams,
+  graphs per bucket, client lanes), warms every bucket and only then reports ready: the daemon
+  says READY=1 after all executors did. From then on it takes a batch from the model's
+  scheduler whenever it is free, runs it to the end and hands the replies to the I/O loop. For
+  CPU runtimes, whose compute would otherwise stall the loop. The runner is closed by the same
+  thread at the end.
+- `stgcnd.server.loop_executor.LoopExecutor`: driven by the I/O loop itself, for runners that
+  only enqueue device work (CUDA graphs): no thread hand-off on a request's path.
 
 Liveness (gunicorn's arbiter): `heartbeat` is a monotonic timestamp refreshed on every pass of
-the loop; `busy_since` is set while a batch runs. The watchdog trusts only these.
+the executor's loop; `busy_since` is set while a batch runs. The watchdog trusts only these.
 """
 
 from __future__ import annotations
@@ -40,26 +47,16 @@ def is_fatal(exc: BaseException) -> bool:
             or "illegal memory access" in text)
 
 
-def softmax_rows(logits: np.ndarray) -> np.ndarray:
-    z = logits - logits.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
+class ExecutorBase:
+    """What every executor does with a batch, whichever thread drives it: refuse what cannot
+    finish in time, run the rest, keep the compute estimate, turn logits into replies."""
 
-
-class Executor(threading.Thread):
-    def __init__(self, model: Any, index: int, scheduler: Scheduler, outbox: Outbox,
-                 buckets: Sequence[int], lanes: int, warmup_runs: int,
+    def __init__(self, model: Any, index: int, scheduler: Scheduler,
                  on_fatal: Callable[[BaseException], None]) -> None:
-        super().__init__(name=f"executor-{model.name}-{index}", daemon=True)
         self.model = model                 # stgcnd.server.models.ServedModel
         self._index = index
         self.scheduler = scheduler
-        self.outbox = outbox
-        self._buckets = tuple(buckets)
-        self._lanes = lanes
-        self._warmup_runs = warmup_runs
         self._on_fatal = on_fatal
-        self.ready = threading.Event()
         self.error: BaseException | None = None
         self.heartbeat = time.monotonic()
         self.busy_since: float | None = None
@@ -68,6 +65,68 @@ class Executor(threading.Thread):
         self.buckets: tuple[int, ...] = ()
         self.batches = 0
         self.windows = 0
+
+    def estimate_ms(self, n: int) -> float:
+        """Expected compute time of a batch of n (its bucket's warmed-up estimate)."""
+        for b in self.buckets:
+            if b >= n:
+                return self.compute_ms.get(b, 0.0)
+        return self.compute_ms.get(self.buckets[-1], 0.0) if self.buckets else 0.0
+
+    def _sort(self, jobs: list[Job], now: float) -> tuple[list[Reply], list[Job]]:
+        """(replies for jobs that must not run, the jobs to run)."""
+        if self.drain_deadline is not None and now > self.drain_deadline:
+            return [error_reply(j, ErrorCode.SHUTTING_DOWN, "the daemon is shutting down; retry on "
+                           "its restart", "shutting-down") for j in jobs], []
+        replies: list[Reply] = []
+        eta = now + self.estimate_ms(len(jobs)) / 1e3
+        runnable = []
+        for job in jobs:
+            if job.deadline is not None and eta > job.deadline:
+                replies.append(error_reply(job, ErrorCode.EXPIRED, (
+                    f"deadline passed: {(now - job.received) * 1e3:.1f} ms in queue and a "
+                    f"batch of {len(jobs)} takes ~{self.estimate_ms(len(jobs)):.1f} ms; "
+                    "raise timeout_ms or add capacity"), "expired"))
+            else:
+                runnable.append(job)
+        return replies, runnable
+
+    def _failed(self, jobs: list[Job], exc: Exception) -> list[Reply]:
+        log.error("batch_failed", model=self.model.name, batch=len(jobs),
+                  error=f"{type(exc).__name__}: {exc}")
+        if is_fatal(exc):
+            self._on_fatal(exc)
+        return [error_reply(j, ErrorCode.INTERNAL, f"inference failed: {type(exc).__name__}: "
+                       f"{exc}", "error") for j in jobs]
+
+    def _finished(self, runner: Any, jobs: list[Job], logits: np.ndarray, started: float
+                  ) -> list[Reply]:
+        t = runner.last_timings
+        compute_ms = float(t.get("compute_ms", t.get("total_ms", 0.0)))
+        bucket = runner.bucket_for(len(jobs))
+        old = self.compute_ms.get(bucket)
+        self.compute_ms[bucket] = compute_ms if old is None else (1 - EWMA) * old + EWMA * \
+            compute_ms
+        self.batches += 1
+        self.windows += len(jobs)
+        stages = {k: round(float(v), 3) for k, v in t.items()
+                  if k in ("h2d_ms", "d2h_ms", "upload_ms", "download_ms")}
+        return self.model.replies(jobs, logits, started, compute_ms, len(jobs), bucket, stages)
+
+
+class Executor(ExecutorBase, threading.Thread):
+    """An executor thread: takes a batch whenever it is free and runs it to the end."""
+
+    def __init__(self, model: Any, index: int, scheduler: Scheduler, outbox: Outbox,
+                 buckets: Sequence[int], lanes: int, warmup_runs: int,
+                 on_fatal: Callable[[BaseException], None]) -> None:
+        ExecutorBase.__init__(self, model, index, scheduler, on_fatal)
+        threading.Thread.__init__(self, name=f"executor-{model.name}-{index}", daemon=True)
+        self.outbox = outbox
+        self._buckets = tuple(buckets)
+        self._lanes = lanes
+        self._warmup_runs = warmup_runs
+        self.ready = threading.Event()
 
     # -- start-up, in this thread ----------------------------------------------------------
     def run(self) -> None:
@@ -95,13 +154,6 @@ class Executor(threading.Thread):
             writer.close(0)
             runner.close()
 
-    def estimate_ms(self, n: int) -> float:
-        """Expected compute time of a batch of n (its bucket's warmed-up estimate)."""
-        for b in self.buckets:
-            if b >= n:
-                return self.compute_ms.get(b, 0.0)
-        return self.compute_ms.get(self.buckets[-1], 0.0) if self.buckets else 0.0
-
     # -- the loop --------------------------------------------------------------------------
     def _serve(self, runner: Any, writer: Any) -> None:
         while True:
@@ -115,21 +167,7 @@ class Executor(threading.Thread):
             self.outbox.put(replies, writer)
 
     def _answer(self, runner: Any, jobs: list[Job]) -> list[Reply]:
-        now = time.monotonic()
-        if self.drain_deadline is not None and now > self.drain_deadline:
-            return [_error(j, ErrorCode.SHUTTING_DOWN, "the daemon is shutting down; retry on "
-                           "its restart", "shutting-down") for j in jobs]
-        replies: list[Reply] = []
-        eta = now + self.estimate_ms(len(jobs)) / 1e3
-        runnable = []
-        for job in jobs:
-            if job.deadline is not None and eta > job.deadline:
-                replies.append(_error(job, ErrorCode.EXPIRED, (
-                    f"deadline passed: {(now - job.received) * 1e3:.1f} ms in queue and a "
-                    f"batch of {len(jobs)} takes ~{self.estimate_ms(len(jobs)):.1f} ms; "
-                    "raise timeout_ms or add capacity"), "expired"))
-            else:
-                runnable.append(job)
+        replies, runnable = self._sort(jobs, time.monotonic())
         if runnable:
             replies.extend(self._run(runner, runnable))
         return replies
@@ -140,27 +178,12 @@ class Executor(threading.Thread):
         try:
             logits = runner.run([j.window for j in jobs], [j.lane for j in jobs])
         except Exception as exc:
-            log.error("batch_failed", model=self.model.name, batch=len(jobs),
-                      error=f"{type(exc).__name__}: {exc}")
-            if is_fatal(exc):
-                self._on_fatal(exc)
-            return [_error(j, ErrorCode.INTERNAL, f"inference failed: {type(exc).__name__}: "
-                           f"{exc}", "error") for j in jobs]
+            return self._failed(jobs, exc)
         finally:
             self.busy_since = None
             self.heartbeat = time.monotonic()
-        t = runner.last_timings
-        compute_ms = float(t.get("compute_ms", t.get("total_ms", 0.0)))
-        bucket = runner.bucket_for(len(jobs))
-        old = self.compute_ms.get(bucket)
-        self.compute_ms[bucket] = compute_ms if old is None else (1 - EWMA) * old + EWMA * \
-            compute_ms
-        self.batches += 1
-        self.windows += len(jobs)
-        stages = {k: round(float(v), 3) for k, v in t.items()
-                  if k in ("h2d_ms", "d2h_ms", "upload_ms", "download_ms")}
-        return self.model.replies(jobs, logits, started, compute_ms, len(jobs), bucket, stages)
+        return self._finished(runner, jobs, logits, started)
 
 
-def _error(job: Job, code: ErrorCode, message: str, outcome: str) -> Reply:
+def error_reply(job: Job, code: ErrorCode, message: str, outcome: str) -> Reply:
     return Reply(job, encode_reply(job.req_id, error=(code.value, message)), outcome)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -14,7 +15,8 @@ from stgcnd.errors import BuildCancelled, UserError
 from stgcnd.log import get_logger
 from stgcnd.model.spec import default_labels
 from stgcnd.server.config import Config, ModelConfig
-from stgcnd.server.executor import Executor, softmax_rows
+from stgcnd.server.executor import Executor
+from stgcnd.server.loop_executor import LoopExecutor
 from stgcnd.server.outbox import Outbox, Reply
 from stgcnd.server.scheduler import Job, Scheduler
 from stgcnd_client.protocol import ErrorCode, encode_reply
@@ -38,7 +40,7 @@ class ServedModel:
     generation: int
     max_batch: int = 1
     scheduler: Scheduler | None = field(default=None, repr=False)
-    executors: list[Executor] = field(default_factory=list, repr=False)
+    executors: list[Any] = field(default_factory=list, repr=False)  # Executor | LoopExecutor
 
     @property
     def name(self) -> str:
@@ -49,12 +51,23 @@ class ServedModel:
         return tuple(self.backend.info.input_shape)
 
     # -- life ------------------------------------------------------------------------------
+    @property
+    def loop_driven(self) -> bool:
+        """Whether the I/O loop drives this model's runners (config `dispatch`)."""
+        dispatch = self.config.dispatch
+        if dispatch == "auto":
+            return bool(self.backend.nonblocking_runners)
+        return dispatch == "loop"
+
     def start(self, outbox: Outbox, queue_size: int, lanes: int, warmup_runs: int,
               on_fatal: Callable[[BaseException], None]) -> None:
-        """Start the executors; return once every one has made and warmed its runner."""
+        """Make the executors; return once every one has made and warmed its runner."""
         mc = self.config
         self.scheduler = Scheduler(queue_size, mc.max_queue_delay_us)
         buckets = [b for b in mc.buckets if b <= self.max_batch] or [1]
+        if self.loop_driven:
+            self._start_loop_driven(buckets, lanes, warmup_runs, on_fatal)
+            return
         self.executors = [Executor(self, i, self.scheduler, outbox, buckets, lanes,
                                    warmup_runs, on_fatal) for i in range(mc.instances)]
         for ex in self.executors:
@@ -67,6 +80,24 @@ class ServedModel:
             raise UserError(f"model {self.name!r}: could not prepare its executor: "
                             f"{type(failed).__name__}: {failed}") from failed
 
+    def _start_loop_driven(self, buckets: list[int], lanes: int, warmup_runs: int,
+                           on_fatal: Callable[[BaseException], None]) -> None:
+        assert self.scheduler is not None
+        if not self.backend.nonblocking_runners:
+            raise UserError(f"model {self.name!r}: dispatch = \"loop\" needs runners that only "
+                            f"enqueue device work (torch on CUDA, noop), not "
+                            f"{self.backend.info.name} on {self.backend.info.device}; use "
+                            "dispatch = \"auto\" or \"thread\"")
+        self.executors = [LoopExecutor(self, i, self.scheduler, buckets, lanes, warmup_runs,
+                                       on_fatal) for i in range(self.config.instances)]
+        try:
+            for ex in self.executors:
+                ex.prepare()
+        except Exception as exc:
+            self.stop(timeout=5.0)
+            raise UserError(f"model {self.name!r}: could not prepare its executor: "
+                            f"{type(exc).__name__}: {exc}") from exc
+
     def submit(self, job: Job, wake: bool = True) -> bool:
         return self.scheduler is not None and self.scheduler.submit(job, wake)
 
@@ -78,11 +109,17 @@ class ServedModel:
             self.scheduler.close()
 
     def stop(self, timeout: float) -> bool:
-        """Stop accepting, let the executors drain and exit; True when all exited in time."""
+        """Stop accepting, let the executors drain and exit; True when all exited in time.
+
+        For a model that never served (a failed start or reload): loop-driven executors are
+        closed here, since no loop drives them; served ones drain in the I/O loop instead."""
         self.stop_accepting(time.monotonic() + timeout)
         end = time.monotonic() + timeout
         for ex in self.executors:
-            ex.join(max(end - time.monotonic(), 0.0))
+            if isinstance(ex, LoopExecutor):
+                ex.close()
+            else:
+                ex.join(max(end - time.monotonic(), 0.0))
         return not any(ex.is_alive() for ex in self.executors)
 
     def close(self) -> None:
@@ -98,15 +135,15 @@ class ServedModel:
         """Encode one reply per job from its row of the batch's logits."""
         out = []
         done = time.monotonic()
-        finite = np.isfinite(logits).all(axis=1)
-        probs = softmax_rows(logits.astype(np.float64))
-        labels = np.argmax(logits, axis=1)
-        for i, job in enumerate(jobs):
-            queue_ms = round((started - job.received) * 1e3, 3)
-            timings = {**stages, "queue_ms": queue_ms, "compute_ms": round(compute_ms, 3),
-                       "batch": batch, "bucket": bucket,
+        compute = round(compute_ms, 3)
+        # Plain floats, row by row: with a handful of classes, numpy's per-call overhead
+        # (isfinite, softmax, argmax over the batch) cost more than this whole loop, and it
+        # runs on the I/O loop for every reply. Softmax in double precision, as before.
+        for job, row in zip(jobs, logits.tolist()):
+            timings = {**stages, "queue_ms": round((started - job.received) * 1e3, 3),
+                       "compute_ms": compute, "batch": batch, "bucket": bucket,
                        "total_ms": round((done - job.received) * 1e3, 3)}
-            if not finite[i]:
+            if not all(map(math.isfinite, row)):
                 # Inputs of huge magnitude overflow float32 (or float16 engines) inside the
                 # network: a NaN prediction must never reach a client as if it were one.
                 out.append(Reply(job, encode_reply(job.req_id, error=(
@@ -115,10 +152,12 @@ class ServedModel:
                     "for the network's precision); send normalized keypoints (x, y in 0..1 "
                     "or pixels, visibility in 0..1)")), "error", timings))
                 continue
-            label = int(labels[i])
-            result = {**job.extra, "model": self.name,
-                      "logits": [float(v) for v in logits[i]],
-                      "probs": [float(v) for v in probs[i]], "label": label,
+            top = max(row)
+            exps = [math.exp(v - top) for v in row]
+            total = sum(exps)
+            label = row.index(top)  # the first of equal maxima, as numpy's argmax
+            result = {**job.extra, "model": self.name, "logits": row,
+                      "probs": [e / total for e in exps], "label": label,
                       "label_name": self.labels[label], "timings": timings}
             out.append(Reply(job, encode_reply(job.req_id, result), "ok", timings))
         return out
@@ -134,6 +173,7 @@ class ServedModel:
         info = self.backend.info
         return {"backend": info.name, "precision": info.precision, "device": info.device,
                 "max_batch": self.max_batch,
+                "dispatch": "loop" if self.loop_driven else "thread",
                 "queued": self.scheduler.pending if self.scheduler else 0,
                 "executors": [{"alive": ex.is_alive(), "batches": ex.batches,
                                "windows": ex.windows,
@@ -213,6 +253,8 @@ def load_models(config: Config, generation: int = 1,
                 # Name the model, keep the type (StoreReadOnly, CheckpointError...) and hint.
                 exc.args = (f"model {mc.name!r}: {exc}",)
                 raise exc from None
+            if mc.noop_compute_us:
+                backend.compute_us = mc.noop_compute_us
             labels = tuple(mc.labels) or tuple(getattr(backend.info, "details", {}).get(
                 "labels", ())) or default_labels(backend.info.num_class)
             served = ServedModel(mc, backend, labels, demo=mc.checkpoint is None,
@@ -225,6 +267,7 @@ def load_models(config: Config, generation: int = 1,
                      precision=backend.info.precision, device=backend.info.device,
                      input_shape=list(backend.info.input_shape), demo=served.demo,
                      max_batch=served.max_batch, instances=mc.instances,
+                     dispatch="loop" if served.loop_driven else "thread",
                      buckets=list(served.executors[0].buckets) if served.executors else [],
                      compute_ms={str(b): round(v, 3) for b, v in sorted(
                          served.executors[0].compute_ms.items())} if served.executors else {},

@@ -127,6 +127,21 @@ class Scheduler:
                 self._wait_for_fuller(max_batch)
             return self._form(max_batch)
 
+    def take_now(self, max_batch: int, now: float) -> tuple[list[Job] | None, float | None]:
+        """`take` for an executor the I/O loop drives, which must never wait here.
+
+        (batch, None): run it now; ([], t): max_queue_delay_us says look again at t
+        (monotonic) for a fuller batch; ([], None): nothing queued; (None, None): closed and
+        empty, the executor should finish."""
+        with self._cond:
+            if not self._pending:
+                return (None if self._closed else []), None
+            if self.delay_s and self._pending < max_batch and not self._closed:
+                end = min(self._queues[c][0].received for c in self._ready) + self.delay_s
+                if now < end:
+                    return [], end
+            return self._form(max_batch), None
+
     def _wait_for_fuller(self, max_batch: int) -> None:
         # Wait from the oldest job's arrival, never beyond it: a request's added latency is
         # bounded by the configured delay whatever the traffic.

@@ -13,6 +13,7 @@ READY=1, batches formed round robin across cameras by the scheduler (server/sche
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -30,10 +31,12 @@ from stgcnd.log import debug_enabled, get_logger
 from stgcnd.server.cameras import CameraState, CameraTable, PushRecord
 from stgcnd.server.config import Config, load_config
 from stgcnd.server.errorlog import ClientErrorLog
+from stgcnd.server.loop_executor import LoopExecutor
 from stgcnd.server.models import ServedModel, load_models
 from stgcnd.server.notify import Notifier
 from stgcnd.server.outbox import Outbox, Reply
 from stgcnd.server.scheduler import Job
+from stgcnd.server.timer import WakeTimer
 from stgcnd.server.transport import EVENTS, NOBLOCK, NOBLOCK_MORE, POLLIN, bind_router
 from stgcnd_client.protocol import (
     ErrorCode,
@@ -80,6 +83,7 @@ class Server:
         self._fatal: BaseException | None = None
         self._ctx = zmq.Context()
         self.outbox = Outbox(self._ctx)
+        self._timer = WakeTimer()  # loop-driven executors' next look (poll wakes on it)
         self._router: zmq.Socket | None = None
         self._ipc_path: Path | None = None
         from stgcnd.telemetry.latency import LatencyAggregator
@@ -154,17 +158,24 @@ class Server:
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self.outbox.reader, zmq.POLLIN)
+        timer = self._timer
+        if timer.fd is not None:
+            poller.register(timer.fd, zmq.POLLIN)
+        timeout = LOOP_TICK_MS
         next_stats = time.monotonic() + self.config.server.stats_interval
         wd_interval = self.notifier.watchdog_interval
         next_watchdog = time.monotonic()
         stalled_logged = False
         while not self._stop.is_set():
             self._wake_executors()  # last before poll releases the GIL (Scheduler.wake)
-            events = dict(poller.poll(LOOP_TICK_MS))
+            events = dict(poller.poll(timeout))
+            if timer.fd in events:
+                timer.fired()
             self._deliver()
             if self._router in events:
                 self._read_requests(READ_BURST)
             now = time.monotonic()
+            timeout = self._drive(now)
             if self._reload_requested.is_set():
                 self._reload_requested.clear()
                 self._begin_reload()
@@ -186,6 +197,39 @@ class Server:
                     self.notifier.watchdog()
                 next_watchdog = now + wd_interval
         return self.shutdown()
+
+    def _drive(self, now: float) -> int:
+        """Turn every loop-driven executor (finish done batches, launch queued work), send
+        their replies, arm the timer for the next look; the poll timeout to use (ms)."""
+        next_look: float | None = None
+        for model in (*self.models.values(), *self.retiring):
+            for ex in model.executors:
+                if isinstance(ex, LoopExecutor) and ex.is_alive():
+                    try:
+                        replies, look = ex.drive(now)
+                    except Exception as exc:  # the runner's own errors are answered inside
+                        # A daemon or driver bug outside a batch (e.g. attaching the
+                        # device): stop gracefully, exit 1, and let systemd restart us.
+                        log.error("executor_failed", executor=ex.name,
+                                  error=f"{type(exc).__name__}: {exc}",
+                                  traceback=traceback.format_exc(limit=8))
+                        self._on_fatal(exc)
+                        for reply in ex.abandon(exc):  # every request still gets its reply
+                            self._complete(reply)
+                        continue
+                    for reply in replies:
+                        self._complete(reply)
+                    if look is not None and (next_look is None or look < next_look):
+                        next_look = look
+        timer = self._timer
+        if next_look is None:
+            timer.disarm()
+            return LOOP_TICK_MS
+        if timer.fd is not None:
+            timer.arm(next_look)
+            return LOOP_TICK_MS
+        # No timerfd (not Linux): whole milliseconds, rounded up, at least one.
+        return min(max(math.ceil((next_look - time.monotonic()) * 1e3), 1), LOOP_TICK_MS)
 
     def _wake_executors(self) -> None:
         for model in self.models.values():
@@ -232,16 +276,20 @@ class Server:
     def _deliver(self) -> None:
         """Send the replies the executors finished, and settle the cameras' bookkeeping."""
         for reply in self.outbox.take_all():
-            job = reply.job
-            cam = self.cameras.cameras.get(job.camera)
-            if cam is not None:
-                cam.in_flight -= 1
-                if job.op == "push" and reply.outcome == "ok":
-                    rec = cam.pushes.get(job.model)
-                    if rec is not None and rec.req_id == job.req_id:
-                        rec.reply = reply.frames
-            self._record(job, reply)
-            self._send(job.identity, reply.frames)
+            self._complete(reply)
+
+    def _complete(self, reply: Reply) -> None:
+        """Settle a finished job's bookkeeping and send its reply."""
+        job = reply.job
+        cam = self.cameras.cameras.get(job.camera)
+        if cam is not None:
+            cam.in_flight -= 1
+            if job.op == "push" and reply.outcome == "ok":
+                rec = cam.pushes.get(job.model)
+                if rec is not None and rec.req_id == job.req_id:
+                    rec.reply = reply.frames
+        self._record(job, reply)
+        self._send(job.identity, reply.frames)
 
     def _record(self, job: Job, reply: Reply) -> None:
         outcome = reply.outcome
@@ -486,11 +534,13 @@ class Server:
         # shutting-down after the deadline), new requests are refused with shutting-down.
         while time.monotonic() < deadline + 1.0:
             self._deliver()
+            self._drive(time.monotonic())
             self._refuse_new()
             if not any(ex.is_alive() for m in everything for ex in m.executors):
                 break
             time.sleep(0.005)
         self._deliver()
+        self._drive(time.monotonic())
         self._refuse_new()
         stuck = [ex.name for m in everything for ex in m.executors if ex.is_alive()]
         if self._sampler is not None:
@@ -528,6 +578,7 @@ class Server:
         if self._router is not None:
             self._router.close(0)
         self.outbox.close()
+        self._timer.close()
         if wait:  # term() waits for every executor's socket: a stuck one would hang exit
             self._ctx.term()
         if self._ipc_path is not None:
