@@ -12,6 +12,7 @@
 #   OUT=dir PART=loop bash scripts/gpu_serving_bench.sh  # dispatch "loop" against "thread":
 #                                    GPU tests of the loop path, bench, per-thread CPU per mode
 #   OUT=dir PART=ab bash scripts/gpu_serving_bench.sh    # the same two, interleaved twice
+#   OUT=dir PART=variants bash scripts/gpu_serving_bench.sh  # loop: no client streams; two executors
 # .old/ holds the previous design's daemon/ and clients/ (git archive 5fdd169 daemon clients).
 set -o pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -98,6 +99,18 @@ ltc() {  # lt, and the daemon's CPU per thread over the middle of the measured p
   cat "$OUT/threads-$name-$label.txt" | tee -a "$OUT/loadtest.txt"
 }
 
+goal_loads() {  # $1 name: the issue's four loads with per-thread CPU, on a started daemon
+  sleep 4
+  ltc "$1" one-closed 0 --processes 1 --cameras 1 --closed-loop --duration "$DUR" --warmup 2
+  sleep 6
+  ltc "$1" c64-25hz 1600 --processes 8 --cameras 8 --rate 25 --duration "$DUR" --warmup 3
+  sleep 6
+  ltc "$1" c128-25hz 3200 --processes 8 --cameras 16 --rate 25 --duration "$DUR" --warmup 3
+  sleep 6
+  ltc "$1" sat-128-closed 0 --processes 8 --cameras 16 --closed-loop --duration "$DUR" \
+    --warmup 3
+}
+
 spy() {  # $1 label: where the daemon's threads spend the saturated run (py-spy, if carried)
   [ -x /tmp/site/bin/py-spy ] || return 0
   sleep 6
@@ -144,18 +157,7 @@ if [ "$PART" = cpu ]; then
   for backend in ${BACKENDS:-noop torch}; do
     start_daemon "cpu-$backend" "$NEW" "demo = true
 max_batch = 64" "$backend" || exit 1
-    sleep 4
-    ltc "cpu-$backend" one-closed 0 --processes 1 --cameras 1 --closed-loop --duration "$DUR" \
-      --warmup 2
-    sleep 6
-    ltc "cpu-$backend" c64-25hz 1600 --processes 8 --cameras 8 --rate 25 --duration "$DUR" \
-      --warmup 3
-    sleep 6
-    ltc "cpu-$backend" c128-25hz 3200 --processes 8 --cameras 16 --rate 25 --duration "$DUR" \
-      --warmup 3
-    sleep 6
-    ltc "cpu-$backend" sat-128-closed 0 --processes 8 --cameras 16 --closed-loop \
-      --duration "$DUR" --warmup 3
+    goal_loads "cpu-$backend"
     stop_daemon
   done
   if [ -d .base ]; then  # the same two open-loop loads on an earlier tree (.base/), same machine
@@ -186,18 +188,7 @@ if [ "$PART" = loop ]; then
     start_daemon "torch-$mode" "$NEW" "demo = true
 max_batch = 64
 dispatch = \"$mode\"" || exit 1
-    sleep 4
-    ltc "torch-$mode" one-closed 0 --processes 1 --cameras 1 --closed-loop --duration "$DUR" \
-      --warmup 2
-    sleep 6
-    ltc "torch-$mode" c64-25hz 1600 --processes 8 --cameras 8 --rate 25 --duration "$DUR" \
-      --warmup 3
-    sleep 6
-    ltc "torch-$mode" c128-25hz 3200 --processes 8 --cameras 16 --rate 25 --duration "$DUR" \
-      --warmup 3
-    sleep 6
-    ltc "torch-$mode" sat-128-closed 0 --processes 8 --cameras 16 --closed-loop \
-      --duration "$DUR" --warmup 3
+    goal_loads "torch-$mode"
     if [ "$mode" = loop ]; then
       sleep 6
       lt "torch-$mode" join32 --processes 1 --cameras 4 --rate 25 --duration "$DUR" \
@@ -236,6 +227,28 @@ dispatch = \"$mode\"" || exit 1
       stop_daemon
     done
   done
+fi
+if [ "$PART" = variants ]; then
+  # The loop dispatch with no client streams (a batch moves in one copy each way: fewer driver
+  # calls per window) and with two executors (two batches on the GPU at once).
+  start_daemon loopnolanes "$NEW" $'demo = true\nmax_batch = 64\nclient_streams = false' \
+    || exit 1
+  sleep 4
+  ltc loopnolanes one-closed 0 --processes 1 --cameras 1 --closed-loop --duration "$DUR" \
+    --warmup 2
+  sleep 4
+  ltc loopnolanes c64-25hz 1600 --processes 8 --cameras 8 --rate 25 --duration "$DUR" --warmup 3
+  sleep 6
+  ltc loopnolanes sat-128-closed 0 --processes 8 --cameras 16 --closed-loop --duration "$DUR" \
+    --warmup 3
+  stop_daemon
+  start_daemon looptwo "$NEW" $'demo = true\nmax_batch = 64\ninstances = 2' || exit 1
+  sleep 4
+  ltc looptwo sat-128-closed 0 --processes 8 --cameras 16 --closed-loop --duration "$DUR" \
+    --warmup 3
+  sleep 6
+  ltc looptwo c128-25hz 3200 --processes 8 --cameras 16 --rate 25 --duration "$DUR" --warmup 3
+  stop_daemon
 fi
 if [ "$PART" = buckets ]; then
   # Bucket granularity under open-loop load: a batch of 40 padded to 64 computes as 64, and the

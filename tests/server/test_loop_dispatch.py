@@ -148,9 +148,12 @@ def test_noop_compute_us_belongs_to_the_noop_backend(tmp_path):
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_torch_is_loop_driven_and_each_camera_gets_its_own_answer(tmp_path):
+@pytest.mark.parametrize("instances", [1, 2])
+def test_on_a_gpu_torch_is_loop_driven_and_each_camera_gets_its_own_answer(tmp_path,
+                                                                           instances):
     """torch with CUDA graphs: dispatch "auto" picks the loop; eight cameras at once get the
-    fp32 reference's answers for their own windows out of shared batches."""
+    fp32 reference's answers for their own windows out of shared batches; with two executors
+    the loop keeps two batches on the GPU."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
@@ -162,7 +165,7 @@ def test_on_a_gpu_torch_is_loop_driven_and_each_camera_gets_its_own_answer(tmp_p
     d = Daemon(tmp_path, queue_size=8, models=(
         f'[[models]]\nname = "gpu"\nbackend = "torch"\ndevice = "cuda"\nprecision = "fp32"\n'
         f'demo = true\nframes = {frames}\nmax_batch = 8\nbuckets = [1, 2, 4, 8]\n'
-        'labels = ["normal", "shoplifting"]\n')).start()
+        f'instances = {instances}\nlabels = ["normal", "shoplifting"]\n')).start()
     results: dict[tuple[int, int], object] = {}
     errors: list[BaseException] = []
 
@@ -177,7 +180,8 @@ def test_on_a_gpu_torch_is_loop_driven_and_each_camera_gets_its_own_answer(tmp_p
 
     try:
         with Client(d.endpoint, camera_id="stats", timeout=10) as c:
-            assert c.stats()["models"]["gpu"]["dispatch"] == "loop"
+            stats = c.stats()["models"]["gpu"]
+            assert stats["dispatch"] == "loop" and len(stats["executors"]) == instances
         threads = [threading.Thread(target=camera, args=(c,)) for c in range(8)]
         for t in threads:
             t.start()

@@ -123,7 +123,9 @@ class TorchBackend(Backend):
 
     @property
     def nonblocking_runners(self) -> bool:
-        return self.device.type == "cuda" and self.optimized
+        # With CUDA graphs a batch is one graph launch; without, the launch itself enqueues
+        # every kernel of the network from Python (milliseconds of the loop's time).
+        return self.device.type == "cuda" and self.optimized and self.cuda_graph
 
     def open_runner(self, buckets: Sequence[int], lanes: int) -> BatchRunner:
         if self.device.type == "cuda" and self.optimized:
@@ -283,6 +285,7 @@ class _CudaRunner(BatchRunner):
 
     def __init__(self, backend: TorchBackend, buckets: Sequence[int], lanes: int) -> None:
         super().__init__(backend, buckets, lanes)
+        self.nonblocking = backend.cuda_graph
         with PREPARE_LOCK:  # other executors' preparations wait; serving ones do not
             self._prepare_all()
 
@@ -349,7 +352,9 @@ class _CudaRunner(BatchRunner):
             return
         self.graphs[b], self.outputs[b] = graph, out
 
-    nonblocking = True  # _launch only enqueues: the I/O loop can drive it (base.BatchRunner)
+    # _launch only enqueues: the I/O loop can drive it (base.BatchRunner). Set per runner in
+    # __init__: true with CUDA graphs (see TorchBackend.nonblocking_runners).
+    nonblocking = True
 
     def attach(self) -> None:
         # LaneOps' driver calls use the calling thread's current context; a runtime call

@@ -85,7 +85,7 @@ class ServedModel:
         assert self.scheduler is not None
         if not self.backend.nonblocking_runners:
             raise UserError(f"model {self.name!r}: dispatch = \"loop\" needs runners that only "
-                            f"enqueue device work (torch on CUDA, noop), not "
+                            f"enqueue device work (torch on CUDA with CUDA graphs, noop), not "
                             f"{self.backend.info.name} on {self.backend.info.device}; use "
                             "dispatch = \"auto\" or \"thread\"")
         self.executors = [LoopExecutor(self, i, self.scheduler, buckets, lanes, warmup_runs,
