@@ -76,8 +76,9 @@ class ExecutorBase:
     def _sort(self, jobs: list[Job], now: float) -> tuple[list[Reply], list[Job]]:
         """(replies for jobs that must not run, the jobs to run)."""
         if self.drain_deadline is not None and now > self.drain_deadline:
-            return [error_reply(j, ErrorCode.SHUTTING_DOWN, "the daemon is shutting down; retry on "
-                           "its restart", "shutting-down") for j in jobs], []
+            message = "the daemon is shutting down; retry on its restart"
+            return [error_reply(j, ErrorCode.SHUTTING_DOWN, message, "shutting-down")
+                    for j in jobs], []
         replies: list[Reply] = []
         eta = now + self.estimate_ms(len(jobs)) / 1e3
         runnable = []
@@ -96,8 +97,8 @@ class ExecutorBase:
                   error=f"{type(exc).__name__}: {exc}")
         if is_fatal(exc):
             self._on_fatal(exc)
-        return [error_reply(j, ErrorCode.INTERNAL, f"inference failed: {type(exc).__name__}: "
-                       f"{exc}", "error") for j in jobs]
+        message = f"inference failed: {type(exc).__name__}: {exc}"
+        return [error_reply(j, ErrorCode.INTERNAL, message, "error") for j in jobs]
 
     def _finished(self, runner: Any, jobs: list[Job], logits: np.ndarray, started: float
                   ) -> list[Reply]:

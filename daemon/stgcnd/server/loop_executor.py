@@ -101,9 +101,9 @@ class LoopExecutor(ExecutorBase):
         self.busy_since = None
         if not any(ex.is_alive() for ex in self.model.executors):
             jobs += self.scheduler.drain()
-        return [error_reply(j, ErrorCode.INTERNAL, f"the executor failed ({type(exc).__name__}: "
-                       f"{exc}); the daemon is restarting, retry shortly", "error")
-                for j in jobs]
+        message = (f"the executor failed ({type(exc).__name__}: {exc}); the daemon is "
+                   "restarting, retry shortly")
+        return [error_reply(j, ErrorCode.INTERNAL, message, "error") for j in jobs]
 
     # -- one turn of the I/O loop ----------------------------------------------------------
     def drive(self, now: float) -> tuple[list[Reply], float | None]:
