@@ -118,7 +118,6 @@ class BatchRunner:
         # bucket -> warmed-up launch-to-finish time (host staging and copies included): when
         # the I/O loop first looks whether a batch it launched is done
         self.wall_ms: dict[int, float] = {}
-        self._walls: list[float] = []
 
     @property
     def max_batch(self) -> int:
@@ -166,7 +165,8 @@ class BatchRunner:
         """Block until the launched batch has finished (sleeping, not spinning)."""
 
     def collect(self) -> np.ndarray:
-        """The launched batch's logits (n, K) float32, a copy; sets last_timings."""
+        """The launched batch's logits (n, K) float32, a copy; sets last_timings. Only once
+        `done()` said so or `wait()` returned."""
         out = self._collect()
         self.last_timings.setdefault("total_ms", (time.perf_counter() - self._t0) * 1e3)
         return out
@@ -195,15 +195,16 @@ class BatchRunner:
         _c, t, v, m = self.backend.info.input_shape
         x = synthetic_windows(1, t, m, v, seed=0)[0]
         for b in self.buckets:
-            times = [self._timed_run([x] * b) for _ in range(runs + 1)]
-            self.compute_ms[b] = _warm_median(times)
-            self.wall_ms[b] = _warm_median(self._walls[-len(times):])
+            computes, walls = zip(*(self._timed_run([x] * b) for _ in range(runs + 1)))
+            self.compute_ms[b] = _warm_median(list(computes))
+            self.wall_ms[b] = _warm_median(list(walls))
         return dict(self.compute_ms)
 
-    def _timed_run(self, windows: list[np.ndarray]) -> float:
+    def _timed_run(self, windows: list[np.ndarray]) -> tuple[float, float]:
+        """(compute ms, launch-to-finish ms) of one run."""
         self.run(windows, [i % self.lanes if self.lanes else 0 for i in range(len(windows))])
-        self._walls.append(float(self.last_timings["total_ms"]))
-        return float(self.last_timings.get("compute_ms", self.last_timings["total_ms"]))
+        total = float(self.last_timings["total_ms"])
+        return float(self.last_timings.get("compute_ms", total)), total
 
     def attach(self) -> None:
         """Make this runner usable from the calling thread (the I/O loop, for non-blocking
@@ -232,20 +233,25 @@ class SessionRunner(BatchRunner):
 
         _c, t, v, m = self.backend.info.input_shape
         x = synthetic_windows(1, t, m, v, seed=0)[0]
-        one = _warm_median([self._timed_run([x]) for _ in range(runs + 1)])
+        computes, walls = zip(*(self._timed_run([x]) for _ in range(runs + 1)))
+        one, wall = _warm_median(list(computes)), _warm_median(list(walls))
         self.compute_ms = {b: b * one for b in self.buckets}
-        wall = _warm_median(self._walls)
         self.wall_ms = {b: b * wall for b in self.buckets}
         return dict(self.compute_ms)
 
     def _run(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
              ) -> np.ndarray:
-        n = len(windows)
-        for i, w in enumerate(windows):
-            np.copyto(self.batch[i], w, casting="same_kind")
-        out = np.array(self.session.infer(self.batch[:n]), dtype=np.float32)
+        out = np.array(infer_stacked(self.session, self.batch, windows), dtype=np.float32)
         self.last_timings = dict(self.session.last_timings)
         return out
+
+
+def infer_stacked(session: Session, staging: np.ndarray, windows: Sequence[np.ndarray]
+                  ) -> np.ndarray:
+    """A session's logits for windows stacked into the first rows of `staging`."""
+    for i, w in enumerate(windows):
+        np.copyto(staging[i], w, casting="same_kind")
+    return session.infer(staging[:len(windows)])
 
     def close(self) -> None:
         self.session.close()

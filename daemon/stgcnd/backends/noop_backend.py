@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from stgcnd.backends.base import Backend, BackendInfo, BatchRunner, Session
+from stgcnd.backends.base import Backend, BackendInfo, BatchRunner, Session, infer_stacked
 from stgcnd.log import get_logger
 
 log = get_logger(__name__)
@@ -110,10 +110,7 @@ class _NoopRunner(BatchRunner):
 
     def _launch(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
                 ) -> None:
-        n = len(windows)
-        for i, w in enumerate(windows):
-            np.copyto(self.batch[i], w, casting="same_kind")
-        self._result = self.session.infer(self.batch[:n])
+        self._result = infer_stacked(self.session, self.batch, windows)
         self._ready_at = time.perf_counter() + self._compute_s
 
     def done(self) -> bool:

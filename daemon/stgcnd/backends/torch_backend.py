@@ -432,7 +432,7 @@ class _CudaRunner(BatchRunner):
         self.done_event.synchronize()
 
     def _collect(self) -> np.ndarray:
-        self.done_event.synchronize()  # returns at once when done() said so
+        # After done() or wait(), as BatchRunner.collect requires: no second synchronize.
         self.last_timings = {"compute_ms": self.started.elapsed_time(self.computed)}
         return self.host_out_np[:self._n].copy()
 

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -76,9 +76,7 @@ class ServedModel:
             ex.ready.wait()
         failed = next((ex.error for ex in self.executors if ex.error is not None), None)
         if failed is not None:
-            self.stop(timeout=5.0)
-            raise UserError(f"model {self.name!r}: could not prepare its executor: "
-                            f"{type(failed).__name__}: {failed}") from failed
+            self._prepare_failed(failed)
 
     def _start_loop_driven(self, buckets: list[int], lanes: int, warmup_runs: int,
                            on_fatal: Callable[[BaseException], None]) -> None:
@@ -94,9 +92,12 @@ class ServedModel:
             for ex in self.executors:
                 ex.prepare()
         except Exception as exc:
-            self.stop(timeout=5.0)
-            raise UserError(f"model {self.name!r}: could not prepare its executor: "
-                            f"{type(exc).__name__}: {exc}") from exc
+            self._prepare_failed(exc)
+
+    def _prepare_failed(self, exc: BaseException) -> NoReturn:
+        self.stop(timeout=5.0)
+        raise UserError(f"model {self.name!r}: could not prepare its executor: "
+                        f"{type(exc).__name__}: {exc}") from exc
 
     def submit(self, job: Job, wake: bool = True) -> bool:
         return self.scheduler is not None and self.scheduler.submit(job, wake)

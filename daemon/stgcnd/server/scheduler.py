@@ -137,21 +137,23 @@ class Scheduler:
             if not self._pending:
                 return (None if self._closed else []), None
             if self.delay_s and self._pending < max_batch and not self._closed:
-                end = min(self._queues[c][0].received for c in self._ready) + self.delay_s
+                end = self._fuller_by()
                 if now < end:
                     return [], end
             return self._form(max_batch), None
 
     def _wait_for_fuller(self, max_batch: int) -> None:
-        # Wait from the oldest job's arrival, never beyond it: a request's added latency is
-        # bounded by the configured delay whatever the traffic.
-        oldest = min(self._queues[c][0].received for c in self._ready)
-        end = oldest + self.delay_s
+        end = self._fuller_by()
         while self._pending < max_batch and not self._closed:
             left = end - time.monotonic()
             if left <= 0:
                 return
             self._wait(left)
+
+    def _fuller_by(self) -> float:
+        # Counted from the oldest job's arrival, never beyond it: a request's added latency is
+        # bounded by the configured delay whatever the traffic.
+        return min(self._queues[c][0].received for c in self._ready) + self.delay_s
 
     def _wait(self, timeout: float) -> None:
         # Counted while waiting, so that submit() wakes an executor only when one is idle.
