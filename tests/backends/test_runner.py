@@ -54,6 +54,16 @@ def test_cpu_runner_parity_and_estimates(small_model, batch):
             runner.close()
 
 
+def test_cpu_runner_close_closes_its_session(small_model, batch):
+    # The session holds the runtime's threads and buffers; a reload must free them.
+    with TorchBackend(small_model, "fp32", "cpu", max_batch=2) as backend:
+        runner = backend.open_runner((1, 2), lanes=0)
+        runner.run([batch[0]], [0])
+        assert not runner.session.closed
+        runner.close()
+        assert runner.session.closed
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("lanes", [0, 8])

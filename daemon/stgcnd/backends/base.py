@@ -245,6 +245,9 @@ class SessionRunner(BatchRunner):
         self.last_timings = dict(self.session.last_timings)
         return out
 
+    def close(self) -> None:
+        self.session.close()
+
 
 def infer_stacked(session: Session, staging: np.ndarray, windows: Sequence[np.ndarray]
                   ) -> np.ndarray:
@@ -252,9 +255,6 @@ def infer_stacked(session: Session, staging: np.ndarray, windows: Sequence[np.nd
     for i, w in enumerate(windows):
         np.copyto(staging[i], w, casting="same_kind")
     return session.infer(staging[:len(windows)])
-
-    def close(self) -> None:
-        self.session.close()
 
 
 def _warm_median(times: list[float]) -> float:
