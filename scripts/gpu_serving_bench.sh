@@ -13,6 +13,10 @@
 #                                    GPU tests of the loop path, bench, per-thread CPU per mode
 #   OUT=dir PART=ab bash scripts/gpu_serving_bench.sh    # the same two, interleaved twice
 #   OUT=dir PART=variants bash scripts/gpu_serving_bench.sh  # loop: no client streams; two executors
+#   OUT=dir PART=floor bash scripts/gpu_serving_bench.sh  # GPU tests, a batch's host CPU (this
+#                                    tree and .base/), the bare ZeroMQ floors (closed, 64 x 25 Hz)
+#   OUT=dir PART=abtree bash scripts/gpu_serving_bench.sh  # this tree against .base/ (an
+#                                    earlier commit), loop dispatch, interleaved twice
 # .old/ holds the previous design's daemon/ and clients/ (git archive 5fdd169 daemon clients).
 set -o pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -249,6 +253,42 @@ if [ "$PART" = variants ]; then
   sleep 6
   ltc looptwo c128-25hz 3200 --processes 8 --cameras 16 --rate 25 --duration "$DUR" --warmup 3
   stop_daemon
+fi
+if [ "$PART" = floor ]; then
+  # shellcheck disable=SC2086
+  timeout 300 python3 -m pytest -q -rfs -p no:cacheprovider -o addopts="" \
+    ${TESTS:-tests/backends/test_runner.py tests/backends/test_gpu.py \
+    tests/server/test_loop_dispatch.py} > "$OUT/pytest_gpu.txt" 2>&1 || rc=1
+  tail -3 "$OUT/pytest_gpu.txt"
+  echo "== a batch's host CPU, this tree" | tee -a "$OUT/launch.txt"
+  timeout 120 python3 scripts/gpu_launch_cost.py 2000 2>&1 | grep -v '^{' | tee -a "$OUT/launch.txt"
+  if [ -d .base ]; then
+    echo "== a batch's host CPU, .base ($(cat .base/COMMIT 2>/dev/null))" | tee -a "$OUT/launch.txt"
+    PYTHONPATH=/tmp/site:$PWD/.base/daemon:$PWD/.base/clients timeout 120 \
+      python3 scripts/gpu_launch_cost.py 2000 2>&1 | grep -v '^{' | tee -a "$OUT/launch.txt"
+  fi
+  python3 scripts/zmq_echo_floor.py 20000 | tee -a "$OUT/floor.txt"
+  python3 scripts/zmq_echo_floor.py --open 8 8 25 12 | tee -a "$OUT/floor.txt"
+  python3 scripts/zmq_echo_floor.py --open 8 16 25 12 | tee -a "$OUT/floor.txt"
+fi
+if [ "$PART" = abtree ]; then
+  # This tree against .base/ with the same config (loop dispatch, torch fp16 graphs),
+  # interleaved (this, base, this, base) so that a noisy spell cannot favour one.
+  BASE=/tmp/site:$PWD/.base/daemon:$PWD/.base/clients
+  for round in 1 2; do
+    for tree in new base; do
+      path=$NEW; [ "$tree" = base ] && path=$BASE
+      start_daemon "$tree$round" "$path" $'demo = true\nmax_batch = 64' ${BACKEND:-torch} \
+        || exit 1
+      sleep 4
+      ltc "$tree$round" one-closed 0 --processes 1 --cameras 1 --closed-loop \
+        --duration "$DUR" --warmup 2
+      sleep 4
+      ltc "$tree$round" c64-25hz 1600 --processes 8 --cameras 8 --rate 25 --duration "$DUR" \
+        --warmup 3
+      stop_daemon
+    done
+  done
 fi
 if [ "$PART" = buckets ]; then
   # Bucket granularity under open-loop load: a batch of 40 padded to 64 computes as 64, and the

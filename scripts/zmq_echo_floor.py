@@ -1,12 +1,18 @@
-"""The floor under stgcnd's round trip: bare ZeroMQ over ipc between two Python processes.
+"""The floor under stgcnd's round trip and CPU: bare ZeroMQ over ipc, no daemon.
 
-    python3 scripts/zmq_echo_floor.py [N]
+    python3 scripts/zmq_echo_floor.py [N]                  # one camera, closed loop, N trips
+    python3 scripts/zmq_echo_floor.py --open P K RATE SECONDS   # P processes x K cameras
 
-A DEALER sends what a window request is on the wire (a small header frame and one M=1
-window, 59,400 bytes) to a ROUTER in another process that answers a 60-byte frame at once;
-prints the round trip's p50 / p90 / p99. The daemon's overhead (round trip minus compute)
-cannot go below this on the same machine: both ends pay ZeroMQ's I/O threads and the ipc
-socket, with no decoding, checking or inference in between.
+Cameras (DEALERs) send what a window request is on the wire (a small header frame and one
+M=1 window, 59,400 bytes) to a ROUTER in another process that answers a 60-byte frame at
+once. Closed loop, one camera: prints the round trip's p50 / p90 / p99. Open loop: K cameras
+per process, each sending RATE windows a second, phases spread evenly (as `stgcnd loadtest
+--rate`), for SECONDS. Both print the echoing process's CPU per request: its own thread and
+ZeroMQ's I/O thread, from its CPU clock, after the first thousand requests.
+
+The daemon's overhead (round trip minus compute) and its CPU per request cannot go below
+these on the same machine: both ends pay ZeroMQ's I/O threads and the ipc socket, with no
+decoding, checking or inference in between.
 """
 
 from __future__ import annotations
@@ -20,49 +26,116 @@ from pathlib import Path
 import numpy as np
 import zmq
 
+REQUEST = [b"h" * 90, np.zeros((3, 150, 33, 1), np.float32).tobytes()]
+WARM_UP = 1000
+
 
 def serve(endpoint: str) -> None:
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     router.bind(endpoint)
     reply = b"r" * 60
+    served, cpu0, warm = 0, 0.0, False
     while True:
         msg = router.recv_multipart(copy=False)
-        router.send_multipart([msg[0].bytes, reply])
         if len(msg) == 2 and msg[1].bytes == b"stop":
+            cpu_us = (time.process_time() - cpu0) / max(served, 1) * 1e6
+            router.send_multipart([msg[0].bytes, f"{cpu_us:.1f} {served}".encode()])
             break
+        router.send_multipart([msg[0].bytes, reply])
+        served += 1
+        if served == WARM_UP and not warm:
+            served, cpu0, warm = 0, time.process_time(), True
     router.close(0)
     ctx.term()
 
 
-def main() -> int:
-    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
-        serve(sys.argv[2])
-        return 0
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 10000
-    endpoint = f"ipc://{Path(tempfile.mkdtemp()) / 'echo.sock'}"
-    server = subprocess.Popen([sys.executable, __file__, "--serve", endpoint])
+def cameras(endpoint: str, k: int, rate: float, seconds: float, offset: float) -> None:
+    """K cameras in one thread, each sending `rate` windows a second (open loop)."""
+    ctx = zmq.Context()
+    socks = []
+    for _ in range(k):
+        s = ctx.socket(zmq.DEALER)
+        s.connect(endpoint)
+        socks.append(s)
+    poller = zmq.Poller()
+    for s in socks:
+        poller.register(s, zmq.POLLIN)
+    period = 1.0 / rate
+    start = time.monotonic() + 0.5
+    due = [start + (offset + j / k) * period for j in range(k)]
+    end = start + seconds
+    while True:
+        now = time.monotonic()
+        j = min(range(k), key=due.__getitem__)
+        if due[j] >= end:
+            break
+        timeout = max(due[j] - now, 0.0)
+        for sock, _ in poller.poll(timeout * 1e3):
+            while sock.get(zmq.EVENTS) & zmq.POLLIN:
+                sock.recv_multipart(zmq.NOBLOCK)
+        if time.monotonic() >= due[j]:
+            socks[j].send_multipart(REQUEST)
+            due[j] += period
+    time.sleep(0.2)
+    for s in socks:
+        s.close(0)
+    ctx.term()
+
+
+def stop(endpoint: str) -> str:
     ctx = zmq.Context()
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(endpoint)
-    request = [b"h" * 90, np.zeros((3, 150, 33, 1), np.float32).tobytes()]
+    dealer.send_multipart([b"stop"])
+    cpu_us, served = dealer.recv_multipart()[-1].decode().split()
+    dealer.close(0)
+    ctx.term()
+    return f"echo process CPU {cpu_us} us/request over {served} requests"
+
+
+def closed(endpoint: str, n: int) -> str:
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(endpoint)
     times = []
-    try:
-        for _ in range(n):
-            t0 = time.perf_counter()
-            dealer.send_multipart(request)
-            dealer.recv_multipart()
-            times.append(time.perf_counter() - t0)
-    finally:
-        dealer.send_multipart([b"stop"])
+    for _ in range(n):
+        t0 = time.perf_counter()
+        dealer.send_multipart(REQUEST)
         dealer.recv_multipart()
-        server.wait(10)
-        dealer.close(0)
-        ctx.term()
+        times.append(time.perf_counter() - t0)
+    dealer.close(0)
+    ctx.term()
     ms = np.array(times[n // 10:]) * 1e3  # the first tenth warms up
     p50, p90, p99 = np.percentile(ms, [50, 90, 99])
-    print(f"zmq ipc echo, {len(request[1])}-byte request: p50 {p50:.3f} / p90 {p90:.3f} / "
-          f"p99 {p99:.3f} ms over {len(ms)} round trips")
+    return (f"zmq ipc echo, {len(REQUEST[1])}-byte request, one camera closed loop: p50 "
+            f"{p50:.3f} / p90 {p90:.3f} / p99 {p99:.3f} ms over {len(ms)} round trips")
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    if len(args) == 2 and args[0] == "--serve":
+        serve(args[1])
+        return 0
+    if len(args) == 6 and args[0] == "--cameras":
+        cameras(args[1], int(args[2]), float(args[3]), float(args[4]), float(args[5]))
+        return 0
+    endpoint = f"ipc://{Path(tempfile.mkdtemp()) / 'echo.sock'}"
+    server = subprocess.Popen([sys.executable, __file__, "--serve", endpoint])
+    try:
+        if args and args[0] == "--open":
+            p, k, rate, seconds = int(args[1]), int(args[2]), float(args[3]), float(args[4])
+            procs = [subprocess.Popen([sys.executable, __file__, "--cameras", endpoint, str(k),
+                                       str(rate), str(seconds), str(i / p)]) for i in range(p)]
+            for proc in procs:
+                proc.wait()
+            head = (f"zmq ipc echo, {p} x {k} cameras at {rate:g} Hz for {seconds:g} s "
+                    f"({p * k * rate:g} requests/s offered)")
+        else:
+            head = closed(endpoint, int(args[0]) if args else 10000)
+        print(f"{head}; {stop(endpoint)}")
+    finally:
+        server.wait(10)
     return 0
 
 

@@ -195,32 +195,39 @@ class DriverGraph:
             self._graph = ctypes.c_void_p()
 
 
-# --- per-window copies and stream ordering through the driver API ----------------------------
+# --- a batch's host-side work as plain driver calls -------------------------------------------
 
-_CU_EVENT_DISABLE_TIMING = 0x2
+CU_EVENT_DEFAULT = 0x0          # timing enabled
+CU_EVENT_BLOCKING_SYNC = 0x1    # cuEventSynchronize sleeps instead of spinning a core
+CU_EVENT_DISABLE_TIMING = 0x2
+CUDA_ERROR_NOT_READY = 600
 
 
-class LaneOps:
-    """Copies and event ordering for one window at a time, as plain driver calls.
+class DriverCalls:
+    """A batch's host-side work as plain driver calls: copies, events, the graph launch.
 
     A batch moves each window up and its logits down on the window's client stream (a lane),
-    ordered against the batch's compute stream by events: seven calls per window. Through torch
-    (`set_stream`, `copy_`, `Event.record`, `wait_event`) each costs several microseconds of
-    Python and dispatcher work, which the H100 run measured as most of the executor's time per
-    full batch. A ctypes call into libcuda costs about a microsecond, so these take raw
-    addresses and stream/event handles prepared once at start-up.
+    ordered against the batch's compute stream by events: seven calls per window. Around them
+    a batch records its start, compute end and done events and launches its bucket's graph.
+    Through torch (`torch.cuda.stream`, `copy_`, `Event.record`, `CUDAGraph.replay`,
+    `Event.query`) each of these costs several microseconds of Python and dispatcher work, and
+    the I/O loop pays it for every batch; a ctypes call into libcuda costs about a microsecond.
+    So these take raw addresses and stream, event and graph handles prepared once at start-up.
 
-    The calls run in the calling thread's current context: the executor thread that made the
-    runner, where torch (runtime API) has made the device's primary context current. Every
-    call returns a CUresult; the hot loop or's them together and `check` raises once.
+    The calls run in the calling thread's current context: the thread that made the runner,
+    or the I/O loop after `attach`, where torch (runtime API) has made the device's primary
+    context current. Every call returns a CUresult; the hot path or's them together and
+    `check` raises once.
     """
 
     def __init__(self, events: int) -> None:
-        # PyDLL, not CDLL: these calls only enqueue work and return in about a microsecond, so
-        # they keep the GIL. A CDLL call releases and re-takes it every time, and with the I/O
-        # loop busy each re-take waited for the loop's switch interval (the H100 profile).
+        # PyDLL, not CDLL: these calls only enqueue work or read a flag and return in about a
+        # microsecond, so they keep the GIL. A CDLL call releases and re-takes it every time,
+        # and with the I/O loop busy each re-take waited for the loop's switch interval (the
+        # H100 profile). The one call that blocks, cuEventSynchronize, goes through CDLL.
         try:
             lib = ctypes.PyDLL("libcuda.so.1")
+            blocking = ctypes.CDLL("libcuda.so.1")
         except OSError as exc:
             raise BackendUnavailable(f"libcuda.so.1 not found ({exc}); the CUDA runner needs "
                                      "the NVIDIA driver") from None
@@ -230,18 +237,49 @@ class LaneOps:
         self.dtoh = _bind(lib, "cuMemcpyDtoHAsync_v2", ptr, dev, size, ptr)
         self.record = _bind(lib, "cuEventRecord", ptr, ptr)
         self.wait = _bind(lib, "cuStreamWaitEvent", ptr, ptr, uint)
+        self.launch_graph = _bind(lib, "cuGraphLaunch", ptr, ptr)
+        self.query = _bind(lib, "cuEventQuery", ptr)
+        self.synchronize = _bind(blocking, "cuEventSynchronize", ptr)
+        # The _v2 entry point (CUDA 12.8+) where the driver has it, else the original.
+        elapsed = "cuEventElapsedTime_v2" if hasattr(lib, "cuEventElapsedTime_v2") else \
+            "cuEventElapsedTime"
+        self._elapsed = _bind(lib, elapsed, ctypes.POINTER(ctypes.c_float), ptr, ptr)
+        self._ms = ctypes.c_float()
+        self._ms_ref = ctypes.byref(self._ms)
         self._create = _bind(lib, "cuEventCreate", ctypes.POINTER(ptr), uint)
         self._destroy = _bind(lib, "cuEventDestroy_v2", ptr)
         self.events: list[int] = []
         try:
             for _ in range(events):
-                handle = ctypes.c_void_p()
-                _check(self._create(ctypes.byref(handle), _CU_EVENT_DISABLE_TIMING),
-                       "cuEventCreate")
-                self.events.append(int(handle.value or 0))
+                self.event(CU_EVENT_DISABLE_TIMING)
         except BaseException:
             self.destroy()
             raise
+
+    def event(self, flags: int) -> int:
+        """A new event (CU_EVENT_* flags), destroyed with the others by `destroy`."""
+        handle = ctypes.c_void_p()
+        _check(self._create(ctypes.byref(handle), flags), "cuEventCreate")
+        self.events.append(int(handle.value or 0))
+        return self.events[-1]
+
+    def release(self, handle: int) -> None:
+        """Destroy one event now (one replaced before the others are done with)."""
+        self.events.remove(handle)
+        self._destroy(handle)
+
+    def is_done(self, event: int) -> bool:
+        """Whether everything before the event's record has finished (never blocks)."""
+        status = self.query(event)
+        if status == CUDA_ERROR_NOT_READY:
+            return False
+        self.check(status, "cuEventQuery")
+        return True
+
+    def elapsed_ms(self, start: int, end: int) -> float:
+        """Device time between two completed timing events, in milliseconds."""
+        self.check(self._elapsed(self._ms_ref, start, end), "cuEventElapsedTime")
+        return float(self._ms.value)
 
     @staticmethod
     def check(status: int, what: str) -> None:
@@ -253,6 +291,26 @@ class LaneOps:
         for handle in self.events:
             self._destroy(handle)
         self.events = []
+
+
+def raw_graph_exec(graph: Any) -> int | None:
+    """The cudaGraphExec_t of a captured torch CUDAGraph, or None where torch does not expose
+    it (`raw_cuda_graph_exec`, torch 2.8 and later; JetPack's older wheels replay through
+    torch instead).
+
+    Launching it directly skips what `CUDAGraph.replay` adds per call: Python and dispatcher
+    work, a device guard, and refreshing the RNG seed and offset of generators the capture
+    registered. No kernel of an inference graph draws random numbers (eval mode: no
+    dropout), so there is nothing for that refresh to change.
+    """
+    get = getattr(graph, "raw_cuda_graph_exec", None)
+    if get is None:
+        return None
+    try:
+        handle = int(get())
+    except Exception:  # an older or a different binding: replay through torch
+        return None
+    return handle or None
 
 
 # host_copy(dst, src, nbytes): memmove between host addresses that keeps the GIL

@@ -26,7 +26,15 @@ import numpy as np
 import torch
 
 from stgcnd.backends.base import Backend, BackendInfo, BatchRunner, Session
-from stgcnd.backends.cuda import PREPARE_LOCK, LaneOps, host_copy
+from stgcnd.backends.cuda import (
+    CU_EVENT_BLOCKING_SYNC,
+    CU_EVENT_DEFAULT,
+    CU_EVENT_DISABLE_TIMING,
+    PREPARE_LOCK,
+    DriverCalls,
+    host_copy,
+    raw_graph_exec,
+)
 from stgcnd.errors import BackendUnavailable
 from stgcnd.log import get_logger
 
@@ -275,6 +283,11 @@ class _CudaRunner(BatchRunner):
     downloads its row. With lanes=0 the batch moves in one copy each way on the compute stream
     instead (fewer API calls per window; no per-client stream).
 
+    A batch's host side is plain driver calls (`DriverCalls`): copies, event records, the
+    graph launch by its raw handle, the completion query. torch is used to build (network,
+    buffers, streams, graph capture) and only runs a batch itself where torch does not expose
+    a graph's handle, or a bucket has no graph.
+
     Graph capture and replay hold the process-wide capture lock: torch's CUDA generator refuses
     a replay while any thread captures ("Cannot prepare for replay during capturing stage"),
     which a reload's new executors would otherwise do while the old ones serve. A replay only
@@ -303,31 +316,30 @@ class _CudaRunner(BatchRunner):
         with torch.cuda.stream(self.stream):
             self.dev_in = torch.zeros(shape, dtype=torch.float32, device=dev)
         self.lane_streams = [torch.cuda.Stream(device=dev) for _ in range(self.lanes)]
-        self.started = torch.cuda.Event(enable_timing=True)
-        self.computed = torch.cuda.Event(enable_timing=True)
-        # Blocking sync: the executor sleeps until the batch is back instead of spinning a
-        # core for the whole compute time (the default), which on a Jetson is a core the
-        # cameras need, and here was most of the daemon's CPU per request.
-        self.done_event = torch.cuda.Event(blocking=True)
-        # The per-window work is plain driver calls on addresses and handles taken once here
-        # (see LaneOps): per lane an upload and a download event, plus the batch's "computed"
-        # event the lanes wait for. Torch calls per window cost most of a full batch's host time.
-        self.ops: LaneOps | None = None
+        # Addresses and handles taken once here (see DriverCalls): per lane an upload and a
+        # download event; per batch a start and a compute-end event (timed: compute_ms) and a
+        # done event that waits for every download.
+        self.ops = ops = DriverCalls(2 * self.lanes)
+        self.up_events = ops.events[:self.lanes]
+        self.down_events = ops.events[self.lanes:]
+        self.started = ops.event(CU_EVENT_DEFAULT)
+        self.computed = ops.event(CU_EVENT_DEFAULT)
+        # Blocking sync: a thread waiting for the batch sleeps until it is back instead of
+        # spinning a core for the whole compute time (the default), which on a Jetson is a
+        # core the cameras need. `attach` (the I/O loop only queries) swaps it.
+        self.done_event = ops.event(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING)
+        self.stream_handle = int(self.stream.cuda_stream)
+        self.lane_handles = [int(s.cuda_stream) for s in self.lane_streams]
         self.in_bytes = self.host_in[0].nbytes
+        self.out_bytes = self.host_out[0].nbytes
         self.host_in_ptrs = [int(r.data_ptr()) for r in self.host_in]
-        if self.lanes:
-            self.ops = LaneOps(2 * self.lanes + 1)
-            self.up_events = self.ops.events[:self.lanes]
-            self.down_events = self.ops.events[self.lanes:2 * self.lanes]
-            self.computed_raw = self.ops.events[-1]
-            self.stream_handle = int(self.stream.cuda_stream)
-            self.lane_handles = [int(s.cuda_stream) for s in self.lane_streams]
-            self.out_bytes = self.host_out[0].nbytes
-            self.dev_in_ptrs = [int(r.data_ptr()) for r in self.dev_in]
-            self.host_out_ptrs = [int(r.data_ptr()) for r in self.host_out]
+        self.dev_in_ptrs = [int(r.data_ptr()) for r in self.dev_in]
+        self.host_out_ptrs = [int(r.data_ptr()) for r in self.host_out]
         self.outputs: dict[int, torch.Tensor] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graph_execs: dict[int, int] = {}    # bucket -> cudaGraphExec_t, where exposed
         self.pool = torch.cuda.graph_pool_handle() if backend.cuda_graph else None
+        self._eager_out: torch.Tensor | None = None
         for b in self.buckets:
             self._prepare(b)
 
@@ -351,25 +363,28 @@ class _CudaRunner(BatchRunner):
             torch.cuda.synchronize(self.backend.device)
             return
         self.graphs[b], self.outputs[b] = graph, out
+        handle = raw_graph_exec(graph)
+        if handle is not None:
+            self.graph_execs[b] = handle
 
     # _launch only enqueues: the I/O loop can drive it (base.BatchRunner). Set per runner in
     # __init__: true with CUDA graphs (see TorchBackend.nonblocking_runners).
     nonblocking = True
 
     def attach(self) -> None:
-        # LaneOps' driver calls use the calling thread's current context; a runtime call
-        # makes the device's primary context current in this thread (also on CUDA 11, where
+        # The driver calls use the calling thread's current context; a runtime call makes the
+        # device's primary context current in this thread (also on CUDA 11, where
         # cudaSetDevice alone does not).
         torch.cuda.set_device(self.backend.device)
         self.stream.query()
         # The loop only queries `done`: a blocking-sync event would still have CUDA's event
         # thread woken by an interrupt at every batch's end, for nobody.
-        self.done_event = torch.cuda.Event()
+        old, self.done_event = self.done_event, self.ops.event(CU_EVENT_DISABLE_TIMING)
+        self.ops.release(old)
 
     def _launch(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
                 ) -> None:
         n = len(windows)
-        stream = self.stream
         # Into the pinned batch: float32 C-contiguous windows (what the protocol delivers) by
         # a GIL-keeping memmove, others (float16) converted by numpy.
         size, rows = self.in_bytes, self.host_in_ptrs
@@ -378,47 +393,55 @@ class _CudaRunner(BatchRunner):
                 host_copy(rows[i], w.__array_interface__["data"][0], size)
             else:
                 np.copyto(self.host_in_np[i], w, casting="same_kind")
-        ops = self.ops
-        with torch.inference_mode():
-            if ops is not None:
-                # Each window up on its client's own stream; the batch waits for all of them.
-                main, bad = self.stream_handle, 0
-                htod, record, wait = ops.htod, ops.record, ops.wait
-                for i, lane in enumerate(lanes):
-                    s, up = self.lane_handles[lane], self.up_events[lane]
-                    bad |= htod(self.dev_in_ptrs[i], rows[i], size, s)
-                    bad |= record(up, s) | wait(main, up, 0)
-                ops.check(bad, "a window's upload on its client stream")
+        ops, main = self.ops, self.stream_handle
+        record, wait = ops.record, ops.wait
+        if self.lanes:
+            # Each window up on its client's own stream; the batch waits for all of them.
+            htod, bad = ops.htod, 0
+            for i, lane in enumerate(lanes):
+                s, up = self.lane_handles[lane], self.up_events[lane]
+                bad |= htod(self.dev_in_ptrs[i], rows[i], size, s)
+                bad |= record(up, s) | wait(main, up, 0)
+        else:
+            bad = ops.htod(self.dev_in_ptrs[0], rows[0], n * size, main)
+        bad |= record(self.started, main)
+        handle = self.graph_execs.get(bucket)
+        if handle is not None:
+            with self.backend.capture_lock:
+                bad |= ops.launch_graph(handle, main)
+            out = int(self.outputs[bucket].data_ptr())
+        else:
+            out = self._torch_forward(bucket)
+        bad |= record(self.computed, main)
+        size = self.out_bytes
+        if self.lanes:
+            # Each client's stream waits for the batch and takes its own row down; the
+            # compute stream (and so `done`) waits for every download.
+            dtoh, computed = ops.dtoh, self.computed
+            for i, lane in enumerate(lanes):
+                s, down = self.lane_handles[lane], self.down_events[lane]
+                bad |= wait(s, computed, 0)
+                bad |= dtoh(self.host_out_ptrs[i], out + i * size, size, s)
+                bad |= record(down, s) | wait(main, down, 0)
+        else:
+            bad |= ops.dtoh(self.host_out_ptrs[0], out, n * size, main)
+        bad |= record(self.done_event, main)
+        ops.check(bad, "enqueueing the batch (copies, events, graph launch)")
+
+    def _torch_forward(self, bucket: int) -> int:
+        """The bucket's graph replayed, or the network run, by torch on the compute stream
+        (no raw graph handle from this torch, or no graph for this bucket); the output's
+        device address. The output tensor is kept until collect: lanes read it."""
+        with torch.inference_mode(), torch.cuda.stream(self.stream):
+            graph = self.graphs.get(bucket)
+            if graph is not None:
+                with self.backend.capture_lock:
+                    graph.replay()
+                out = self.outputs[bucket]
             else:
-                with torch.cuda.stream(stream):
-                    self.dev_in[:n].copy_(self.host_in[:n], non_blocking=True)
-            self.started.record(stream)
-            with torch.cuda.stream(stream):
-                graph = self.graphs.get(bucket)
-                if graph is not None:
-                    with self.backend.capture_lock:
-                        graph.replay()
-                    out = self.outputs[bucket]
-                else:
-                    out = self.backend.forward(self.dev_in[:bucket], self.side)
-            self.computed.record(stream)
-            if ops is not None:
-                # Each client's stream waits for the batch and takes its own row down; the
-                # compute stream (and so `done`) waits for every download.
-                main, size, computed = self.stream_handle, self.out_bytes, self.computed_raw
-                dtoh, record, wait = ops.dtoh, ops.record, ops.wait
-                base = int(out.data_ptr())
-                bad = record(computed, main)
-                for i, lane in enumerate(lanes):
-                    s, down = self.lane_handles[lane], self.down_events[lane]
-                    bad |= wait(s, computed, 0)
-                    bad |= dtoh(self.host_out_ptrs[i], base + i * size, size, s)
-                    bad |= record(down, s) | wait(main, down, 0)
-                ops.check(bad, "a result's download on its client stream")
-            else:
-                with torch.cuda.stream(stream):
-                    self.host_out[:n].copy_(out[:n], non_blocking=True)
-            self.done_event.record(stream)
+                out = self.backend.forward(self.dev_in[:bucket], self.side)
+                self._eager_out = out
+        return int(out.data_ptr())
 
     def can_launch(self) -> bool:
         # A replay waits for the process-wide capture lock, which another thread holds for a
@@ -426,22 +449,24 @@ class _CudaRunner(BatchRunner):
         return not self.backend.capture_lock.locked()
 
     def done(self) -> bool:
-        return bool(self.done_event.query())
+        return self.ops.is_done(self.done_event)
 
     def wait(self) -> None:
-        self.done_event.synchronize()
+        self.ops.check(self.ops.synchronize(self.done_event), "cuEventSynchronize")
 
     def _collect(self) -> np.ndarray:
         # After done() or wait(), as BatchRunner.collect requires: no second synchronize.
-        self.last_timings = {"compute_ms": self.started.elapsed_time(self.computed)}
+        self._eager_out = None
+        self.last_timings = {"compute_ms": self.ops.elapsed_ms(self.started, self.computed)}
         return self.host_out_np[:self._n].copy()
 
     def close(self) -> None:
         self.stream.synchronize()
         self.graphs.clear()
+        self.graph_execs.clear()
         self.outputs.clear()
         self.pool = None
-        if self.ops is not None:  # every lane's work was ordered before the compute stream's end
-            self.ops.destroy()
-            self.ops = None
+        self._eager_out = None
+        # Every lane's work was ordered before the compute stream's end.
+        self.ops.destroy()
         self.lane_streams = []
