@@ -154,3 +154,73 @@ def test_pycuda_joins_torchs_primary_context_and_graphs_replay():
     th.start()
     th.join()
     assert result == [True, True, True, True]
+
+
+def test_laned_batch_on_pycuda_memory_driven_from_another_thread():
+    """The batch plumbing the TensorRT runner uses (cuda_batch.LanedBatch) on pycuda
+    allocations, with a driver graph standing in for the engine: prepared in one thread,
+    driven from another that only `make_current`s the context (the I/O loop), each window's
+    row back in its own slot whatever its lane, over a few batches."""
+    cuda = pytest.importorskip("pycuda.driver")
+    from stgcnd.backends.cuda import DriverGraph, make_current, pycuda_current
+    from stgcnd.backends.cuda_batch import LanedBatch
+
+    rows, window, k = 4, (3, 5), 2
+    made: dict = {}
+
+    def prepare() -> None:
+        with pycuda_current():
+            compute = cuda.Stream()
+            lanes = [cuda.Stream() for _ in range(4)]
+            host_in = cuda.pagelocked_empty((rows, *window), np.float32)
+            host_out = cuda.pagelocked_empty((rows, k), np.float32)
+            dev_in = cuda.mem_alloc(host_in.nbytes)
+            dev_out = cuda.mem_alloc(host_out.nbytes)
+            row_in, row_out = host_in[0].nbytes, host_out[0].nbytes
+
+            def network() -> None:  # each slot's logits: the first k values of its window
+                for i in range(rows):
+                    cuda.memcpy_dtod_async(int(dev_out) + i * row_out,
+                                           int(dev_in) + i * row_in, row_out, compute)
+
+            graph = DriverGraph(compute.handle).capture(network)
+            made.update(batch=LanedBatch(host_in, host_out, int(dev_in), compute.handle,
+                                         [s.handle for s in lanes]),
+                        graph=graph, dev=(dev_in, dev_out), streams=(compute, *lanes),
+                        host=(host_in, host_out))
+
+    def drive(result: list) -> None:
+        make_current()
+        batch = made["batch"]
+        batch.poll_only()
+        rng = np.random.default_rng(5)
+        for lanes, dtype in (([2, 0, 3], np.float32), ([1, 1, 0, 2], np.float16),
+                             ([3], np.float32)):
+            windows = [rng.random(window).astype(dtype) for _ in lanes]
+            batch.stage(windows)
+            bad = batch.upload(lanes) | batch.start()
+            bad |= batch.ops.launch_graph(made["graph"].exec_handle, batch.compute_stream)
+            batch.finish(int(made["dev"][1]), lanes, bad)
+            for _ in range(100000):
+                if batch.done():
+                    break
+            logits, compute_ms = batch.collect()
+            want = np.stack([w.astype(np.float32).ravel()[:k] for w in windows])
+            result.append((logits.dtype == np.float32, np.array_equal(logits, want),
+                           compute_ms >= 0))
+
+    th = threading.Thread(target=prepare)
+    th.start()
+    th.join()
+    result: list = []
+    th = threading.Thread(target=drive, args=(result,))
+    th.start()
+    th.join()
+    with pycuda_current():
+        for s in made["streams"]:
+            s.synchronize()
+        made["graph"].destroy()
+        made["batch"].destroy()
+        for mem in made["dev"]:
+            mem.free()
+    assert result == [(True, True, True)] * 3

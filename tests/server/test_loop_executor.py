@@ -160,3 +160,55 @@ def test_an_executor_abandoned_after_an_error_answers_everything_it_held(model):
     assert not ex.is_alive() and model.scheduler.pending == 0
     runner.wait()
     runner.close()
+
+
+class _LosesItsGraphs(NoopBackend):
+    """A noop whose runners turn blocking at warm-up, as a TensorRT runner does when its CUDA
+    graphs cannot be captured (its launch then enqueues every kernel from Python)."""
+
+    def open_runner(self, buckets, lanes):
+        runner = super().open_runner(buckets, lanes)
+        warm_up = runner.warm_up
+
+        def warm_up_then_lose_graphs(runs: int = 3) -> dict:
+            out = warm_up(runs)
+            runner.nonblocking = False
+            return out
+
+        runner.warm_up = warm_up_then_lose_graphs
+        return runner
+
+
+@pytest.mark.parametrize("dispatch,loop", [("auto", False), ("loop", True)])
+def test_auto_gives_threads_to_runners_that_turn_blocking(dispatch, loop):
+    import zmq
+
+    from stgcnd.server.executor import Executor
+
+    backend = _LosesItsGraphs(SHAPE, num_class=2, max_batch=4)
+    m = ServedModel(ModelConfig(name="m", backend="noop", frames=8, buckets=(1, 2, 4),
+                                dispatch=dispatch), backend, ("a", "b"), demo=True,
+                    generation=1, max_batch=4)
+    ctx = zmq.Context()
+    outbox = Outbox(ctx)
+    try:
+        m.start(outbox, queue_size=8, lanes=4, warmup_runs=1, on_fatal=print)
+        # "loop" is what the user asked for; "auto" only takes the loop for runners that
+        # stay non-blocking.
+        assert m.loop_driven is loop and m.stats()["dispatch"] == ("loop" if loop else "thread")
+        (ex,) = m.executors
+        assert isinstance(ex, LoopExecutor if loop else Executor) and ex.is_alive()
+        assert m.submit(_job("c0", 1))
+        if loop:
+            replies, _ = _turn_until_replies(ex)
+        else:
+            replies = []
+            end = time.monotonic() + 5
+            while not replies and time.monotonic() < end:
+                replies = outbox.take_all()
+                time.sleep(0.01)
+        assert [decode_reply(r.frames).ok for r in replies] == [True]
+    finally:
+        m.stop(timeout=2.0)
+        outbox.close()
+        ctx.term()

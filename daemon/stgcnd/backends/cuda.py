@@ -104,6 +104,21 @@ def pycuda_current() -> Iterator[Any]:
         cuda.Context.pop()
 
 
+def make_current() -> None:
+    """Make the primary context current in the calling thread for the rest of its life,
+    unless one already is: the I/O loop's thread, which drives runners other threads made.
+    Never popped: the loop's thread ends with the process."""
+    import pycuda.driver as cuda
+
+    ctx = init_cuda("pycuda")
+    try:
+        current = cuda.Context.get_current()
+    except Exception:
+        current = None
+    if current is None:
+        ctx.push()
+
+
 # --- CUDA graphs through the driver API (torch-free) -----------------------------------------
 
 _CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
@@ -182,6 +197,11 @@ class DriverGraph:
 
     def launch(self) -> None:
         _check(_driver().cuGraphLaunch(self._exec, self.stream), "cuGraphLaunch")
+
+    @property
+    def exec_handle(self) -> int:
+        """The instantiated graph (CUgraphExec), for `DriverCalls.launch_graph`."""
+        return int(self._exec.value or 0)
 
     def destroy(self) -> None:
         lib = _libcuda

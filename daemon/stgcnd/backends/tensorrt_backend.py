@@ -17,7 +17,7 @@ D2H, wait on the stream.
 The daemon's executors use `open_runner` instead (the `BatchRunner` contract in base.py): one
 execution context per batch bucket, each on its own optimization profile when the engine has
 one per bucket (stgcnd builds them so; TensorRT 8.x lets a profile serve one context at a
-time), and one lane (stream, event, pinned rows) per client. See `_TrtRunner`.
+time), and one lane (a stream and two events) per client. See `_TrtRunner`.
 
 Every context gets its profile with `set_optimization_profile_async`, checked: on 8.x only the
 first context of an engine starts on profile 0, the others have none until told.
@@ -302,6 +302,12 @@ class TensorRTBackend(Backend):
     def open_session(self) -> Session:
         return _TrtSession(self)
 
+    @property
+    def nonblocking_runners(self) -> bool:
+        # With CUDA graphs a batch is one graph launch; a runner whose graphs are not allowed
+        # or fail turns blocking again, and dispatch "auto" then falls back to threads.
+        return bool(self.cuda_graph) and self.graph_failure is None
+
     def open_runner(self, buckets: Sequence[int], lanes: int) -> BatchRunner:
         """One executor's contexts, lanes and graphs; call in the executor thread."""
         return _TrtRunner(self, buckets, lanes)
@@ -459,25 +465,20 @@ class _TrtSession(Session):
             self.stream = None
 
 
-@dataclass(eq=False)  # compared by identity
-class _Lane:
-    """One client's path to the device: its own stream, an event, pinned rows."""
-
-    stream: Any
-    uploaded: Any            # event: this lane's window is in its slot of the device input
-    host_in: np.ndarray      # one window, page-locked
-    host_out: np.ndarray     # one logits row, page-locked
-    downloaded: Any          # blocking-sync event: this lane's logits row is back
-
-
 class _TrtRunner(BatchRunner):
     """The batched executor's TensorRT resources (see base.BatchRunner).
 
-    One run: each window is copied into its lane's pinned row and uploaded on the lane's stream
-    into its slot of the shared device input; the compute stream waits on every lane's event,
-    runs the bucket's context (or its CUDA graph) and records `done`; each lane's stream waits
-    on `done` and downloads its logits row; then the lanes are synchronized. compute_ms is
-    timed with events on the compute stream alone.
+    One batch (`cuda_batch.LanedBatch`, shared with the torch runner): the windows are staged
+    into the runner's pinned rows, each uploaded on its client's stream (lane) into its slot
+    of the shared device input; the compute stream waits on every upload, launches the
+    bucket's CUDA graph (or enqueues its context), and each lane's stream waits for the
+    compute and downloads its logits row. compute_ms is timed with events on the compute
+    stream alone. Only the compute step here is TensorRT's; the rest runs on every GPU test
+    machine through torch.
+
+    `launch` only enqueues, so with CUDA graphs the I/O loop drives this runner itself
+    (dispatch "auto"): `attach` makes the primary context current in the loop's thread for
+    good. An executor thread (dispatch "thread") makes it current per call instead.
     """
 
     backend: TensorRTBackend
@@ -487,6 +488,7 @@ class _TrtRunner(BatchRunner):
         import pycuda.driver as cuda
 
         from stgcnd.backends.cuda import PREPARE_LOCK, pycuda_current
+        from stgcnd.backends.cuda_batch import LanedBatch
 
         self.cuda = cuda
         self.plan = plan_contexts(self.buckets, backend.profile_ranges, backend.dynamic)
@@ -497,6 +499,9 @@ class _TrtRunner(BatchRunner):
         self.graphs: dict[int, Any] = {}
         self._shape: dict[int, int] = {}          # id(context) -> batch its shape is set to
         self.use_graphs = backend.cuda_graph and graphs_allowed(self.plan)
+        # Without a graph a launch enqueues every kernel from Python (execute_async_v3): not
+        # blocking, but too costly for the I/O loop's thread.
+        self.nonblocking = self.use_graphs
         if backend.cuda_graph and not self.use_graphs:
             log.info("cuda_graphs_skipped", backend="tensorrt", buckets=list(self.buckets),
                      reason="the engine has one optimization profile for several buckets; "
@@ -506,8 +511,6 @@ class _TrtRunner(BatchRunner):
         # creation are not legal while another executor captures a graph.
         with PREPARE_LOCK, pycuda_current():
             self.compute = cuda.Stream()
-            self.start, self.done = cuda.Event(), cuda.Event()
-            self.finished = self._blocking_event()
             self.dev_in = cuda.mem_alloc(rows * self._row_bytes(self.input))
             self.dev_out = cuda.mem_alloc(rows * self._row_bytes(self.output))
             # Padding rows are never read back, but start them at zero, not at garbage.
@@ -526,12 +529,15 @@ class _TrtRunner(BatchRunner):
                     if self.plan.per_bucket:
                         self._set_shape(shared, b)
                 self.contexts[b] = shared
-            self._lanes = [self._new_lane() for _ in range(self.lanes)]
-            # Without client lanes a batch moves in one copy each way on the compute stream.
-            self.host_in = (None if self.lanes else cuda.pagelocked_empty(
-                (rows, *self.input.max_shape[1:]), self.input.dtype))
-            self.host_out = (None if self.lanes else cuda.pagelocked_empty(
-                (rows, *self.output.max_shape[1:]), self.output.dtype))
+            self.lane_streams = [cuda.Stream() for _ in range(self.lanes)]
+            # Pinned rows per batch slot, not per client: max_batch windows, whatever the
+            # number of cameras.
+            self.host_in = cuda.pagelocked_empty((rows, *self.input.max_shape[1:]),
+                                                 self.input.dtype)
+            self.host_out = cuda.pagelocked_empty((rows, *self.output.max_shape[1:]),
+                                                  self.output.dtype)
+            self.batch = LanedBatch(self.host_in, self.host_out, int(self.dev_in),
+                                    self.compute.handle, [s.handle for s in self.lane_streams])
         log.info("tensorrt_runner_ready", buckets=list(self.buckets),
                  contexts=len({id(c) for c in self.contexts.values()}),
                  per_bucket_profiles=self.plan.per_bucket, lanes=self.lanes,
@@ -545,19 +551,6 @@ class _TrtRunner(BatchRunner):
         out = {self.input.name: int(self.dev_in), self.output.name: int(self.dev_out)}
         out.update({name: int(mem) for name, mem in self.dev_other.items()})
         return out
-
-    def _new_lane(self) -> _Lane:
-        cuda = self.cuda
-        return _Lane(cuda.Stream(), cuda.Event(),
-                     cuda.pagelocked_empty(self.input.max_shape[1:], self.input.dtype),
-                     cuda.pagelocked_empty(self.output.max_shape[1:], self.output.dtype),
-                     self._blocking_event())
-
-    def _blocking_event(self) -> Any:
-        # Waited on with a sleep, not a spin: a stream synchronize spins a CPU core for the
-        # whole batch under the default context flags, a core a Jetson's cameras need.
-        flags = self.cuda.event_flags
-        return self.cuda.Event(getattr(flags, "BLOCKING_SYNC", 0) | flags.DISABLE_TIMING)
 
     def _set_shape(self, context: Any, batch: int) -> None:
         if self._shape.get(id(context)) != batch:
@@ -598,75 +591,46 @@ class _TrtRunner(BatchRunner):
             g.destroy()
         self.graphs.clear()
         self.use_graphs = False
+        self.nonblocking = False
 
-    def _run(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
-             ) -> np.ndarray:
+    def attach(self) -> None:
+        from stgcnd.backends.cuda import make_current
+
+        make_current()
+        self.batch.poll_only()
+
+    def _launch(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
+                ) -> None:
         from stgcnd.backends.cuda import pycuda_current
 
-        cuda = self.cuda
-        n = len(windows)
-        in_row, out_row = self._row_bytes(self.input), self._row_bytes(self.output)
-        out = np.empty((n, *self.output.max_shape[1:]), dtype=np.float32)
+        batch = self.batch
+        batch.stage(windows)
+        with pycuda_current():  # a no-op where attach made the context current
+            bad = batch.upload(lanes) | batch.start()
+            graph = self.graphs.get(bucket) if self.use_graphs else None
+            if graph is not None:
+                bad |= batch.ops.launch_graph(graph.exec_handle, batch.compute_stream)
+            else:
+                self._set_shape(self.contexts[bucket], bucket)
+                self._enqueue(bucket)
+            batch.finish(int(self.dev_out), lanes, bad)
+
+    def done(self) -> bool:
+        return self.batch.done()
+
+    def wait(self) -> None:
+        from stgcnd.backends.cuda import pycuda_current
+
         with pycuda_current():
-            if not self.lanes:
-                return self._run_unlaned(windows, bucket, out)
-            used: list[_Lane] = []
-            for slot, (window, index) in enumerate(zip(windows, lanes)):
-                lane = self._lanes[index % self.lanes]
-                if lane in used:  # one lane twice in a batch (warm-up): its row must be free
-                    lane.stream.synchronize()
-                np.copyto(lane.host_in, window, casting="same_kind")
-                cuda.memcpy_htod_async(int(self.dev_in) + slot * in_row, lane.host_in,
-                                       lane.stream)
-                lane.uploaded.record(lane.stream)
-                self.compute.wait_for_event(lane.uploaded)
-                used.append(lane)
-            self._launch(bucket)
-            pending: dict[int, tuple[_Lane, int]] = {}   # id(lane) -> (lane, its slot)
-            for slot, index in enumerate(lanes):
-                lane = self._lanes[index % self.lanes]
-                if id(lane) in pending:  # the lane's row holds an earlier slot: collect it
-                    lane.stream.synchronize()
-                    out[pending.pop(id(lane))[1]] = lane.host_out
-                lane.stream.wait_for_event(self.done)
-                cuda.memcpy_dtoh_async(lane.host_out, int(self.dev_out) + slot * out_row,
-                                       lane.stream)
-                lane.downloaded.record(lane.stream)
-                pending[id(lane)] = (lane, slot)
-            for lane, slot in pending.values():
-                lane.downloaded.synchronize()
-                out[slot] = lane.host_out
-            self.last_timings = {"compute_ms": self.done.time_since(self.start),
-                                 "bucket": float(bucket)}
-        return out
+            self.batch.wait()
 
-    def _launch(self, bucket: int) -> None:
-        context = self.contexts[bucket]
-        graph = self.graphs.get(bucket) if self.use_graphs else None
-        if graph is None:
-            self._set_shape(context, bucket)
-        self.start.record(self.compute)
-        if graph is not None:
-            graph.launch()
-        else:
-            self._enqueue(bucket)
-        self.done.record(self.compute)
+    def _collect(self) -> np.ndarray:
+        from stgcnd.backends.cuda import pycuda_current
 
-    def _run_unlaned(self, windows: Sequence[np.ndarray], bucket: int, out: np.ndarray
-                     ) -> np.ndarray:
-        """lanes=0: the whole batch up and down in one copy each, on the compute stream."""
-        cuda, n = self.cuda, len(windows)
-        assert self.host_in is not None and self.host_out is not None
-        for slot, window in enumerate(windows):
-            np.copyto(self.host_in[slot], window, casting="same_kind")
-        cuda.memcpy_htod_async(self.dev_in, self.host_in[:n], self.compute)
-        self._launch(bucket)
-        cuda.memcpy_dtoh_async(self.host_out[:n], self.dev_out, self.compute)
-        self.finished.record(self.compute)
-        self.finished.synchronize()
-        out[:] = self.host_out[:n]
-        self.last_timings = {"compute_ms": self.done.time_since(self.start)}
-        return out
+        with pycuda_current():
+            logits, compute_ms = self.batch.collect()
+        self.last_timings = {"compute_ms": compute_ms}
+        return logits
 
     def close(self) -> None:
         """Free everything in the owning thread, with the context current (see cuda.py)."""
@@ -676,13 +640,14 @@ class _TrtRunner(BatchRunner):
             return
         with pycuda_current():
             self.compute.synchronize()
-            for lane in self._lanes:
-                lane.stream.synchronize()
+            for stream in self.lane_streams:
+                stream.synchronize()
             self._drop_graphs()
             self.contexts.clear()
             self._shape.clear()
+            self.batch.destroy()
             _free([self.dev_in, self.dev_out, *self.dev_other.values()])
             self.dev_other.clear()
-            self._lanes = []
+            self.lane_streams = []
             self.host_in = self.host_out = None
-            self.start = self.done = self.compute = None
+            self.compute = None

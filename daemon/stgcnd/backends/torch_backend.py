@@ -26,15 +26,8 @@ import numpy as np
 import torch
 
 from stgcnd.backends.base import Backend, BackendInfo, BatchRunner, Session
-from stgcnd.backends.cuda import (
-    CU_EVENT_BLOCKING_SYNC,
-    CU_EVENT_DEFAULT,
-    CU_EVENT_DISABLE_TIMING,
-    PREPARE_LOCK,
-    DriverCalls,
-    host_copy,
-    raw_graph_exec,
-)
+from stgcnd.backends.cuda import PREPARE_LOCK, raw_graph_exec
+from stgcnd.backends.cuda_batch import LanedBatch
 from stgcnd.errors import BackendUnavailable
 from stgcnd.log import get_logger
 
@@ -283,10 +276,10 @@ class _CudaRunner(BatchRunner):
     downloads its row. With lanes=0 the batch moves in one copy each way on the compute stream
     instead (fewer API calls per window; no per-client stream).
 
-    A batch's host side is plain driver calls (`DriverCalls`): copies, event records, the
-    graph launch by its raw handle, the completion query. torch is used to build (network,
-    buffers, streams, graph capture) and only runs a batch itself where torch does not expose
-    a graph's handle, or a bucket has no graph.
+    A batch's host side is plain driver calls: the copies, events and completion of
+    `cuda_batch.LanedBatch` (shared with TensorRT) and the graph's launch by its raw handle.
+    torch builds (network, buffers, streams, graph capture) and only runs a batch itself
+    where torch does not expose a graph's handle, or a bucket has no graph.
 
     Graph capture and replay hold the process-wide capture lock: torch's CUDA generator refuses
     a replay while any thread captures ("Cannot prepare for replay during capturing stage"),
@@ -316,25 +309,10 @@ class _CudaRunner(BatchRunner):
         with torch.cuda.stream(self.stream):
             self.dev_in = torch.zeros(shape, dtype=torch.float32, device=dev)
         self.lane_streams = [torch.cuda.Stream(device=dev) for _ in range(self.lanes)]
-        # Addresses and handles taken once here (see DriverCalls): per lane an upload and a
-        # download event; per batch a start and a compute-end event (timed: compute_ms) and a
-        # done event that waits for every download.
-        self.ops = ops = DriverCalls(2 * self.lanes)
-        self.up_events = ops.events[:self.lanes]
-        self.down_events = ops.events[self.lanes:]
-        self.started = ops.event(CU_EVENT_DEFAULT)
-        self.computed = ops.event(CU_EVENT_DEFAULT)
-        # Blocking sync: a thread waiting for the batch sleeps until it is back instead of
-        # spinning a core for the whole compute time (the default), which on a Jetson is a
-        # core the cameras need. `attach` (the I/O loop only queries) swaps it.
-        self.done_event = ops.event(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING)
-        self.stream_handle = int(self.stream.cuda_stream)
-        self.lane_handles = [int(s.cuda_stream) for s in self.lane_streams]
-        self.in_bytes = self.host_in[0].nbytes
-        self.out_bytes = self.host_out[0].nbytes
-        self.host_in_ptrs = [int(r.data_ptr()) for r in self.host_in]
-        self.dev_in_ptrs = [int(r.data_ptr()) for r in self.dev_in]
-        self.host_out_ptrs = [int(r.data_ptr()) for r in self.host_out]
+        # The batch's copies, stream ordering and completion (shared with TensorRT).
+        self.batch = LanedBatch(self.host_in_np, self.host_out_np, self.dev_in.data_ptr(),
+                                self.stream.cuda_stream,
+                                [s.cuda_stream for s in self.lane_streams])
         self.outputs: dict[int, torch.Tensor] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_execs: dict[int, int] = {}    # bucket -> cudaGraphExec_t, where exposed
@@ -377,56 +355,21 @@ class _CudaRunner(BatchRunner):
         # cudaSetDevice alone does not).
         torch.cuda.set_device(self.backend.device)
         self.stream.query()
-        # The loop only queries `done`: a blocking-sync event would still have CUDA's event
-        # thread woken by an interrupt at every batch's end, for nobody.
-        old, self.done_event = self.done_event, self.ops.event(CU_EVENT_DISABLE_TIMING)
-        self.ops.release(old)
+        self.batch.poll_only()
 
     def _launch(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
                 ) -> None:
-        n = len(windows)
-        # Into the pinned batch: float32 C-contiguous windows (what the protocol delivers) by
-        # a GIL-keeping memmove, others (float16) converted by numpy.
-        size, rows = self.in_bytes, self.host_in_ptrs
-        for i, w in enumerate(windows):
-            if w.dtype == np.float32 and w.flags.c_contiguous and w.nbytes == size:
-                host_copy(rows[i], w.__array_interface__["data"][0], size)
-            else:
-                np.copyto(self.host_in_np[i], w, casting="same_kind")
-        ops, main = self.ops, self.stream_handle
-        record, wait = ops.record, ops.wait
-        if self.lanes:
-            # Each window up on its client's own stream; the batch waits for all of them.
-            htod, bad = ops.htod, 0
-            for i, lane in enumerate(lanes):
-                s, up = self.lane_handles[lane], self.up_events[lane]
-                bad |= htod(self.dev_in_ptrs[i], rows[i], size, s)
-                bad |= record(up, s) | wait(main, up, 0)
-        else:
-            bad = ops.htod(self.dev_in_ptrs[0], rows[0], n * size, main)
-        bad |= record(self.started, main)
+        batch = self.batch
+        batch.stage(windows)
+        bad = batch.upload(lanes) | batch.start()
         handle = self.graph_execs.get(bucket)
         if handle is not None:
             with self.backend.capture_lock:
-                bad |= ops.launch_graph(handle, main)
+                bad |= batch.ops.launch_graph(handle, batch.compute_stream)
             out = int(self.outputs[bucket].data_ptr())
         else:
             out = self._torch_forward(bucket)
-        bad |= record(self.computed, main)
-        size = self.out_bytes
-        if self.lanes:
-            # Each client's stream waits for the batch and takes its own row down; the
-            # compute stream (and so `done`) waits for every download.
-            dtoh, computed = ops.dtoh, self.computed
-            for i, lane in enumerate(lanes):
-                s, down = self.lane_handles[lane], self.down_events[lane]
-                bad |= wait(s, computed, 0)
-                bad |= dtoh(self.host_out_ptrs[i], out + i * size, size, s)
-                bad |= record(down, s) | wait(main, down, 0)
-        else:
-            bad |= ops.dtoh(self.host_out_ptrs[0], out, n * size, main)
-        bad |= record(self.done_event, main)
-        ops.check(bad, "enqueueing the batch (copies, events, graph launch)")
+        batch.finish(out, lanes, bad)
 
     def _torch_forward(self, bucket: int) -> int:
         """The bucket's graph replayed, or the network run, by torch on the compute stream
@@ -449,16 +392,17 @@ class _CudaRunner(BatchRunner):
         return not self.backend.capture_lock.locked()
 
     def done(self) -> bool:
-        return self.ops.is_done(self.done_event)
+        return self.batch.done()
 
     def wait(self) -> None:
-        self.ops.check(self.ops.synchronize(self.done_event), "cuEventSynchronize")
+        self.batch.wait()
 
     def _collect(self) -> np.ndarray:
         # After done() or wait(), as BatchRunner.collect requires: no second synchronize.
         self._eager_out = None
-        self.last_timings = {"compute_ms": self.ops.elapsed_ms(self.started, self.computed)}
-        return self.host_out_np[:self._n].copy()
+        logits, compute_ms = self.batch.collect()
+        self.last_timings = {"compute_ms": compute_ms}
+        return logits
 
     def close(self) -> None:
         self.stream.synchronize()
@@ -467,6 +411,5 @@ class _CudaRunner(BatchRunner):
         self.outputs.clear()
         self.pool = None
         self._eager_out = None
-        # Every lane's work was ordered before the compute stream's end.
-        self.ops.destroy()
+        self.batch.destroy()
         self.lane_streams = []

@@ -41,6 +41,7 @@ class ServedModel:
     max_batch: int = 1
     scheduler: Scheduler | None = field(default=None, repr=False)
     executors: list[Any] = field(default_factory=list, repr=False)  # Executor | LoopExecutor
+    _loop_driven: bool | None = field(default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -53,7 +54,10 @@ class ServedModel:
     # -- life ------------------------------------------------------------------------------
     @property
     def loop_driven(self) -> bool:
-        """Whether the I/O loop drives this model's runners (config `dispatch`)."""
+        """Whether the I/O loop drives this model's runners (config `dispatch`; for "auto",
+        decided for good once the runners are prepared, see `_start_loop_driven`)."""
+        if self._loop_driven is not None:
+            return self._loop_driven
         dispatch = self.config.dispatch
         if dispatch == "auto":
             return bool(self.backend.nonblocking_runners)
@@ -65,9 +69,9 @@ class ServedModel:
         mc = self.config
         self.scheduler = Scheduler(queue_size, mc.max_queue_delay_us)
         buckets = [b for b in mc.buckets if b <= self.max_batch] or [1]
-        if self.loop_driven:
-            self._start_loop_driven(buckets, lanes, warmup_runs, on_fatal)
+        if self.loop_driven and self._start_loop_driven(buckets, lanes, warmup_runs, on_fatal):
             return
+        self._loop_driven = False
         self.executors = [Executor(self, i, self.scheduler, outbox, buckets, lanes,
                                    warmup_runs, on_fatal) for i in range(mc.instances)]
         for ex in self.executors:
@@ -79,13 +83,17 @@ class ServedModel:
             self._prepare_failed(failed)
 
     def _start_loop_driven(self, buckets: list[int], lanes: int, warmup_runs: int,
-                           on_fatal: Callable[[BaseException], None]) -> None:
+                           on_fatal: Callable[[BaseException], None]) -> bool:
+        """Prepare loop-driven executors; False (nothing kept) when dispatch "auto" finds a
+        prepared runner that turned out to compute on launch after all (a TensorRT engine
+        whose graphs could not be captured enqueues every kernel from Python): it then gets
+        executor threads."""
         assert self.scheduler is not None
         if not self.backend.nonblocking_runners:
             raise UserError(f"model {self.name!r}: dispatch = \"loop\" needs runners that only "
-                            f"enqueue device work (torch on CUDA with CUDA graphs, noop), not "
-                            f"{self.backend.info.name} on {self.backend.info.device}; use "
-                            "dispatch = \"auto\" or \"thread\"")
+                            f"enqueue device work (torch or TensorRT on CUDA with CUDA graphs, "
+                            f"noop), not {self.backend.info.name} on {self.backend.info.device}; "
+                            "use dispatch = \"auto\" or \"thread\"")
         self.executors = [LoopExecutor(self, i, self.scheduler, buckets, lanes, warmup_runs,
                                        on_fatal) for i in range(self.config.instances)]
         try:
@@ -93,6 +101,15 @@ class ServedModel:
                 ex.prepare()
         except Exception as exc:
             self._prepare_failed(exc)
+        if self.config.dispatch == "auto" and not all(ex.runner.nonblocking
+                                                      for ex in self.executors):
+            log.info("dispatch_fallback", model=self.name, dispatch="thread",
+                     reason="the runner computes on launch (no CUDA graphs)")
+            for ex in self.executors:
+                ex.close()
+            return False
+        self._loop_driven = True
+        return True
 
     def _prepare_failed(self, exc: BaseException) -> NoReturn:
         self.stop(timeout=5.0)
