@@ -159,10 +159,10 @@ def test_pycuda_joins_torchs_primary_context_and_graphs_replay():
 def test_laned_batch_on_pycuda_memory_driven_from_another_thread():
     """The batch plumbing the TensorRT runner uses (cuda_batch.LanedBatch) on pycuda
     allocations, with a driver graph standing in for the engine: prepared in one thread,
-    driven from another that only `make_current`s the context (the I/O loop), each window's
+    driven from another that only holds the context current (the I/O loop), each window's
     row back in its own slot whatever its lane, over a few batches."""
     cuda = pytest.importorskip("pycuda.driver")
-    from stgcnd.backends.cuda import DriverGraph, make_current, pycuda_current
+    from stgcnd.backends.cuda import DriverGraph, hold_current, pycuda_current, release_current
     from stgcnd.backends.cuda_batch import LanedBatch
 
     rows, window, k = 4, (3, 5), 2
@@ -190,7 +190,9 @@ def test_laned_batch_on_pycuda_memory_driven_from_another_thread():
                         host=(host_in, host_out))
 
     def drive(result: list) -> None:
-        make_current()
+        hold_current()
+        hold_current()  # two runners in one loop: the context stays until the last release
+        release_current()
         batch = made["batch"]
         batch.poll_only()
         rng = np.random.default_rng(5)
@@ -208,6 +210,7 @@ def test_laned_batch_on_pycuda_memory_driven_from_another_thread():
             want = np.stack([w.astype(np.float32).ravel()[:k] for w in windows])
             result.append((logits.dtype == np.float32, np.array_equal(logits, want),
                            compute_ms >= 0))
+        release_current()  # a thread ending with a context pycuda pushed aborts the process
 
     th = threading.Thread(target=prepare)
     th.start()

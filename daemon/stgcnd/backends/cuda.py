@@ -104,19 +104,45 @@ def pycuda_current() -> Iterator[Any]:
         cuda.Context.pop()
 
 
-def make_current() -> None:
-    """Make the primary context current in the calling thread for the rest of its life,
-    unless one already is: the I/O loop's thread, which drives runners other threads made.
-    Never popped: the loop's thread ends with the process."""
+_held = threading.local()  # per thread: [runners holding the context, whether we pushed it]
+
+
+def hold_current() -> None:
+    """Make the primary context current in the calling thread until as many
+    `release_current` calls: the I/O loop's thread, which drives runners other threads made.
+
+    Counted per thread, so that one runner closing (a reload retiring its model) leaves the
+    context current for the others. Pushed only when no context is current (torch's runtime
+    calls may have made the same primary context current already), and popped by the last
+    release: pycuda aborts the process when a thread or the interpreter ends with a context
+    it pushed still on its stack."""
     import pycuda.driver as cuda
 
     ctx = init_cuda("pycuda")
-    try:
-        current = cuda.Context.get_current()
-    except Exception:
-        current = None
-    if current is None:
-        ctx.push()
+    state = getattr(_held, "state", None)
+    if state is None:
+        try:
+            current = cuda.Context.get_current()
+        except Exception:
+            current = None
+        if current is None:
+            ctx.push()
+        state = _held.state = [0, current is None]
+    state[0] += 1
+
+
+def release_current() -> None:
+    """Undo one `hold_current` of the calling thread."""
+    state = getattr(_held, "state", None)
+    if state is None:
+        return
+    state[0] -= 1
+    if state[0] <= 0:
+        _held.state = None
+        if state[1]:
+            import pycuda.driver as cuda
+
+            cuda.Context.pop()
 
 
 # --- CUDA graphs through the driver API (torch-free) -----------------------------------------

@@ -477,8 +477,9 @@ class _TrtRunner(BatchRunner):
     machine through torch.
 
     `launch` only enqueues, so with CUDA graphs the I/O loop drives this runner itself
-    (dispatch "auto"): `attach` makes the primary context current in the loop's thread for
-    good. An executor thread (dispatch "thread") makes it current per call instead.
+    (dispatch "auto"): `attach` makes the primary context current in the loop's thread until
+    `close` (in the same thread). An executor thread (dispatch "thread") makes it current per
+    call instead.
     """
 
     backend: TensorRTBackend
@@ -499,6 +500,7 @@ class _TrtRunner(BatchRunner):
         self.graphs: dict[int, Any] = {}
         self._shape: dict[int, int] = {}          # id(context) -> batch its shape is set to
         self.use_graphs = backend.cuda_graph and graphs_allowed(self.plan)
+        self._held = False  # attach made the context current in the driving thread
         # Without a graph a launch enqueues every kernel from Python (execute_async_v3): not
         # blocking, but too costly for the I/O loop's thread.
         self.nonblocking = self.use_graphs
@@ -594,9 +596,10 @@ class _TrtRunner(BatchRunner):
         self.nonblocking = False
 
     def attach(self) -> None:
-        from stgcnd.backends.cuda import make_current
+        from stgcnd.backends.cuda import hold_current
 
-        make_current()
+        hold_current()  # released by close, in the same thread
+        self._held = True
         self.batch.poll_only()
 
     def _launch(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
@@ -651,3 +654,8 @@ class _TrtRunner(BatchRunner):
             self.lane_streams = []
             self.host_in = self.host_out = None
             self.compute = None
+        if self._held:
+            from stgcnd.backends.cuda import release_current
+
+            self._held = False
+            release_current()
