@@ -17,6 +17,8 @@
 #                                    tree and .base/), the bare ZeroMQ floors (closed, 64 x 25 Hz)
 #   OUT=dir PART=abtree bash scripts/gpu_serving_bench.sh  # this tree against .base/ (an
 #                                    earlier commit), loop dispatch, interleaved twice
+#   OUT=dir PART=final bash scripts/gpu_serving_bench.sh  # GPU tests, bench, the loads
+#                                    and 32 cameras joining, on this tree (default dispatch)
 # .old/ holds the previous design's daemon/ and clients/ (git archive 5fdd169 daemon clients).
 set -o pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -289,6 +291,22 @@ if [ "$PART" = abtree ]; then
       stop_daemon
     done
   done
+fi
+if [ "$PART" = final ]; then
+  # shellcheck disable=SC2086
+  timeout 300 python3 -m pytest -q -rfs -p no:cacheprovider -o addopts="" \
+    ${TESTS:-tests/backends tests/server/test_loop_dispatch.py} > "$OUT/pytest_gpu.txt" 2>&1 \
+    || rc=1
+  tail -3 "$OUT/pytest_gpu.txt"
+  timeout 200 python3 -m stgcnd bench --device cuda --backends torch-cudagraph \
+    --precisions fp16 --batch 1 16 64 --persons 1 --json "$OUT/bench.json" 2>&1 \
+    | tail -8 | tee "$OUT/bench.txt"
+  start_daemon final "$NEW" $'demo = true\nmax_batch = 64' || exit 1
+  goal_loads final
+  sleep 6
+  lt final join32 --processes 1 --cameras 4 --rate 25 --duration "$DUR" --warmup 1 \
+    --join 32 --join-at 4
+  stop_daemon
 fi
 if [ "$PART" = buckets ]; then
   # Bucket granularity under open-loop load: a batch of 40 padded to 64 computes as 64, and the

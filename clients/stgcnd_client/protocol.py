@@ -281,13 +281,19 @@ def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Reque
                 f"array {index}: shape {tuple(shape)} of {dtype.name} needs {expected_bytes} "
                 f"bytes, the frame has {buf.nbytes}",
             )
-        _check_dimensions(index, shape, dtype, limits, fail)
+        if not expected_bytes:
+            # A frame that holds its shape's bytes bounds every dimension, unless one is 0.
+            _check_dimensions(index, shape, dtype, limits, fail)
         array = np.frombuffer(buf, dtype=dtype).reshape(shape)
         # Frames may be writable (bytearray); the daemon must never modify a client's data.
         array.flags.writeable = False
         arrays.append(array)
 
-    fields = {k: v for k, v in header.items() if k not in COMMON_REQUEST_KEYS}
+    fields = (
+        {}
+        if header.keys() <= COMMON_REQUEST_KEYS
+        else {k: v for k, v in header.items() if k not in COMMON_REQUEST_KEYS}
+    )
     return Request(
         op=op,
         id=req_id,
@@ -319,7 +325,9 @@ def encode_reply(
     header: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": req_id}
     if error is None:
         header["ok"] = True
-        header["result"] = dict(result or {})
+        # A dict is sent as it is (the daemon builds a fresh one per reply); other mappings
+        # are copied into one for msgpack.
+        header["result"] = result if type(result) is dict else dict(result or {})
     else:
         code, message = _error_parts(error)
         header["ok"] = False
@@ -430,8 +438,9 @@ def _check_payload(
 
 
 def _is_int(value: Any) -> bool:
-    # msgpack booleans decode to bool, which Python counts as int.
-    return isinstance(value, int) and not isinstance(value, bool)
+    # msgpack booleans decode to bool, which Python counts as int; msgpack decodes integers
+    # to exactly int, so the type test is enough for what comes off the wire.
+    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def _enum_value(value: Any) -> Any:

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from stgcnd.telemetry.latency import LatencyAggregator, LogHistogram
+from stgcnd.telemetry.latency import MAX_MS, MIN_MS, LatencyAggregator, LogHistogram
 
 BOUND = 0.01 + 1e-9
 
@@ -79,6 +79,30 @@ def test_stage_timings_get_their_own_percentiles():
     for name, values in (("queue", queue), ("compute", compute)):
         for p in (50, 99):
             assert_close(rec[f"{name}_p{p}_ms"], float(np.percentile(values, p, method="lower")))
+
+
+def test_only_the_named_stages_of_a_replys_timings_are_kept():
+    agg = LatencyAggregator()
+    timings = {"queue_ms": 1.0, "compute_ms": 2.0, "batch": 8, "total_ms": 3.5}
+    agg.record("cam", "m", 3.5, timings=timings, stages=("queue_ms", "compute_ms", "h2d_ms"))
+    agg.record(7, "m", 1.0)  # a non-string camera id is kept under its string
+    agg.record("7", "m", 2.0)
+    recs = {r["camera"]: r for r in agg.drain(1.0)}
+    assert sorted(k for k in recs["cam"] if k.endswith("p50_ms")) == [
+        "compute_p50_ms", "p50_ms", "queue_p50_ms"]   # no batch, no absent h2d
+    assert recs["cam"]["queue_p50_ms"] == 1.0 and recs["cam"]["compute_p50_ms"] == 2.0
+    assert recs["7"]["count"] == 2
+
+
+def test_out_of_range_and_nan_values():
+    hist = LogHistogram(0.01)
+    for v in (1e-9, 5e7, float("nan"), float("inf"), 2.0):
+        hist.add(v)
+    assert hist.count == 4                 # NaN is dropped, inf clamps like any huge value
+    assert hist.min == 1e-9 and hist.max == float("inf")
+    lo, hi = hist.quantiles((0, 100))
+    # Reported at the clamps (1 us, ~2.8 h), as the module says; the extremes stay exact.
+    assert abs(lo - MIN_MS) <= 0.01 * MIN_MS and abs(hi - MAX_MS) <= 0.01 * MAX_MS
 
 
 def test_memory_is_bounded_by_the_range_not_the_sample_count():

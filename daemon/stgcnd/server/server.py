@@ -52,6 +52,7 @@ from stgcnd_client.protocol import (
 log = get_logger(__name__)
 
 LOOP_TICK_MS = 100
+LATENCY_STAGES = ("queue_ms", "compute_ms")  # a reply's timings kept per camera in `latency`
 READ_BURST = 256          # requests read per loop pass before replies get their turn
 RETIRE_TIMEOUT_S = 30.0   # a reloaded-away model's executors drain within this
 # The I/O loop and the executors share one interpreter lock. Python's default 5 ms switch
@@ -299,10 +300,11 @@ class Server:
             self.counters["errors"] += 1
             outcome = "error"
         t = reply.timings
-        total_ms = t.get("total_ms", (time.monotonic() - job.received) * 1e3)
+        total_ms = t.get("total_ms")
+        if total_ms is None:
+            total_ms = (time.monotonic() - job.received) * 1e3
         if job.camera in self.cameras.cameras:  # bounded: only cameras in the table
-            self.latency.record(job.camera, job.model, total_ms, outcome,
-                                {k: t[k] for k in ("queue_ms", "compute_ms") if k in t})
+            self.latency.record(job.camera, job.model, total_ms, outcome, t, LATENCY_STAGES)
         # Per request, at debug level only (`--log-level debug`): exact percentiles for
         # `stgcnd logs summarize`; free when the level filters it out.
         if self._log_requests:

@@ -55,14 +55,22 @@ class LogHistogram:
         return math.ceil(math.log(value_ms) / self._log_gamma)
 
     def add(self, value_ms: float) -> None:
-        if not math.isfinite(value_ms):
+        # Called for every request on the I/O loop: plain comparisons, no helper calls.
+        if MIN_MS <= value_ms <= MAX_MS:
+            index = math.ceil(math.log(value_ms) / self._log_gamma)
+        elif value_ms < MIN_MS:
+            index = self._index(MIN_MS)
+        elif value_ms > MAX_MS:
+            index = self._index(MAX_MS)
+        else:  # NaN
             return
-        clamped = min(max(value_ms, MIN_MS), MAX_MS)
-        index = self._index(clamped)
-        self._buckets[index] = self._buckets.get(index, 0) + 1
+        buckets = self._buckets
+        buckets[index] = buckets.get(index, 0) + 1
         self.count += 1
-        self.max = max(self.max, value_ms)
-        self.min = min(self.min, value_ms)
+        if value_ms > self.max:
+            self.max = value_ms
+        if value_ms < self.min:
+            self.min = value_ms
 
     @property
     def bucket_count(self) -> int:
@@ -115,19 +123,29 @@ class LatencyAggregator:
         self._stats: dict[tuple[str, str], _KeyStats] = {}
 
     def record(self, camera: str, model: str, total_ms: float, outcome: str = "ok",
-               timings: dict[str, float] | None = None) -> None:
+               timings: dict[str, float] | None = None,
+               stages: tuple[str, ...] | None = None) -> None:
+        """Count one reply; time it when ok. `timings`: stage name -> ms; `stages`: record
+        only these of its keys (the caller's reply timings, without copying them)."""
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
-        key = (str(camera), str(model))
         with self._lock:
-            stats = self._stats.get(key)
+            stats = self._stats.get((camera, model))
             if stats is None:
-                stats = self._stats[key] = _KeyStats(self.relative_error)
+                key = (str(camera), str(model))
+                stats = self._stats.get(key)
+                if stats is None:
+                    stats = self._stats[key] = _KeyStats(self.relative_error)
             stats.outcomes[outcome] += 1
             if outcome != "ok":
                 return
             stats.total.add(total_ms)
-            for name, value in (timings or {}).items():
+            if not timings:
+                return
+            for name in stages if stages is not None else timings:
+                value = timings.get(name)
+                if value is None:
+                    continue
                 hist = stats.stages.get(name)
                 if hist is None:
                     if len(stats.stages) >= MAX_STAGES_PER_KEY:
