@@ -92,6 +92,31 @@ def test_cuda_runner_parity_padded_buckets_and_lanes(small_model, batch, lanes, 
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("how", ["eager", "torch-replay"])
+def test_cuda_runner_fallbacks_give_the_same_answers(small_model, batch, how):
+    """The two ways a batch runs through torch itself: no CUDA graphs (each bucket's network
+    enqueued eagerly; its output tensor kept until collect, as lanes read it), and graphs
+    replayed by torch where torch exposes no graph handle (older torch, e.g. JetPack's)."""
+    ref = reference_logits(small_model, batch)
+    with TorchBackend(small_model, "fp32", "cuda", cuda_graph=how != "eager",
+                      max_batch=8) as backend:
+        runner = backend.open_runner((1, 2, 4, 8), lanes=4)
+        try:
+            if how == "torch-replay":
+                assert sorted(runner.graph_execs) == [1, 2, 4, 8]
+                runner.graph_execs.clear()   # as where raw_cuda_graph_exec does not exist
+            else:
+                assert not runner.graphs and not runner.nonblocking
+            runner.warm_up(1)
+            outs = [runner.run(list(batch[:n]), [i % 4 for i in range(n)]) for n in (7, 3, 1)]
+        finally:
+            runner.close()
+    for out in outs:
+        np.testing.assert_allclose(out, ref[:len(out)], atol=1e-4)
+
+
+@gpu
+@pytest.mark.gpu
 def test_capturing_a_new_runner_while_another_replays(small_model, batch):
     """A reload builds new executors (graph captures) while the old ones serve: this crashed
     the per-camera design ("Cannot prepare for replay during capturing stage")."""
