@@ -19,6 +19,8 @@
 #                                    earlier commit), loop dispatch, interleaved twice
 #   OUT=dir PART=final bash scripts/gpu_serving_bench.sh  # GPU tests, bench, the loads
 #                                    and 32 cameras joining, on this tree (default dispatch)
+#   OUT=dir PART=profile bash scripts/gpu_serving_bench.sh  # py-spy of the I/O loop at 64 x 25 Hz
+#                                    and one camera (Python frames, then native), this tree
 # .old/ holds the previous design's daemon/ and clients/ (git archive 5fdd169 daemon clients).
 set -o pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -306,6 +308,25 @@ if [ "$PART" = final ]; then
   sleep 6
   lt final join32 --processes 1 --cameras 4 --rate 25 --duration "$DUR" --warmup 1 \
     --join 32 --join-at 4
+  stop_daemon
+fi
+if [ "$PART" = profile ]; then
+  start_daemon prof "$NEW" $'demo = true\nmax_batch = 64' ${BACKEND:-torch} || exit 1
+  sleep 4
+  for load in c64-25hz one-closed; do
+    args="--processes 8 --cameras 8 --rate 25"
+    [ "$load" = one-closed ] && args="--processes 1 --cameras 1 --closed-loop"
+    # shellcheck disable=SC2086
+    ( sleep 5; /tmp/site/bin/py-spy record -p $dpid -d 4 -r 1000 -f raw --nonblocking \
+        -o "$OUT/spy-py-$load.txt" > /dev/null 2>&1
+      /tmp/site/bin/py-spy record -p $dpid -d 3 -r 500 -f raw --native \
+        -o "$OUT/spy-native-$load.txt" > /dev/null 2>&1 ) &
+    spid=$!
+    # shellcheck disable=SC2086
+    lt prof "$load" $args --duration 14 --warmup 2
+    wait $spid
+    sleep 4
+  done
   stop_daemon
 fi
 if [ "$PART" = buckets ]; then

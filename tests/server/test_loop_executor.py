@@ -149,11 +149,14 @@ def test_an_executor_abandoned_after_an_error_answers_everything_it_held(model):
     stops): the batch in flight and the queue still get one reply each."""
     (ex,) = model.executors
     runner = ex.runner
+    detached: list[int] = []
+    runner.detach = lambda: detached.append(1)  # what a TensorRT runner releases (its context)
     for i in range(3):
         model.submit(_job(f"c{i}", i))
     ex.drive(time.monotonic())             # a batch of 3 in flight
     model.submit(_job("late", 9))          # and one queued
     replies = ex.abandon(RuntimeError("attach failed"))
+    assert detached == [1]                 # not closed: the device may be unusable
     assert sorted(r.job.req_id for r in replies) == [0, 1, 2, 9]
     assert {r.outcome for r in replies} == {"error"}
     assert "restarting" in decode_reply(replies[0].frames).error.message

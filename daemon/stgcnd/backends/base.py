@@ -210,6 +210,10 @@ class BatchRunner:
         """Make this runner usable from the calling thread (the I/O loop, for non-blocking
         runners made by another thread): e.g. make the device's context current there."""
 
+    def detach(self) -> None:
+        """Undo `attach` in the calling thread without touching the device: for a runner
+        abandoned after a device error, which is never closed."""
+
     def close(self) -> None:
         """Free the runner's streams, graphs, contexts and buffers (in the owning thread)."""
 

@@ -654,6 +654,9 @@ class _TrtRunner(BatchRunner):
             self.lane_streams = []
             self.host_in = self.host_out = None
             self.compute = None
+        self.detach()
+
+    def detach(self) -> None:
         if self._held:
             from stgcnd.backends.cuda import release_current
 

@@ -26,10 +26,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from stgcnd.log import get_logger
 from stgcnd.server.executor import ExecutorBase, error_reply
 from stgcnd.server.outbox import Reply
 from stgcnd.server.scheduler import Job, Scheduler
 from stgcnd_client.protocol import ErrorCode
+
+log = get_logger(__name__)
 
 RECHECK_FRACTION = 0.04
 RECHECK_MIN_S = 25e-6
@@ -94,9 +97,16 @@ class LoopExecutor(ExecutorBase):
     def abandon(self, exc: Exception) -> list[Reply]:
         """After an error outside any batch (the daemon is then stopping): error replies for
         the batch in flight and, if no other executor of the model is left, for everything
-        queued. The runner is left as it is: the device may be unusable."""
+        queued. The runner is not closed (the device may be unusable), only detached from
+        this thread: a context pycuda pushed here must not outlive the thread (pycuda would
+        abort the process at exit instead of letting it exit 1 for systemd)."""
         self._closed = True
-        self.runner = None
+        runner, self.runner = self.runner, None
+        if runner is not None and self._attached:
+            try:
+                runner.detach()
+            except Exception as err:  # the device is already failing; exit 1 regardless
+                log.warning("runner_detach_failed", executor=self.name, error=str(err))
         jobs, self._jobs = self._jobs or [], None
         self.busy_since = None
         if not any(ex.is_alive() for ex in self.model.executors):
