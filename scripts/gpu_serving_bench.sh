@@ -19,6 +19,8 @@
 #                                    earlier commit), loop dispatch, interleaved twice
 #   OUT=dir PART=final bash scripts/gpu_serving_bench.sh  # GPU tests, bench, the issue's loads
 #                                    and 32 cameras joining, on this tree (default dispatch)
+#   OUT=dir PART=bucketab bash scripts/gpu_serving_bench.sh  # two bucket sets (SETS, ";"
+#                                    between them) at 128 x 25 Hz, interleaved twice
 #   OUT=dir PART=profile bash scripts/gpu_serving_bench.sh  # py-spy of the I/O loop at 64 x 25 Hz
 #                                    and one camera (Python frames, then native), this tree
 # .old/ holds the previous design's daemon/ and clients/ (git archive 5fdd169 daemon clients).
@@ -309,6 +311,23 @@ if [ "$PART" = final ]; then
   lt final join32 --processes 1 --cameras 4 --rate 25 --duration "$DUR" --warmup 1 \
     --join 32 --join-at 4
   stop_daemon
+fi
+if [ "$PART" = bucketab ]; then
+  IFS=';' read -r -a sets <<< "${SETS:-1, 2, 4, 8, 16, 24, 32, 48, 64;1, 2, 4, 8, 12, 16, 24, 32, 48, 64}"
+  for round in 1 2; do
+    i=0
+    for set in "${sets[@]}"; do
+      i=$((i + 1))
+      echo "== set$i round $round: [$set]" | tee -a "$OUT/loadtest.txt"
+      start_daemon "set$i-$round" "$NEW" "demo = true
+max_batch = 64
+buckets = [$set]" || exit 1
+      sleep 3
+      lt "set$i-$round" c128-25hz --processes 8 --cameras 16 --rate 25 --duration "$DUR" \
+        --warmup 3
+      stop_daemon
+    done
+  done
 fi
 if [ "$PART" = profile ]; then
   start_daemon prof "$NEW" $'demo = true\nmax_batch = 64' ${BACKEND:-torch} || exit 1

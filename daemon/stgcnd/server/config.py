@@ -72,7 +72,7 @@ class ModelConfig:
     # cameras x 25 Hz ran at p50 23.6 ms with powers of two and 8.6 ms with these
     # (docs/benchmarks.md). A TensorRT engine maps them onto the profiles it was built with.
     max_batch: int = 0
-    buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+    buckets: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
     max_queue_delay_us: int = 0
     instances: int = 1
     # One CUDA stream per camera for its window's upload and its result's download, ordered
