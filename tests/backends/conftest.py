@@ -37,3 +37,12 @@ def windows(small_model) -> np.ndarray:
 def resource_counts() -> dict[str, int]:
     gc.collect()
     return {"threads": threading.active_count(), "fds": len(os.listdir("/proc/self/fd"))}
+
+
+def run_in_thread(target, timeout: float = 120.0) -> None:
+    """Run `target` in a thread of its own and wait for it: device resources made or driven
+    by a thread other than the test's, as executors and the I/O loop do."""
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout)
+    assert not thread.is_alive(), f"{target.__name__} did not finish within {timeout} s"

@@ -10,12 +10,12 @@ engine run one window at a time.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
 import pytest
 
+from tests.backends.conftest import run_in_thread
 from tests.engines.conftest import demo_spec
 
 pytestmark = pytest.mark.tensorrt
@@ -118,10 +118,8 @@ def test_runner_driven_from_the_loops_thread(engine):
             runner.close()
 
     try:
-        for target in (prepare, drive):
-            th = threading.Thread(target=target)
-            th.start()
-            th.join(120)
+        run_in_thread(prepare)
+        run_in_thread(drive)
     finally:
         backend.close()
     assert not errors, errors
