@@ -87,21 +87,30 @@ def _retain_primary_context() -> Any:
 @contextlib.contextmanager
 def pycuda_current() -> Iterator[Any]:
     """Make the primary context current in this thread for the block (workers need it)."""
-    import pycuda.driver as cuda
-
     ctx = init_cuda("pycuda")
-    try:
-        current = cuda.Context.get_current()
-    except Exception:
-        current = None
-    if current is not None:
+    if _has_current_context():
         yield ctx
         return
     ctx.push()
     try:
         yield ctx
     finally:
-        cuda.Context.pop()
+        _pop_context()
+
+
+def _has_current_context() -> bool:
+    import pycuda.driver as cuda
+
+    try:
+        return cuda.Context.get_current() is not None
+    except Exception:
+        return False
+
+
+def _pop_context() -> None:
+    import pycuda.driver as cuda
+
+    cuda.Context.pop()
 
 
 _held = threading.local()  # per thread: [runners holding the context, whether we pushed it]
@@ -116,18 +125,13 @@ def hold_current() -> None:
     calls may have made the same primary context current already), and popped by the last
     release: pycuda aborts the process when a thread or the interpreter ends with a context
     it pushed still on its stack."""
-    import pycuda.driver as cuda
-
     ctx = init_cuda("pycuda")
     state = getattr(_held, "state", None)
     if state is None:
-        try:
-            current = cuda.Context.get_current()
-        except Exception:
-            current = None
-        if current is None:
+        pushed = not _has_current_context()
+        if pushed:
             ctx.push()
-        state = _held.state = [0, current is None]
+        state = _held.state = [0, pushed]
     state[0] += 1
 
 
@@ -140,9 +144,7 @@ def release_current() -> None:
     if state[0] <= 0:
         _held.state = None
         if state[1]:
-            import pycuda.driver as cuda
-
-            cuda.Context.pop()
+            _pop_context()
 
 
 # --- CUDA graphs through the driver API (torch-free) -----------------------------------------

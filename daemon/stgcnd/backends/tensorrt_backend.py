@@ -25,6 +25,7 @@ first context of an engine starts on profile 0, the others have none until told.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Sequence
@@ -602,13 +603,20 @@ class _TrtRunner(BatchRunner):
         self._held = True
         self.batch.poll_only()
 
-    def _launch(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
-                ) -> None:
+    def _current(self) -> Any:
+        """The context made current for a block: already so in the thread that attached
+        (the I/O loop: nothing to do per batch), pushed and popped around it elsewhere."""
+        if self._held:
+            return contextlib.nullcontext()
         from stgcnd.backends.cuda import pycuda_current
 
+        return pycuda_current()
+
+    def _launch(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
+                ) -> None:
         batch = self.batch
         batch.stage(windows)
-        with pycuda_current():  # a no-op where attach made the context current
+        with self._current():
             bad = batch.upload(lanes) | batch.start()
             graph = self.graphs.get(bucket) if self.use_graphs else None
             if graph is not None:
@@ -622,15 +630,11 @@ class _TrtRunner(BatchRunner):
         return self.batch.done()
 
     def wait(self) -> None:
-        from stgcnd.backends.cuda import pycuda_current
-
-        with pycuda_current():
+        with self._current():
             self.batch.wait()
 
     def _collect(self) -> np.ndarray:
-        from stgcnd.backends.cuda import pycuda_current
-
-        with pycuda_current():
+        with self._current():
             logits, compute_ms = self.batch.collect()
         self.last_timings = {"compute_ms": compute_ms}
         return logits

@@ -291,6 +291,8 @@ class _CudaRunner(BatchRunner):
 
     def __init__(self, backend: TorchBackend, buckets: Sequence[int], lanes: int) -> None:
         super().__init__(backend, buckets, lanes)
+        # With CUDA graphs _launch only enqueues, so the I/O loop can drive this runner
+        # (BatchRunner.nonblocking); eagerly it would enqueue every kernel from the loop.
         self.nonblocking = backend.cuda_graph
         with PREPARE_LOCK:  # other executors' preparations wait; serving ones do not
             self._prepare_all()
@@ -344,10 +346,6 @@ class _CudaRunner(BatchRunner):
         handle = raw_graph_exec(graph)
         if handle is not None:
             self.graph_execs[b] = handle
-
-    # _launch only enqueues: the I/O loop can drive it (base.BatchRunner). Set per runner in
-    # __init__: true with CUDA graphs (see TorchBackend.nonblocking_runners).
-    nonblocking = True
 
     def attach(self) -> None:
         # The driver calls use the calling thread's current context; a runtime call makes the

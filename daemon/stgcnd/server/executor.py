@@ -51,11 +51,15 @@ class ExecutorBase:
     """What every executor does with a batch, whichever thread drives it: refuse what cannot
     finish in time, run the rest, keep the compute estimate, turn logits into replies."""
 
-    def __init__(self, model: Any, index: int, scheduler: Scheduler,
+    def __init__(self, model: Any, index: int, scheduler: Scheduler, buckets: Sequence[int],
+                 lanes: int, warmup_runs: int,
                  on_fatal: Callable[[BaseException], None]) -> None:
         self.model = model                 # stgcnd.server.models.ServedModel
         self._index = index
         self.scheduler = scheduler
+        self._bucket_sizes = tuple(buckets)
+        self._lanes = lanes
+        self._warmup_runs = warmup_runs
         self._on_fatal = on_fatal
         self.error: BaseException | None = None
         self.heartbeat = time.monotonic()
@@ -65,6 +69,18 @@ class ExecutorBase:
         self.buckets: tuple[int, ...] = ()
         self.batches = 0
         self.windows = 0
+
+    def _prepare_runner(self) -> Any:
+        """Make this executor's runner and warm every bucket (set-up never on a request's
+        path); the runner is closed again if warming fails."""
+        runner = self.model.backend.open_runner(self._bucket_sizes, self._lanes)
+        try:
+            self.compute_ms = dict(runner.warm_up(self._warmup_runs))
+            self.buckets = runner.buckets
+        except BaseException:
+            runner.close()
+            raise
+        return runner
 
     def estimate_ms(self, n: int) -> float:
         """Expected compute time of a batch of n (its bucket's warmed-up estimate)."""
@@ -121,27 +137,22 @@ class Executor(ExecutorBase, threading.Thread):
     def __init__(self, model: Any, index: int, scheduler: Scheduler, outbox: Outbox,
                  buckets: Sequence[int], lanes: int, warmup_runs: int,
                  on_fatal: Callable[[BaseException], None]) -> None:
-        ExecutorBase.__init__(self, model, index, scheduler, on_fatal)
+        ExecutorBase.__init__(self, model, index, scheduler, buckets, lanes, warmup_runs,
+                              on_fatal)
         threading.Thread.__init__(self, name=f"executor-{model.name}-{index}", daemon=True)
         self.outbox = outbox
-        self._buckets = tuple(buckets)
-        self._lanes = lanes
-        self._warmup_runs = warmup_runs
         self.ready = threading.Event()
 
     # -- start-up, in this thread ----------------------------------------------------------
     def run(self) -> None:
         name_os_thread(f"exec{self._index}-{self.model.name}")
         try:
-            runner = self.model.backend.open_runner(self._buckets, self._lanes)
+            runner = self._prepare_runner()
         except BaseException as exc:
             self.error = exc
             self.ready.set()
             return
-        writer = None
         try:
-            self.compute_ms = dict(runner.warm_up(self._warmup_runs))
-            self.buckets = runner.buckets
             writer = self.outbox.writer()
         except BaseException as exc:
             self.error = exc

@@ -48,11 +48,8 @@ class LoopExecutor(ExecutorBase):
     def __init__(self, model: Any, index: int, scheduler: Scheduler, buckets: Sequence[int],
                  lanes: int, warmup_runs: int,
                  on_fatal: Callable[[BaseException], None]) -> None:
-        super().__init__(model, index, scheduler, on_fatal)
+        super().__init__(model, index, scheduler, buckets, lanes, warmup_runs, on_fatal)
         self.name = f"executor-{model.name}-{index}"
-        self._bucket_sizes = tuple(buckets)
-        self._lanes = lanes
-        self._warmup_runs = warmup_runs
         self.runner: Any = None
         self.wall_s: dict[int, float] = {}     # bucket -> expected launch-to-done time
         self._attached = False
@@ -65,14 +62,8 @@ class LoopExecutor(ExecutorBase):
 
     # -- start-up, in the thread that starts the model -------------------------------------
     def prepare(self) -> None:
-        runner = self.model.backend.open_runner(self._bucket_sizes, self._lanes)
-        try:
-            self.compute_ms = dict(runner.warm_up(self._warmup_runs))
-            self.buckets = runner.buckets
-            self.wall_s = {b: ms / 1e3 for b, ms in runner.wall_ms.items()}
-        except BaseException:
-            runner.close()
-            raise
+        runner = self._prepare_runner()
+        self.wall_s = {b: ms / 1e3 for b, ms in runner.wall_ms.items()}
         self.runner = runner
 
     # -- what the server asks of every executor --------------------------------------------
