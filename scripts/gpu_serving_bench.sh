@@ -21,6 +21,7 @@
 #                                    and 32 cameras joining, on this tree (default dispatch)
 #   OUT=dir PART=bucketab bash scripts/gpu_serving_bench.sh  # two bucket sets (SETS, ";"
 #                                    between them) at 128 x 25 Hz, interleaved twice
+#   OUT=dir PART=instances bash scripts/gpu_serving_bench.sh  # instances = 1 against 2, paced
 #   OUT=dir PART=profile bash scripts/gpu_serving_bench.sh  # py-spy of the I/O loop at 64 x 25 Hz
 #                                    and one camera (Python frames, then native), this tree
 # .old/ holds the previous design's daemon/ and clients/ (git archive 5fdd169 daemon clients).
@@ -325,6 +326,27 @@ buckets = [$set]" || exit 1
       sleep 3
       lt "set$i-$round" c128-25hz --processes 8 --cameras 16 --rate 25 --duration "$DUR" \
         --warmup 3
+      stop_daemon
+    done
+  done
+fi
+if [ "$PART" = instances ]; then
+  # One executor against two (each its own graphs, buffers and streams, one shared queue),
+  # interleaved twice, at the issue's three paced loads.
+  for round in 1 2; do
+    for n in 1 2; do
+      start_daemon "inst$n-$round" "$NEW" "demo = true
+max_batch = 64
+instances = $n" || exit 1
+      sleep 4
+      ltc "inst$n-$round" one-closed 0 --processes 1 --cameras 1 --closed-loop \
+        --duration "$DUR" --warmup 2
+      sleep 5
+      ltc "inst$n-$round" c64-25hz 1600 --processes 8 --cameras 8 --rate 25 \
+        --duration "$DUR" --warmup 3
+      sleep 5
+      ltc "inst$n-$round" c128-25hz 3200 --processes 8 --cameras 16 --rate 25 \
+        --duration "$DUR" --warmup 3
       stop_daemon
     done
   done

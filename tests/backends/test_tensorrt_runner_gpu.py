@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -115,36 +116,79 @@ def test_trt_runner_run_from_its_own_thread(cuda_graph, lanes):
     assert graphs_replayed == (8 if cuda_graph else 4 * 2 + 3)
 
 
+def _device_free_bytes() -> int:
+    lib = ctypes.CDLL("libcuda.so.1")
+    free, total = ctypes.c_size_t(), ctypes.c_size_t()
+    assert lib.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
+    return free.value
+
+
+def _is_pinned(address: int) -> bool:
+    lib = ctypes.CDLL("libcuda.so.1")
+    flags = ctypes.c_uint()
+    return lib.cuMemHostGetFlags(ctypes.byref(flags), ctypes.c_void_p(address)) == 0
+
+
 def test_trt_runner_driven_by_another_thread_as_the_loop_does():
+    """As a SIGHUP reload does with a loop-driven model: prepared in one thread, attached,
+    driven and closed by another (the I/O loop). Every window gets its own answer, and
+    closing from the other thread frees everything: no pycuda out-of-thread warning (pycuda
+    streams and pinned arrays warned so and leaked), the pinned rows unregistered, and device
+    memory back to where it was after eight more reloads."""
+    from stgcnd.backends.cuda import pycuda_current
+
     backend = _backend(cuda_graph=True)
-    made: dict = {}
-
-    def prepare() -> None:
-        runner = backend.open_runner((1, 2, 4, 8), lanes=4)
-        runner.warm_up(1)
-        made["runner"] = runner
-
-    th = threading.Thread(target=prepare)
-    th.start()
-    th.join()
-    runner = made["runner"]
     results: list = []
+    pinned_after_close: list = []
 
-    def drive() -> None:
-        runner.attach()
-        rng = np.random.default_rng(9)
-        for lanes in ([1, 1, 3], [0, 1, 2, 3, 0], [2]):
-            windows = [rng.random(SHAPE).astype(np.float32) for _ in lanes]
-            runner.launch(windows, lanes)
-            end = time.monotonic() + 5
-            while not runner.done() and time.monotonic() < end:
-                pass
-            out = runner.collect()
-            results.append(bool(np.array_equal(out, _expected(windows)))
-                           and runner.last_timings["compute_ms"] >= 0)
-        runner.close()
+    def reload_once(seed: int) -> None:
+        made: dict = {}
 
-    th = threading.Thread(target=drive)
-    th.start()
-    th.join()
-    assert results == [True, True, True]
+        def prepare() -> None:
+            runner = backend.open_runner((1, 2, 4, 8), lanes=4)
+            runner.warm_up(1)
+            made["runner"] = runner
+
+        th = threading.Thread(target=prepare)
+        th.start()
+        th.join()
+        runner = made["runner"]
+        rows = [int(runner.host_in.ctypes.data), int(runner.host_out.ctypes.data)]
+
+        def drive() -> None:
+            runner.attach()
+            rng = np.random.default_rng(seed)
+            for lanes in ([1, 1, 3], [0, 1, 2, 3, 0], [2]):
+                windows = [rng.random(SHAPE).astype(np.float32) for _ in lanes]
+                runner.launch(windows, lanes)
+                end = time.monotonic() + 5
+                while not runner.done() and time.monotonic() < end:
+                    pass
+                out = runner.collect()
+                results.append(bool(np.array_equal(out, _expected(windows)))
+                               and runner.last_timings["compute_ms"] >= 0)
+            pinned_before = all(_is_pinned(a) for a in rows)
+            runner.close()
+            runner.close()  # idempotent
+            with pycuda_current():
+                pinned_after_close.append((pinned_before, any(_is_pinned(a) for a in rows)))
+
+        th = threading.Thread(target=drive)
+        th.start()
+        th.join()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reload_once(0)  # the first one pays the allocator's one-time growth
+        with pycuda_current():
+            free_before = _device_free_bytes()
+        for seed in range(1, 9):
+            reload_once(seed)
+        with pycuda_current():
+            free_after = _device_free_bytes()
+    assert results == [True] * 27
+    assert pinned_after_close == [(True, False)] * 9
+    out_of_thread = [str(w.message) for w in caught if "out-of-thread" in str(w.message)]
+    assert out_of_thread == []
+    # Eight leaked runners would hold 8 x (device input + output rows, a graph per bucket).
+    assert free_before - free_after < 2 * 1024 * 1024, (free_before, free_after)

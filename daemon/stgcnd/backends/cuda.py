@@ -6,7 +6,9 @@ second context: memory and streams could then not be shared with torch, and each
 hundreds of MB on a Jetson) and makes it current per block with `pycuda_current`, in whichever
 thread the block runs (the main thread, the reload thread, an executor). pycuda objects
 (streams, events, device and pinned memory) are freed explicitly in the thread that owns them,
-inside `pycuda_current`, never left to the garbage collector of another thread.
+inside `pycuda_current`, never left to the garbage collector of another thread; what one
+thread makes and another frees (a batch runner the I/O loop drives) comes from the driver
+instead: `DriverMemory`.
 
 pycuda has no stream-capture API, so the TensorRT backend's CUDA graphs use the driver API
 (libcuda, present wherever pycuda works) through ctypes: `DriverGraph`.
@@ -339,6 +341,95 @@ class DriverCalls:
         for handle in self.events:
             self._destroy(handle)
         self.events = []
+
+
+CU_STREAM_NON_BLOCKING = 0x1  # no implicit ordering against the legacy default stream
+
+
+class DriverMemory:
+    """Streams, device memory and page-locked host memory of one runner, made and freed
+    through the driver.
+
+    Not pycuda's objects: pycuda ties each one to the thread whose context stack it was made
+    under, and a Stream or pagelocked array freed from another thread is not freed at all
+    (pycuda warns "... in out-of-thread context could not be cleaned up" and leaks it). A
+    runner is prepared in one thread (the main thread, or the reload thread on SIGHUP) and,
+    when the I/O loop drives it, closed in another: with pycuda objects every reload that
+    replaced a loop-driven TensorRT model leaked its streams and pinned rows. Driver handles
+    belong to the context, not to a thread, so `free` works from any thread where the
+    primary context is current.
+
+    Allocation is start-up work (CDLL: the calls release the GIL); nothing here is on a
+    request's path.
+    """
+
+    def __init__(self) -> None:
+        lib = _driver()
+        ptr, size, uint, dev = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_uint64
+        self._stream_create = _bind(lib, "cuStreamCreate", ctypes.POINTER(ptr), uint)
+        self._stream_destroy = _bind(lib, "cuStreamDestroy_v2", ptr)
+        self._stream_sync = _bind(lib, "cuStreamSynchronize", ptr)
+        self._alloc = _bind(lib, "cuMemAlloc_v2", ctypes.POINTER(dev), size)
+        self._free = _bind(lib, "cuMemFree_v2", dev)
+        self._memset = _bind(lib, "cuMemsetD8Async", dev, ctypes.c_ubyte, size, ptr)
+        self._host_alloc = _bind(lib, "cuMemHostAlloc", ctypes.POINTER(ptr), size, uint)
+        self._host_free = _bind(lib, "cuMemFreeHost", ptr)
+        self.streams: list[int] = []
+        self.device: list[int] = []
+        self.host: list[int] = []
+
+    def stream(self) -> int:
+        """A new non-blocking stream (CUstream handle)."""
+        handle = ctypes.c_void_p()
+        _check(self._stream_create(ctypes.byref(handle), CU_STREAM_NON_BLOCKING),
+               "cuStreamCreate")
+        self.streams.append(int(handle.value or 0))
+        return self.streams[-1]
+
+    def device_zeros(self, nbytes: int, stream: int) -> int:
+        """`nbytes` of device memory (at least 1), zeroed on `stream` (synchronized here):
+        padding rows of a batch are never read back, but start at zero, not at garbage."""
+        nbytes = max(int(nbytes), 1)
+        address = ctypes.c_uint64()
+        _check(self._alloc(ctypes.byref(address), nbytes), "cuMemAlloc")
+        self.device.append(int(address.value))
+        _check(self._memset(address.value, 0, nbytes, stream), "cuMemsetD8Async")
+        self.synchronize(stream)
+        return self.device[-1]
+
+    def pinned(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """A page-locked numpy array, valid until `free`."""
+        import numpy as np
+
+        dtype = np.dtype(dtype)
+        nbytes = max(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, 1)
+        address = ctypes.c_void_p()
+        _check(self._host_alloc(ctypes.byref(address), nbytes, 0), "cuMemHostAlloc")
+        self.host.append(int(address.value or 0))
+        raw = (ctypes.c_ubyte * nbytes).from_address(self.host[-1])
+        return np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))
+                             ).reshape(shape)
+
+    def synchronize(self, stream: int) -> None:
+        _check(self._stream_sync(stream), "cuStreamSynchronize")
+
+    def free(self) -> None:
+        """Wait for every stream, then free everything; idempotent. Arrays from `pinned`
+        must not be used afterwards."""
+        failures = []
+        for handle in self.streams:
+            failures.append(self._stream_sync(handle))
+        for handle in self.streams:
+            failures.append(self._stream_destroy(handle))
+        for address in self.device:
+            failures.append(self._free(address))
+        for address in self.host:
+            failures.append(self._host_free(address))
+        self.streams, self.device, self.host = [], [], []
+        bad = [status for status in failures if status]
+        if bad:
+            raise RuntimeError(f"CUDA error: freeing a runner's memory failed with CUresult "
+                               f"{bad[0]} ({len(bad)} call(s))")
 
 
 def raw_graph_exec(graph: Any) -> int | None:

@@ -487,12 +487,9 @@ class _TrtRunner(BatchRunner):
 
     def __init__(self, backend: TensorRTBackend, buckets: Sequence[int], lanes: int) -> None:
         super().__init__(backend, buckets, lanes)
-        import pycuda.driver as cuda
-
-        from stgcnd.backends.cuda import PREPARE_LOCK, pycuda_current
+        from stgcnd.backends.cuda import PREPARE_LOCK, DriverMemory, pycuda_current
         from stgcnd.backends.cuda_batch import LanedBatch
 
-        self.cuda = cuda
         self.plan = plan_contexts(self.buckets, backend.profile_ranges, backend.dynamic)
         self.buckets = self.plan.buckets
         self.input = backend.input
@@ -511,36 +508,44 @@ class _TrtRunner(BatchRunner):
                             "rebuild it (stgcnd build) for one profile per bucket")
         rows = self.max_batch
         # One runner prepared at a time (see cuda.PREPARE_LOCK): allocations and context
-        # creation are not legal while another executor captures a graph.
+        # creation are not legal while another executor captures a graph. Streams and memory
+        # come from the driver (cuda.DriverMemory), not pycuda: the I/O loop may close this
+        # runner in another thread than the one preparing it.
         with PREPARE_LOCK, pycuda_current():
-            self.compute = cuda.Stream()
-            self.dev_in = cuda.mem_alloc(rows * self._row_bytes(self.input))
-            self.dev_out = cuda.mem_alloc(rows * self._row_bytes(self.output))
-            # Padding rows are never read back, but start them at zero, not at garbage.
-            cuda.memset_d8(self.dev_in, 0, rows * self._row_bytes(self.input))
-            others = [t for t in backend.io if not t.is_input and t is not self.output]
-            self.dev_other = {t.name: cuda.mem_alloc(max(int(np.prod(t.max_shape))
-                                                         * t.dtype.itemsize, 1))
-                              for t in others}
-            shared = None
-            for b in self.buckets:
-                profile = self.plan.profiles[b]
-                if shared is None or self.plan.per_bucket:
-                    shared = backend.new_context(profile, self.compute.handle)
-                    for name, ptr in self._addresses().items():
-                        shared.set_tensor_address(name, ptr)
-                    if self.plan.per_bucket:
-                        self._set_shape(shared, b)
-                self.contexts[b] = shared
-            self.lane_streams = [cuda.Stream() for _ in range(self.lanes)]
-            # Pinned rows per batch slot, not per client: max_batch windows, whatever the
-            # number of cameras.
-            self.host_in = cuda.pagelocked_empty((rows, *self.input.max_shape[1:]),
-                                                 self.input.dtype)
-            self.host_out = cuda.pagelocked_empty((rows, *self.output.max_shape[1:]),
-                                                  self.output.dtype)
-            self.batch = LanedBatch(self.host_in, self.host_out, int(self.dev_in),
-                                    self.compute.handle, [s.handle for s in self.lane_streams])
+            self.memory = memory = DriverMemory()
+            try:
+                self.compute = memory.stream()
+                self.dev_in = memory.device_zeros(rows * self._row_bytes(self.input),
+                                                  self.compute)
+                self.dev_out = memory.device_zeros(rows * self._row_bytes(self.output),
+                                                   self.compute)
+                others = [t for t in backend.io if not t.is_input and t is not self.output]
+                self.dev_other = {t.name: memory.device_zeros(
+                    int(np.prod(t.max_shape)) * t.dtype.itemsize, self.compute)
+                    for t in others}
+                shared = None
+                for b in self.buckets:
+                    profile = self.plan.profiles[b]
+                    if shared is None or self.plan.per_bucket:
+                        shared = backend.new_context(profile, self.compute)
+                        for name, ptr in self._addresses().items():
+                            shared.set_tensor_address(name, ptr)
+                        if self.plan.per_bucket:
+                            self._set_shape(shared, b)
+                    self.contexts[b] = shared
+                self.lane_streams = [memory.stream() for _ in range(self.lanes)]
+                # Pinned rows per batch slot, not per client: max_batch windows, whatever
+                # the number of cameras.
+                self.host_in = memory.pinned((rows, *self.input.max_shape[1:]),
+                                             self.input.dtype)
+                self.host_out = memory.pinned((rows, *self.output.max_shape[1:]),
+                                              self.output.dtype)
+                self.batch = LanedBatch(self.host_in, self.host_out, self.dev_in,
+                                        self.compute, self.lane_streams)
+            except BaseException:
+                self.contexts.clear()
+                memory.free()
+                raise
         log.info("tensorrt_runner_ready", buckets=list(self.buckets),
                  contexts=len({id(c) for c in self.contexts.values()}),
                  per_bucket_profiles=self.plan.per_bucket, lanes=self.lanes,
@@ -551,9 +556,7 @@ class _TrtRunner(BatchRunner):
         return int(np.prod(t.max_shape[1:], dtype=np.int64)) * t.dtype.itemsize
 
     def _addresses(self) -> dict[str, int]:
-        out = {self.input.name: int(self.dev_in), self.output.name: int(self.dev_out)}
-        out.update({name: int(mem) for name, mem in self.dev_other.items()})
-        return out
+        return {self.input.name: self.dev_in, self.output.name: self.dev_out, **self.dev_other}
 
     def _set_shape(self, context: Any, batch: int) -> None:
         if self._shape.get(id(context)) != batch:
@@ -561,7 +564,7 @@ class _TrtRunner(BatchRunner):
             self._shape[id(context)] = batch
 
     def _enqueue(self, bucket: int) -> bool:
-        if not self.contexts[bucket].execute_async_v3(self.compute.handle):
+        if not self.contexts[bucket].execute_async_v3(self.compute):
             raise RuntimeError("TensorRT execute_async_v3 failed (see the tensorrt_log events)")
         return True
 
@@ -576,8 +579,8 @@ class _TrtRunner(BatchRunner):
                 for b in self.buckets:
                     self._set_shape(self.contexts[b], b)
                     self._enqueue(b)  # deferred set-up happens outside the capture
-                    self.compute.synchronize()
-                    graph = DriverGraph(self.compute.handle)
+                    self.memory.synchronize(self.compute)
+                    graph = DriverGraph(self.compute)
                     with CAPTURE_LOCK:
                         try:
                             graph.capture(lambda b=b: self._enqueue(b))
@@ -624,7 +627,7 @@ class _TrtRunner(BatchRunner):
             else:
                 self._set_shape(self.contexts[bucket], bucket)
                 self._enqueue(bucket)
-            batch.finish(int(self.dev_out), lanes, bad)
+            batch.finish(self.dev_out, lanes, bad)
 
     def done(self) -> bool:
         return self.batch.done()
@@ -640,25 +643,27 @@ class _TrtRunner(BatchRunner):
         return logits
 
     def close(self) -> None:
-        """Free everything in the owning thread, with the context current (see cuda.py)."""
+        """Free everything, from any thread (the one that prepared it, or the I/O loop's),
+        with the context current; idempotent."""
         from stgcnd.backends.cuda import pycuda_current
 
         if not self.contexts:
             return
-        with pycuda_current():
-            self.compute.synchronize()
-            for stream in self.lane_streams:
-                stream.synchronize()
-            self._drop_graphs()
-            self.contexts.clear()
-            self._shape.clear()
-            self.batch.destroy()
-            _free([self.dev_in, self.dev_out, *self.dev_other.values()])
-            self.dev_other.clear()
-            self.lane_streams = []
-            self.host_in = self.host_out = None
-            self.compute = None
-        self.detach()
+        try:
+            with pycuda_current():
+                for stream in (self.compute, *self.lane_streams):
+                    self.memory.synchronize(stream)
+                self._drop_graphs()
+                # Execution contexts before the memory they address.
+                self.contexts.clear()
+                self._shape.clear()
+                self.batch.destroy()
+                self.host_in = self.host_out = None
+                self.memory.free()
+                self.dev_other.clear()
+                self.lane_streams = []
+        finally:
+            self.detach()
 
     def detach(self) -> None:
         if self._held:
