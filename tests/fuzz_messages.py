@@ -26,6 +26,11 @@ LOAD_CODES = frozenset({"busy", "expired"})
 OPS = ("hello", "infer", "push", "reset", "ping", "stats")
 
 
+def random_bytes(rng: random.Random, n: int) -> bytes:
+    """n random bytes (Random.randbytes needs Python 3.9; the tests run on 3.8 too)."""
+    return bytes(rng.randrange(256) for _ in range(n))
+
+
 @dataclass
 class Case:
     kind: str                       # the generator that made it
@@ -149,7 +154,7 @@ class Generator:
     # -- generators ------------------------------------------------------------------------
     def random_bytes(self) -> list[Case]:
         n = self.rng.randrange(1, 4)
-        frames = [self.rng.randbytes(self.rng.choice((0, 1, 3, 17, 200, 2000)))
+        frames = [random_bytes(self.rng, self.rng.choice((0, 1, 3, 17, 200, 2000)))
                   for _ in range(n)]
         c = Case("random-bytes", frames, f"{n} random frame(s)")
         c.reply_id = expected_reply_id(frames, self.limits)

@@ -8,39 +8,14 @@ subprocess; a version whose stub cannot be prepared here (no network, no compile
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO
-
-STUB = REPO.parent / "shared" / "tensorrt" / "stub-bindings.sh"
-# JetPack 6.0's 8.6 line, JetPack 6.1/6.2's 10.3, a current 10.x and 11.x. TensorRT 8.5
-# (JetPack 5) has no bindings wheel on the package index: its surface is covered by 8.6.1 plus
-# feature detection (see OPTIONAL_API and docs/jetson.md).
-VERSIONS = ("8.6.1", "10.3.0", "10.16.1.11", "11.4.0.106")
-
-
-def stub_env(version: str) -> dict[str, str]:
-    if not STUB.is_file():
-        pytest.skip(f"{STUB} not found")
-    out = Path(os.environ.get("STGCND_TRT_STUB_CACHE",
-                              Path.home() / ".cache" / "stgcnd-trt-stubs")) / version
-    proc = subprocess.run(["bash", str(STUB), version, str(out)], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHON": sys.executable})
-    if proc.returncode != 0:
-        pytest.skip(f"cannot prepare TensorRT {version} bindings: {proc.stderr.strip()[-300:]}")
-    env = dict(os.environ)
-    lib, site = out / "lib", out / "site"
-    env["LD_LIBRARY_PATH"] = f"{lib}:{env['LD_LIBRARY_PATH']}" if env.get(
-        "LD_LIBRARY_PATH") else str(lib)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(site), str(REPO / "daemon"), str(REPO), env.get("PYTHONPATH")) if p)
-    return env
+from tests.trt_stubs import VERSIONS, stub_env
 
 
 def run_with(version: str, code: str) -> dict:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from typing import Callable
 
 import numpy as np
 import zmq
@@ -13,6 +13,8 @@ from stgcnd_client.protocol import ProtocolError, Request, decode_request, encod
 FRAMES = 4  # window length T of the fake daemon's model
 LABELS = ["normal", "shoplifting"]
 
+# typing.Callable: subscripting collections.abc.Callable at runtime needs Python 3.9, and
+# the tests run on 3.8 too (JetPack 5).
 Handler = Callable[[Request], "list[list[bytes]]"]
 
 

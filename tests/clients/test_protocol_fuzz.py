@@ -64,7 +64,7 @@ def mutate(rng: random.Random, frames: list[bytes]) -> list[bytes]:
             frames[i] = frames[i][:rng.randrange(len(frames[i]) + 1)]
         elif how == 2 and frames:
             at = rng.randrange(len(frames[i]) + 1)
-            frames[i][at:at] = rng.randbytes(rng.randrange(1, 9))
+            frames[i][at:at] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 9)))
         elif how == 3 and len(frames) > 1:
             del frames[rng.randrange(1, len(frames))]
         elif frames:

@@ -18,32 +18,10 @@ from pathlib import Path
 import pytest
 
 from tests.engines.conftest import REPO
+from tests.trt_stubs import VERSIONS, stub_env
 
 SHARED = REPO.parent / "shared" / "tensorrt"
-CACHE = Path(os.environ.get("STGCND_TRT_STUB_CACHE",
-                            Path.home() / ".cache" / "stgcnd-trt-stubs"))
-VERSIONS = ("8.6.1", "10.3.0", "10.16.1.11", "11.4.0.106")
 BUILDER_SRC = REPO / "daemon" / "stgcnd" / "engines" / "builders" / "tensorrt.py"
-
-
-def stub_env(version: str) -> dict[str, str]:
-    script = SHARED / "stub-bindings.sh"
-    if not script.exists():
-        pytest.skip(f"{script} not found (the shared folder beside the repository)")
-    try:
-        r = subprocess.run(["bash", str(script), version, str(CACHE / version)],
-                           capture_output=True, text=True, timeout=300,
-                           env={**os.environ, "PYTHON": sys.executable})
-    except subprocess.TimeoutExpired:
-        pytest.skip(f"preparing TensorRT {version} bindings timed out")
-    if r.returncode != 0:
-        pytest.skip(f"cannot prepare TensorRT {version} bindings (no network?): "
-                    f"{r.stderr.strip()[-300:]}")
-    env = dict(os.environ)
-    for name, value in re.findall(r"(\w+)=(\S+)", r.stdout):
-        value = value.split("${")[0]  # the script appends the caller's value with ${...}
-        env[name] = value + (os.pathsep + env[name] if env.get(name) else "")
-    return env
 
 
 PROBE = """

@@ -47,7 +47,7 @@ class NotifySocket:
             self.sock.settimeout(max(end - time.monotonic(), 0.001))
             try:
                 data = self.sock.recv(4096)
-            except TimeoutError:
+            except socket.timeout:  # TimeoutError only from Python 3.10 (the tests run on 3.8)
                 break
             msg = dict(line.split("=", 1) for line in data.decode().splitlines() if "=" in line)
             got.append(msg)
