@@ -169,7 +169,10 @@ class _LosesItsGraphs(NoopBackend):
     """A noop whose runners turn blocking at warm-up, as a TensorRT runner does when its CUDA
     graphs cannot be captured (its launch then enqueues every kernel from Python)."""
 
+    opened = 0
+
     def open_runner(self, buckets, lanes):
+        self.opened += 1
         runner = super().open_runner(buckets, lanes)
         warm_up = runner.warm_up
 
@@ -201,6 +204,9 @@ def test_auto_gives_threads_to_runners_that_turn_blocking(dispatch, loop):
         assert m.loop_driven is loop and m.stats()["dispatch"] == ("loop" if loop else "thread")
         (ex,) = m.executors
         assert isinstance(ex, LoopExecutor if loop else Executor) and ex.is_alive()
+        # Falling back hands the runner already made and warmed to the thread: one runner.
+        assert backend.opened == 1
+        assert ex.compute_ms and set(ex.compute_ms) == set(ex.buckets) == {1, 2, 4}
         assert m.submit(_job("c0", 1))
         if loop:
             replies, _ = _turn_until_replies(ex)

@@ -136,18 +136,29 @@ class Executor(ExecutorBase, threading.Thread):
 
     def __init__(self, model: Any, index: int, scheduler: Scheduler, outbox: Outbox,
                  buckets: Sequence[int], lanes: int, warmup_runs: int,
-                 on_fatal: Callable[[BaseException], None]) -> None:
+                 on_fatal: Callable[[BaseException], None], prepared: Any = None) -> None:
+        """prepared: (runner, compute_ms, buckets) already made and warmed (LoopExecutor.
+        hand_over), served as it is; None: this thread makes its own."""
         ExecutorBase.__init__(self, model, index, scheduler, buckets, lanes, warmup_runs,
                               on_fatal)
         threading.Thread.__init__(self, name=f"executor-{model.name}-{index}", daemon=True)
         self.outbox = outbox
         self.ready = threading.Event()
+        self._prepared = prepared
 
     # -- start-up, in this thread ----------------------------------------------------------
+    def _take_runner(self) -> Any:
+        if self._prepared is None:
+            return self._prepare_runner()
+        runner, compute_ms, buckets = self._prepared
+        self._prepared = None
+        self.compute_ms, self.buckets = dict(compute_ms), tuple(buckets)
+        return runner
+
     def run(self) -> None:
         name_os_thread(f"exec{self._index}-{self.model.name}")
         try:
-            runner = self._prepare_runner()
+            runner = self._take_runner()
         except BaseException as exc:
             self.error = exc
             self.ready.set()

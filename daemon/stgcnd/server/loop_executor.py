@@ -66,6 +66,14 @@ class LoopExecutor(ExecutorBase):
         self.wall_s = {b: ms / 1e3 for b, ms in runner.wall_ms.items()}
         self.runner = runner
 
+    def hand_over(self) -> tuple[Any, dict[int, float], tuple[int, ...]]:
+        """Give up the prepared runner, never attached to the loop, to an executor thread:
+        (runner, warmed compute estimates, buckets). This executor is then closed."""
+        assert not self._attached and self._jobs is None
+        self._closed = True
+        runner, self.runner = self.runner, None
+        return runner, self.compute_ms, self.buckets
+
     # -- what the server asks of every executor --------------------------------------------
     def is_alive(self) -> bool:
         return not self._closed

@@ -69,11 +69,16 @@ class ServedModel:
         mc = self.config
         self.scheduler = Scheduler(queue_size, mc.max_queue_delay_us)
         buckets = [b for b in mc.buckets if b <= self.max_batch] or [1]
-        if self.loop_driven and self._start_loop_driven(buckets, lanes, warmup_runs, on_fatal):
-            return
+        prepared: list[Any] = []
+        if self.loop_driven:
+            prepared = self._start_loop_driven(buckets, lanes, warmup_runs, on_fatal)
+            if self._loop_driven:
+                return
         self._loop_driven = False
         self.executors = [Executor(self, i, self.scheduler, outbox, buckets, lanes,
-                                   warmup_runs, on_fatal) for i in range(mc.instances)]
+                                   warmup_runs, on_fatal,
+                                   prepared=prepared[i] if prepared else None)
+                          for i in range(mc.instances)]
         for ex in self.executors:
             ex.start()
         for ex in self.executors:
@@ -83,11 +88,13 @@ class ServedModel:
             self._prepare_failed(failed)
 
     def _start_loop_driven(self, buckets: list[int], lanes: int, warmup_runs: int,
-                           on_fatal: Callable[[BaseException], None]) -> bool:
-        """Prepare loop-driven executors; False (nothing kept) when dispatch "auto" finds a
-        prepared runner that turned out to compute on launch after all (a TensorRT engine
-        whose graphs could not be captured enqueues every kernel from Python): it then gets
-        executor threads."""
+                           on_fatal: Callable[[BaseException], None]) -> list[Any]:
+        """Prepare loop-driven executors. With dispatch "auto", a prepared runner may turn
+        out to compute on launch after all (a TensorRT engine whose graphs could not be
+        captured enqueues every kernel from Python): then the model gets executor threads
+        instead, and the runners already made and warmed are handed to them (returned, one
+        per executor), not prepared again; a runner belongs to no thread (its device
+        resources come from the driver or torch)."""
         assert self.scheduler is not None
         if not self.backend.nonblocking_runners:
             raise UserError(f"model {self.name!r}: dispatch = \"loop\" needs runners that only "
@@ -105,11 +112,11 @@ class ServedModel:
                                                       for ex in self.executors):
             log.info("dispatch_fallback", model=self.name, dispatch="thread",
                      reason="the runner computes on launch (no CUDA graphs)")
-            for ex in self.executors:
-                ex.close()
-            return False
+            prepared = [ex.hand_over() for ex in self.executors]
+            self.executors = []
+            return prepared
         self._loop_driven = True
-        return True
+        return []
 
     def _prepare_failed(self, exc: BaseException) -> NoReturn:
         self.stop(timeout=5.0)
