@@ -22,6 +22,7 @@
 #   OUT=dir PART=bucketab bash scripts/gpu_serving_bench.sh  # two bucket sets (SETS, ";"
 #                                    between them) at 128 x 25 Hz, interleaved twice
 #   OUT=dir PART=instances bash scripts/gpu_serving_bench.sh  # instances = 1 against 2, paced
+#   OUT=dir PART=gcab bash scripts/gpu_serving_bench.sh  # gc_freeze on against off, paced
 #   OUT=dir PART=profile bash scripts/gpu_serving_bench.sh  # py-spy of the I/O loop at 64 x 25 Hz
 #                                    and one camera (Python frames, then native), this tree
 # .old/ holds the previous design's daemon/ and clients/ (git archive 5fdd169 daemon clients).
@@ -350,6 +351,23 @@ instances = $n" || exit 1
       ltc "inst$n-$round" c128-25hz 3200 --processes 8 --cameras 16 --rate 25 \
         --duration "$DUR" --warmup 3
       stop_daemon
+    done
+  done
+fi
+if [ "$PART" = gcab ]; then
+  # The heap frozen at READY (gc_freeze, the default) against not, interleaved twice, at the
+  # two paced loads; the daemons' "gc" log lines say how long the collector's passes took.
+  for round in 1 2; do
+    for freeze in true false; do
+      name="gc-$freeze-$round"
+      STGCND_GC_FREEZE=$freeze start_daemon "$name" "$NEW" $'demo = true\nmax_batch = 64' \
+        || exit 1
+      sleep 4
+      lt "$name" c64-25hz --processes 8 --cameras 8 --rate 25 --duration "$DUR" --warmup 3
+      sleep 5
+      lt "$name" c128-25hz --processes 8 --cameras 16 --rate 25 --duration "$DUR" --warmup 3
+      stop_daemon
+      grep '"event": "gc"' "$OUT/daemon-$name.log" | tail -1 | tee -a "$OUT/loadtest.txt"
     done
   done
 fi

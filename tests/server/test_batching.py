@@ -235,6 +235,16 @@ def test_deadline_estimate_is_the_warmed_compute_time(daemon):
     assert rep.error is not None and rep.error.code == "expired"
 
 
+def test_what_is_alive_at_ready_is_out_of_the_collectors_reach(daemon):
+    """gc_freeze (default): the heap alive at READY (modules, the model, its runner) was
+    frozen, so a full collection later walks only what serving made since; the stats say
+    so, with the collector's passes and pauses."""
+    with Client(daemon.endpoint, camera_id="gc") as cl:
+        gc_stats = cl.stats()["gc"]
+    assert gc_stats["frozen"] > 10_000
+    assert len(gc_stats["collections"]) == 3 and gc_stats["max_pause_ms"] >= 0
+
+
 def test_an_idle_executor_is_woken_for_every_request(daemon):
     """The I/O loop queues requests without waking the executor and wakes it once before it
     polls; were that forgotten, a request would wait for the executor's 0.5 s take timeout."""

@@ -109,6 +109,7 @@ class ServerConfig:
     warmup_runs: int = 3
     tegrastats: str | None = None      # path; None = look on PATH
     system_stats: bool = True
+    gc_freeze: bool = True             # see server/gcpause.py
     log_level: str = "info"
 
 

@@ -13,6 +13,7 @@ READY=1, batches formed round robin across cameras by the scheduler (server/sche
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import signal
@@ -31,6 +32,7 @@ from stgcnd.log import debug_enabled, get_logger
 from stgcnd.server.cameras import CameraState, CameraTable, PushRecord
 from stgcnd.server.config import Config, load_config
 from stgcnd.server.errorlog import ClientErrorLog
+from stgcnd.server.gcpause import GcWatch, freeze_survivors
 from stgcnd.server.loop_executor import LoopExecutor
 from stgcnd.server.models import ServedModel, load_models
 from stgcnd.server.notify import Notifier
@@ -85,6 +87,7 @@ class Server:
         self._ctx = zmq.Context()
         self.outbox = Outbox(self._ctx)
         self._timer = WakeTimer()  # loop-driven executors' next look (poll wakes on it)
+        self.gc_watch = GcWatch()
         self._router: zmq.Socket | None = None
         self._ipc_path: Path | None = None
         from stgcnd.telemetry.latency import LatencyAggregator
@@ -129,11 +132,22 @@ class Server:
             keepalive.set()
         self._router, self._ipc_path = bind_router(self._ctx, self.config)
         self._start_sampler()
+        self.gc_watch.install()
+        self._freeze_heap("startup")
         names = ", ".join(f"{m.name} ({m.backend.info.name}/{m.backend.info.precision})"
                           for m in self.models.values())
         self.notifier.ready(f"serving {names} on {self.config.endpoint}")
         log.info("ready", endpoint=self.config.endpoint, models=list(self.models),
                  version=__version__, pid=os.getpid())
+
+    def _freeze_heap(self, when: str) -> None:
+        """Exempt what is alive now from the collector's later passes (server/gcpause.py)."""
+        if not self.config.server.gc_freeze:
+            return
+        started = time.monotonic()
+        frozen = freeze_survivors()
+        log.info("gc_frozen", when=when, objects=frozen,
+                 ms=round((time.monotonic() - started) * 1e3, 1))
 
     def _start_model(self, model: ServedModel) -> None:
         s = self.config.server
@@ -447,11 +461,13 @@ class Server:
                 "cameras": {c: {"requests": s.requests, "in_flight": s.in_flight,
                                 "lane": s.lane}
                             for c, s in self.cameras.cameras.items()},
-                "models": {n: m.stats() for n, m in self.models.items()}}
+                "models": {n: m.stats() for n, m in self.models.items()},
+                "gc": self.gc_watch.stats()}
 
     def _log_stats(self) -> None:
         for record in self.latency.drain(self.config.server.stats_interval):
             log.info("latency", **record)
+        log.info("gc", **self.gc_watch.stats())
         self.errors.flush()
 
     def _reclaim_idle(self, now: float) -> None:
@@ -520,6 +536,12 @@ class Server:
             if not any(ex.is_alive() for ex in model.executors):
                 self.retiring.remove(model)
                 model.close()
+                if not self.retiring and self.config.server.gc_freeze:
+                    # What was frozen at READY includes the retired models: back to the
+                    # collector so that any cycles among them are freed, then the new
+                    # models are frozen in turn (one full pass, once per reload).
+                    gc.unfreeze()
+                    self._freeze_heap("reload")
 
     # -- shutdown --------------------------------------------------------------------------
     def shutdown(self) -> int:
