@@ -235,14 +235,16 @@ def test_deadline_estimate_is_the_warmed_compute_time(daemon):
     assert rep.error is not None and rep.error.code == "expired"
 
 
-def test_what_is_alive_at_ready_is_out_of_the_collectors_reach(daemon):
-    """gc_freeze (default): the heap alive at READY (modules, the model, its runner) was
-    frozen, so a full collection later walks only what serving made since; the stats say
-    so, with the collector's passes and pauses."""
+def test_stats_report_the_collectors_passes_and_pauses(daemon):
+    """The stats reply says what Python's garbage collector did since READY (passes per
+    generation, longest pause), and that nothing was frozen (gc_freeze is off by default)."""
     with Client(daemon.endpoint, camera_id="gc") as cl:
+        for i in range(3):
+            cl.infer(_window(i))
         gc_stats = cl.stats()["gc"]
-    assert gc_stats["frozen"] > 10_000
-    assert len(gc_stats["collections"]) == 3 and gc_stats["max_pause_ms"] >= 0
+    assert gc_stats["frozen"] == 0
+    assert len(gc_stats["collections"]) == 3
+    assert gc_stats["total_pause_ms"] >= gc_stats["max_pause_ms"] >= 0
 
 
 def test_an_idle_executor_is_woken_for_every_request(daemon):

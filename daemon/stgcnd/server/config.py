@@ -109,7 +109,7 @@ class ServerConfig:
     warmup_runs: int = 3
     tegrastats: str | None = None      # path; None = look on PATH
     system_stats: bool = True
-    gc_freeze: bool = True             # see server/gcpause.py
+    gc_freeze: bool = False            # see server/gcpause.py
     log_level: str = "info"
 
 

@@ -132,8 +132,8 @@ class Server:
             keepalive.set()
         self._router, self._ipc_path = bind_router(self._ctx, self.config)
         self._start_sampler()
-        self.gc_watch.install()
         self._freeze_heap("startup")
+        self.gc_watch.install()  # after start-up's own collections: it reports serving's
         names = ", ".join(f"{m.name} ({m.backend.info.name}/{m.backend.info.precision})"
                           for m in self.models.values())
         self.notifier.ready(f"serving {names} on {self.config.endpoint}")
