@@ -402,23 +402,26 @@ class DriverMemory:
         import numpy as np
 
         dtype = np.dtype(dtype)
-        nbytes = max(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, 1)
+        count = int(np.prod(shape, dtype=np.int64))
+        nbytes = max(count * dtype.itemsize, 1)
         address = ctypes.c_void_p()
         _check(self._host_alloc(ctypes.byref(address), nbytes, 0), "cuMemHostAlloc")
         self.host.append(int(address.value or 0))
         raw = (ctypes.c_ubyte * nbytes).from_address(self.host[-1])
-        return np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape, dtype=np.int64))
-                             ).reshape(shape)
+        return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
 
     def synchronize(self, stream: int) -> None:
         _check(self._stream_sync(stream), "cuStreamSynchronize")
 
-    def free(self) -> None:
-        """Wait for every stream, then free everything; idempotent. Arrays from `pinned`
-        must not be used afterwards."""
-        failures = []
+    def synchronize_all(self) -> None:
+        """Wait for the work on every stream made here."""
         for handle in self.streams:
-            failures.append(self._stream_sync(handle))
+            self.synchronize(handle)
+
+    def free(self) -> None:
+        """Free everything once its streams are done; idempotent. Arrays from `pinned` must
+        not be used afterwards. Keeps going past a failed call, then raises."""
+        failures = [self._stream_sync(handle) for handle in self.streams]
         for handle in self.streams:
             failures.append(self._stream_destroy(handle))
         for address in self.device:

@@ -651,8 +651,7 @@ class _TrtRunner(BatchRunner):
             return
         try:
             with pycuda_current():
-                for stream in (self.compute, *self.lane_streams):
-                    self.memory.synchronize(stream)
+                self.memory.synchronize_all()  # before graphs and contexts go
                 self._drop_graphs()
                 # Execution contexts before the memory they address.
                 self.contexts.clear()

@@ -13,7 +13,7 @@ reference counting as before; the collector still finds cycles among what servin
 since. A reload that brings new models freezes again once they are in place.
 
 `GcWatch` counts the collector's passes per generation and keeps their longest and total
-pause, for the `stats` reply and the periodic `latency` log line: the evidence that a tail
+pause, for the `stats` reply and the periodic `gc` log line: the evidence that a tail
 is, or is not, the collector's.
 
 Measured (docs/benchmarks.md, session 7 run 4, H100 host, 64 and 128 cameras x 25 Hz):
@@ -32,8 +32,10 @@ from typing import Any
 
 
 def freeze_survivors() -> int:
-    """Collect what is garbage now, then exempt every live object from later collections.
+    """Collect what is garbage now (what an earlier freeze exempted included: after a reload
+    it holds the retired models), then exempt every live object from later collections.
     Returns how many objects are frozen."""
+    gc.unfreeze()
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()

@@ -13,7 +13,6 @@ READY=1, batches formed round robin across cameras by the scheduler (server/sche
 
 from __future__ import annotations
 
-import gc
 import math
 import os
 import signal
@@ -536,11 +535,9 @@ class Server:
             if not any(ex.is_alive() for ex in model.executors):
                 self.retiring.remove(model)
                 model.close()
-                if not self.retiring and self.config.server.gc_freeze:
-                    # What was frozen at READY includes the retired models: back to the
-                    # collector so that any cycles among them are freed, then the new
-                    # models are frozen in turn (one full pass, once per reload).
-                    gc.unfreeze()
+                if not self.retiring:
+                    # What was frozen before holds the retired models: one full pass frees
+                    # any cycles among them and freezes the new ones (once per reload).
                     self._freeze_heap("reload")
 
     # -- shutdown --------------------------------------------------------------------------
