@@ -25,6 +25,10 @@
 #   OUT=dir PART=gcab bash scripts/gpu_serving_bench.sh  # gc_freeze on against off, paced
 #   OUT=dir PART=profile bash scripts/gpu_serving_bench.sh  # py-spy of the I/O loop at 64 x 25 Hz
 #                                    and one camera (Python frames, then native), this tree
+#   OUT=dir PART=hold bash scripts/gpu_serving_bench.sh  # one camera: the ZeroMQ floor when the
+#                                    echo answers after HOLD_US (asleep, spinning), noop, torch
+#   OUT=dir PART=pin bash scripts/gpu_serving_bench.sh  # the daemon on two cores of its own (and
+#                                    the load generator on the rest) against the scheduler's choice
 # .old/ holds the previous design's daemon/ and clients/ (git archive 5fdd169 daemon clients).
 set -o pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -60,7 +64,8 @@ name = "single"
 $model
 $3
 TOML
-  PYTHONPATH=$2 python3 -m stgcnd --log-format json serve --config "$tmp/$1.toml" \
+  # shellcheck disable=SC2086
+  PYTHONPATH=$2 $DAEMON_CPUS python3 -m stgcnd --log-format json serve --config "$tmp/$1.toml" \
     > "$OUT/daemon-$1.log" 2>&1 &
   dpid=$!
   for _ in $(seq 1 180); do
@@ -78,7 +83,8 @@ stop_daemon() {
 lt() {  # $1 name, $2 label, rest: loadtest args
   local name=$1 label=$2; shift 2
   echo "== $name: $label" | tee -a "$OUT/loadtest.txt"
-  timeout 120 python3 -m stgcnd loadtest --endpoint "ipc://$tmp/$name.sock" --model single \
+  # shellcheck disable=SC2086
+  timeout 120 $LOAD_CPUS python3 -m stgcnd loadtest --endpoint "ipc://$tmp/$name.sock" --model single \
     --json "$OUT/lt-$name-$label.json" "$@" 2>&1 | tail -25 | tee -a "$OUT/loadtest.txt"
 }
 
@@ -368,6 +374,51 @@ if [ "$PART" = gcab ]; then
       lt "$name" c128-25hz --processes 8 --cameras 16 --rate 25 --duration "$DUR" --warmup 3
       stop_daemon
       grep '"event": "gc"' "$OUT/daemon-$name.log" | tail -1 | tee -a "$OUT/loadtest.txt"
+    done
+  done
+fi
+if [ "$PART" = hold ]; then
+  # One camera's overhead against the transport's floor when every thread on the path idles
+  # while the GPU computes: the bare ZeroMQ echo answering at once, after a sleep as long as
+  # the model's batch of one, and after spinning that long; then noop and torch daemons.
+  for round in 1 2; do
+    for h in "0" "${HOLD_US:-560}" "${HOLD_US:-560} --spin"; do
+      # shellcheck disable=SC2086
+      python3 scripts/zmq_echo_floor.py 8000 --hold-us $h | tee -a "$OUT/loadtest.txt"
+    done
+  done
+  for backend in noop torch; do
+    start_daemon "hold-$backend" "$NEW" $'demo = true\nmax_batch = 64' $backend || exit 1
+    sleep 3
+    for round in 1 2; do
+      lt "hold-$backend" "one-closed-$round" --processes 1 --cameras 1 --closed-loop \
+        --duration "$DUR" --warmup 2
+    done
+    stop_daemon
+  done
+fi
+if [ "$PART" = pin ]; then
+  # Does the daemon pay for cold cores? At 25 Hz per camera the loop sleeps between most
+  # requests, and the kernel may wake it on any of the host's cores, whose caches hold
+  # someone else's data. Pinned: the daemon (its loop and ZeroMQ's I/O thread) on cores 0-1,
+  # the load generator on the others (systemd's CPUAffinity= does the same for the unit).
+  last=$(($(nproc) - 1))
+  for round in 1 2; do
+    for pin in free pinned; do
+      DAEMON_CPUS=; LOAD_CPUS=
+      [ $pin = pinned ] && DAEMON_CPUS="taskset -c 0,1" && LOAD_CPUS="taskset -c 2-$last"
+      start_daemon "$pin$round" "$NEW" $'demo = true\nmax_batch = 64' || exit 1
+      sleep 4
+      ltc "$pin$round" one-closed 0 --processes 1 --cameras 1 --closed-loop \
+        --duration "$DUR" --warmup 2
+      sleep 4
+      ltc "$pin$round" c64-25hz 1600 --processes 8 --cameras 8 --rate 25 --duration "$DUR" \
+        --warmup 3
+      sleep 4
+      ltc "$pin$round" c128-25hz 3200 --processes 8 --cameras 16 --rate 25 --duration "$DUR" \
+        --warmup 3
+      stop_daemon
+      DAEMON_CPUS=; LOAD_CPUS=
     done
   done
 fi

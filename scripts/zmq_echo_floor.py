@@ -2,6 +2,7 @@
 
     python3 scripts/zmq_echo_floor.py [N]                  # one camera, closed loop, N trips
     python3 scripts/zmq_echo_floor.py --open P K RATE SECONDS   # P processes x K cameras
+    python3 scripts/zmq_echo_floor.py N --hold-us US [--spin]   # answer US microseconds late
 
 Cameras (DEALERs) send what a window request is on the wire (a small header frame and one
 M=1 window, 59,400 bytes) to a ROUTER in another process that answers a 60-byte frame at
@@ -10,6 +11,11 @@ per process, each sending RATE windows a second, phases spread evenly (as `stgcn
 --rate`), for SECONDS. Both print the echoing process's CPU per request: its own thread and
 ZeroMQ's I/O thread, from its CPU clock, after the first thousand requests.
 
+`--hold-us` makes the echo answer each request that long after it arrived, as the daemon does
+while the GPU computes: asleep (every thread on the path idles meanwhile), or with `--spin`
+busy-waiting (the echo's own thread stays awake). The round trip minus the hold is then the
+floor for a camera whose windows take that long to compute.
+
 The daemon's overhead (round trip minus compute) and its CPU per request cannot go below
 these on the same machine: both ends pay ZeroMQ's I/O threads and the ipc socket, with no
 decoding, checking or inference in between.
@@ -17,6 +23,7 @@ decoding, checking or inference in between.
 
 from __future__ import annotations
 
+import ctypes
 import subprocess
 import sys
 import tempfile
@@ -30,7 +37,28 @@ REQUEST = [b"h" * 90, np.zeros((3, 150, 33, 1), np.float32).tobytes()]
 WARM_UP = 1000
 
 
-def serve(endpoint: str) -> None:
+def exact_sleeps() -> None:
+    """Linux lets a sleeping thread oversleep by its timer slack (50 us by default), which the
+    daemon's timerfd does not pay; ask for 1 ns so that a sleeping hold is as exact."""
+    try:
+        ctypes.CDLL(None).prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK
+    except (OSError, AttributeError):
+        pass
+
+
+def hold(seconds: float, spin: bool) -> None:
+    if seconds <= 0:
+        return
+    if not spin:
+        time.sleep(seconds)
+        return
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+def serve(endpoint: str, hold_s: float = 0.0, spin: bool = False) -> None:
+    exact_sleeps()
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
     router.bind(endpoint)
@@ -42,6 +70,7 @@ def serve(endpoint: str) -> None:
             cpu_us = (time.process_time() - cpu0) / max(served, 1) * 1e6
             router.send_multipart([msg[0].bytes, f"{cpu_us:.1f} {served}".encode()])
             break
+        hold(hold_s, spin)
         router.send_multipart([msg[0].bytes, reply])
         served += 1
         if served == WARM_UP and not warm:
@@ -94,7 +123,7 @@ def stop(endpoint: str) -> str:
     return f"echo process CPU {cpu_us} us/request over {served} requests"
 
 
-def closed(endpoint: str, n: int) -> str:
+def closed(endpoint: str, n: int, hold_s: float = 0.0) -> str:
     ctx = zmq.Context()
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(endpoint)
@@ -106,22 +135,32 @@ def closed(endpoint: str, n: int) -> str:
         times.append(time.perf_counter() - t0)
     dealer.close(0)
     ctx.term()
-    ms = np.array(times[n // 10:]) * 1e3  # the first tenth warms up
+    ms = (np.array(times[n // 10:]) - hold_s) * 1e3  # the first tenth warms up
     p50, p90, p99 = np.percentile(ms, [50, 90, 99])
-    return (f"zmq ipc echo, {len(REQUEST[1])}-byte request, one camera closed loop: p50 "
+    held = f", minus a {hold_s * 1e6:g} us hold" if hold_s else ""
+    return (f"zmq ipc echo, {len(REQUEST[1])}-byte request, one camera closed loop{held}: p50 "
             f"{p50:.3f} / p90 {p90:.3f} / p99 {p99:.3f} ms over {len(ms)} round trips")
 
 
 def main() -> int:
     args = sys.argv[1:]
+    spin = "--spin" in args
+    if spin:
+        args.remove("--spin")
+    hold_s = 0.0
+    if "--hold-us" in args:
+        i = args.index("--hold-us")
+        hold_s = float(args[i + 1]) / 1e6
+        del args[i:i + 2]
     if len(args) == 2 and args[0] == "--serve":
-        serve(args[1])
+        serve(args[1], hold_s, spin)
         return 0
     if len(args) == 6 and args[0] == "--cameras":
         cameras(args[1], int(args[2]), float(args[3]), float(args[4]), float(args[5]))
         return 0
     endpoint = f"ipc://{Path(tempfile.mkdtemp()) / 'echo.sock'}"
-    server = subprocess.Popen([sys.executable, __file__, "--serve", endpoint])
+    held = ["--hold-us", str(hold_s * 1e6)] + (["--spin"] if spin else [])
+    server = subprocess.Popen([sys.executable, __file__, "--serve", endpoint, *held])
     try:
         if args and args[0] == "--open":
             p, k, rate, seconds = int(args[1]), int(args[2]), float(args[3]), float(args[4])
@@ -132,7 +171,9 @@ def main() -> int:
             head = (f"zmq ipc echo, {p} x {k} cameras at {rate:g} Hz for {seconds:g} s "
                     f"({p * k * rate:g} requests/s offered)")
         else:
-            head = closed(endpoint, int(args[0]) if args else 10000)
+            head = closed(endpoint, int(args[0]) if args else 10000, hold_s)
+            if hold_s:
+                head += " (the echo " + ("spins" if spin else "sleeps") + " meanwhile)"
         print(f"{head}; {stop(endpoint)}")
     finally:
         server.wait(10)

@@ -7,6 +7,7 @@ what it was made from, so the engine store can tell when it is stale.
 
 from __future__ import annotations
 
+import inspect
 import io
 import time
 import warnings
@@ -60,13 +61,26 @@ def onnx_bytes(model: LoadedModel, module: torch.nn.Module | None = None,
     buf = io.BytesIO()
     dynamic_axes = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}} if dynamic_batch else None
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
-        # The TorchScript exporter: deterministic, no onnxscript dependency, fine for this
-        # static-control-flow network.
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (example,), buf, dynamo=False, opset_version=opset,
+        torch.onnx.export(module, (example,), buf, opset_version=opset,
                           input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-                          dynamic_axes=dynamic_axes, do_constant_folding=True)
+                          dynamic_axes=dynamic_axes, do_constant_folding=True,
+                          **torchscript_exporter(torch.onnx.export))
     return buf.getvalue()
+
+
+def torchscript_exporter(export: Any) -> dict[str, Any]:
+    """The keyword that picks the TorchScript exporter, where this torch has a choice.
+
+    That exporter is deterministic, needs no onnxscript, and suits this static-control-flow
+    network. torch 2.5+ takes `dynamo=` (and newer releases default it to True); JetPack 5's
+    torch 2.0/2.1 has no such keyword and always uses TorchScript: passing it there raised
+    TypeError on the first export."""
+    try:
+        params = inspect.signature(export).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: assume the old API
+        return {}
+    return {"dynamo": False} if "dynamo" in params else {}
 
 
 def check_onnx(data: bytes) -> None:
