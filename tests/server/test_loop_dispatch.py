@@ -5,6 +5,7 @@ back for it, as on a GPU; no torch needed."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -53,6 +54,10 @@ def test_the_model_is_served_by_the_loop(daemon):
 def test_every_request_gets_exactly_one_reply_out_of_shared_batches(daemon):
     """Eight cameras each send a burst of 6 without waiting: while one batch is on the device
     the others queue, so later batches hold several cameras; every request is answered once."""
+    _burst_is_answered_once(daemon.endpoint)
+
+
+def _burst_is_answered_once(endpoint: str) -> None:
     cameras, per_camera = 8, 6
     sockets = []
     with_ids: Counter = Counter()
@@ -61,7 +66,7 @@ def test_every_request_gets_exactly_one_reply_out_of_shared_batches(daemon):
         for _ in range(cameras):
             s = zmq.Context.instance().socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
-            s.connect(daemon.endpoint)
+            s.connect(endpoint)
             sockets.append(s)
         for i in range(per_camera):
             for c, s in enumerate(sockets):
@@ -87,6 +92,33 @@ def test_every_request_gets_exactly_one_reply_out_of_shared_batches(daemon):
     batches = [r.result["timings"]["batch"] for r in replies]
     assert max(batches) > 1, f"no request shared a batch: {batches}"
     assert min(r.result["timings"]["compute_ms"] for r in replies) >= 20.0
+
+
+def test_the_loop_looks_for_batches_with_a_timerfd(daemon):
+    ready = [e for e in daemon.log_events() if e.get("event") == "ready"]
+    assert ready and ready[0]["loop_timer"] == "timerfd"
+
+
+def test_without_a_timerfd_the_loop_looks_in_whole_milliseconds_and_serves(tmp_path):
+    """Where timerfd_create is missing (not Linux), the loop comes back for a batch through
+    poll timeouts instead. A real daemon whose timer module finds no libc (a sitecustomize
+    on its PYTHONPATH, read by Python at start-up) serves the same burst exactly once."""
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(
+        "import stgcnd.server.timer as timer\n"
+        "timer._libc = lambda: None  # as on a system without timerfd\n")
+    path = os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH")) if p)
+    d = Daemon(tmp_path, queue_size=8, models=_models(20_000),
+               env={"PYTHONPATH": path}).start()
+    try:
+        ready = [e for e in d.log_events() if e.get("event") == "ready"]
+        assert ready and ready[0]["loop_timer"] == "poll-ms"
+        _burst_is_answered_once(d.endpoint)
+    finally:
+        code = d.stop()
+        d.close()
+    assert code == 0
 
 
 def test_a_deadline_shorter_than_a_batch_is_expired(daemon):

@@ -136,8 +136,11 @@ class Server:
         names = ", ".join(f"{m.name} ({m.backend.info.name}/{m.backend.info.precision})"
                           for m in self.models.values())
         self.notifier.ready(f"serving {names} on {self.config.endpoint}")
+        # Without a timerfd the loop comes back for a batch in whole milliseconds (see
+        # server/timer.py): worth a line where latency is read.
         log.info("ready", endpoint=self.config.endpoint, models=list(self.models),
-                 version=__version__, pid=os.getpid())
+                 version=__version__, pid=os.getpid(),
+                 loop_timer="timerfd" if self._timer.fd is not None else "poll-ms")
 
     def _freeze_heap(self, when: str) -> None:
         """Exempt what is alive now from the collector's later passes (server/gcpause.py)."""
