@@ -115,11 +115,27 @@ def test_cuda_runner_fallbacks_give_the_same_answers(small_model, batch, how):
         np.testing.assert_allclose(out, ref[:len(out)], atol=1e-4)
 
 
+def test_capture_mode_is_the_one_this_torch_has():
+    """torch 2.1 added capture_error_mode; JetPack 5's torch 2.0 captures globally only, and
+    passing the keyword there was a TypeError (CI's Python 3.8 stage runs torch 2.0.1)."""
+    from stgcnd.backends import torch_backend
+
+    major, minor = (int(p) for p in torch.__version__.split(".")[:2])
+    want = "thread_local" if (major, minor) >= (2, 1) else "global"
+    assert want == torch_backend.CAPTURE_MODE
+
+
 @gpu
 @pytest.mark.gpu
-def test_capturing_a_new_runner_while_another_replays(small_model, batch):
+@pytest.mark.parametrize("mode", ["thread_local", "global"])
+def test_capturing_a_new_runner_while_another_replays(small_model, batch, mode, monkeypatch):
     """A reload builds new executors (graph captures) while the old ones serve: this crashed
-    the per-camera design ("Cannot prepare for replay during capturing stage")."""
+    the per-camera design ("Cannot prepare for replay during capturing stage"). "global" is
+    torch 2.0's only capture mode (JetPack 5), asked of this torch explicitly: the serving
+    runner, polled as the I/O loop does, must then keep off the device during captures."""
+    from stgcnd.backends import torch_backend
+
+    monkeypatch.setattr(torch_backend, "CAPTURE_MODE", mode)
     ref = reference_logits(small_model, batch)
     with TorchBackend(small_model, "fp16", "cuda", cuda_graph=True, max_batch=8) as backend:
         serving = backend.open_runner((1, 2, 4, 8), lanes=4)
@@ -129,8 +145,16 @@ def test_capturing_a_new_runner_while_another_replays(small_model, batch):
 
         def serve() -> None:
             try:
+                turn = 0
                 while not stop.is_set():
-                    out = serving.run(list(batch[:4]), [0, 1, 2, 3])
+                    turn += 1
+                    if turn % 2:
+                        out = serving.run(list(batch[:4]), [0, 1, 2, 3])
+                    else:  # as the I/O loop drives it: launch, poll done, collect
+                        serving.launch(list(batch[:4]), [0, 1, 2, 3])
+                        while not serving.done():
+                            pass
+                        out = serving.collect()
                     worst[0] = max(worst[0], float(np.max(np.abs(out - ref[:4]))))
             except BaseException as exc:
                 errors.append(exc)

@@ -17,9 +17,11 @@ benchmark uses (`torch.from_numpy(x).to(device)` ... `.cpu().numpy()`): the eage
 from __future__ import annotations
 
 import copy
+import inspect
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -35,6 +37,21 @@ log = get_logger(__name__)
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 _CAPTURE_LOCK = threading.Lock()
+# How a graph capture treats other threads' CUDA calls. torch 2.1+ captures "thread_local":
+# only the capturing thread is restricted, so serving runners keep launching and polling.
+# torch 2.0 (JetPack 5's NVIDIA wheel) has no capture_error_mode and captures in CUDA's
+# "global" mode, where a potentially unsafe call from any other thread fails (and spoils the
+# capture): there, a serving runner makes no CUDA call at all while another thread captures
+# (see TorchBatchRunner). Passing the keyword to torch 2.0 raised TypeError.
+_TAKES_CAPTURE_MODE = "capture_error_mode" in inspect.signature(
+    torch.cuda.graph.__init__).parameters
+CAPTURE_MODE = "thread_local" if _TAKES_CAPTURE_MODE else "global"
+
+
+def _graph_capture(graph: Any, pool: Any, stream: Any) -> Any:
+    """torch.cuda.graph in CAPTURE_MODE (torch 2.0 takes no mode: always global)."""
+    mode = {"capture_error_mode": CAPTURE_MODE} if _TAKES_CAPTURE_MODE else {}
+    return torch.cuda.graph(graph, pool=pool, stream=stream, **mode)
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -223,8 +240,7 @@ class _CudaSession(Session):
         self.stream.synchronize()
         graph = torch.cuda.CUDAGraph()
         # Thread-local capture: other sessions keep launching work on their own streams.
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream,
-                              capture_error_mode="thread_local"):
+        with _graph_capture(graph, self.pool, self.stream):
             out = self.backend.forward(x, self.side)
         log.debug("cuda_graph_captured", batch=b)
         return graph, out
@@ -285,6 +301,13 @@ class _CudaRunner(BatchRunner):
     a replay while any thread captures ("Cannot prepare for replay during capturing stage"),
     which a reload's new executors would otherwise do while the old ones serve. A replay only
     launches work, so the lock is held for microseconds.
+
+    Where captures are global (torch 2.0, CAPTURE_MODE), every CUDA call of this runner holds
+    that lock: the whole launch, the completion query (which gives up at once while another
+    thread captures: "not done yet", look again), the wait and the result's timing. CUDA
+    documents a global capture as prohibiting other threads' potentially unsafe calls; on the
+    H100 (driver 580) an unguarded runner happened to survive them, which a Jetson's driver
+    need not do, and the guard costs a lock where it applies and nothing elsewhere.
     """
 
     backend: TorchBackend
@@ -294,6 +317,8 @@ class _CudaRunner(BatchRunner):
         # With CUDA graphs _launch only enqueues, so the I/O loop can drive this runner
         # (BatchRunner.nonblocking); eagerly it would enqueue every kernel from the loop.
         self.nonblocking = backend.cuda_graph
+        self._guard_all = CAPTURE_MODE == "global"
+        self._collected: tuple[np.ndarray, float] | None = None
         with PREPARE_LOCK:  # other executors' preparations wait; serving ones do not
             self._prepare_all()
 
@@ -334,8 +359,7 @@ class _CudaRunner(BatchRunner):
         graph = torch.cuda.CUDAGraph()
         try:
             with self.backend.capture_lock, torch.inference_mode(), \
-                    torch.cuda.graph(graph, pool=self.pool, stream=self.stream,
-                                     capture_error_mode="thread_local"):
+                    _graph_capture(graph, self.pool, self.stream):
                 out = self.backend.forward(x, self.side)
         except Exception as exc:  # as trtexec does: no graph for this shape, say so once
             log.warning("cuda_graph_unavailable", batch=b, error=f"{type(exc).__name__}: "
@@ -357,26 +381,30 @@ class _CudaRunner(BatchRunner):
 
     def _launch(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
                 ) -> None:
-        batch = self.batch
-        batch.stage(windows)
-        bad = batch.upload(lanes) | batch.start()
-        handle = self.graph_execs.get(bucket)
-        if handle is not None:
-            with self.backend.capture_lock:
-                bad |= batch.ops.launch_graph(handle, batch.compute_stream)
-            out = int(self.outputs[bucket].data_ptr())
-        else:
-            out = self._torch_forward(bucket)
-        batch.finish(out, lanes, bad)
+        lock = self.backend.capture_lock
+        # Global captures: the whole launch under the lock; otherwise only the replay.
+        whole, replay = (lock, nullcontext()) if self._guard_all else (nullcontext(), lock)
+        with whole:
+            batch = self.batch
+            batch.stage(windows)
+            bad = batch.upload(lanes) | batch.start()
+            handle = self.graph_execs.get(bucket)
+            if handle is not None:
+                with replay:
+                    bad |= batch.ops.launch_graph(handle, batch.compute_stream)
+                out = int(self.outputs[bucket].data_ptr())
+            else:
+                out = self._torch_forward(bucket, replay)
+            batch.finish(out, lanes, bad)
 
-    def _torch_forward(self, bucket: int) -> int:
+    def _torch_forward(self, bucket: int, replay: Any) -> int:
         """The bucket's graph replayed, or the network run, by torch on the compute stream
         (no raw graph handle from this torch, or no graph for this bucket); the output's
         device address. The output tensor is kept until collect: lanes read it."""
         with torch.inference_mode(), torch.cuda.stream(self.stream):
             graph = self.graphs.get(bucket)
             if graph is not None:
-                with self.backend.capture_lock:
+                with replay:
                     graph.replay()
                 out = self.outputs[bucket]
             else:
@@ -390,20 +418,38 @@ class _CudaRunner(BatchRunner):
         return not self.backend.capture_lock.locked()
 
     def done(self) -> bool:
-        return self.batch.done()
+        if not self._guard_all:
+            return self.batch.done()
+        lock = self.backend.capture_lock
+        if not lock.acquire(blocking=False):
+            return False  # another thread captures (global mode): look again later
+        try:
+            if not self.batch.done():
+                return False
+            self._collected = self.batch.collect()  # its timing query, under the lock too
+            return True
+        finally:
+            lock.release()
 
     def wait(self) -> None:
-        self.batch.wait()
+        if not self._guard_all:
+            self.batch.wait()
+            return
+        with self.backend.capture_lock:
+            self.batch.wait()
+            self._collected = self.batch.collect()
 
     def _collect(self) -> np.ndarray:
         # After done() or wait(), as BatchRunner.collect requires: no second synchronize.
         self._eager_out = None
-        logits, compute_ms = self.batch.collect()
+        collected, self._collected = self._collected, None
+        logits, compute_ms = collected if collected is not None else self.batch.collect()
         self.last_timings = {"compute_ms": compute_ms}
         return logits
 
     def close(self) -> None:
-        self.stream.synchronize()
+        with self.backend.capture_lock if self._guard_all else nullcontext():
+            self.stream.synchronize()
         self.graphs.clear()
         self.graph_execs.clear()
         self.outputs.clear()
