@@ -117,6 +117,17 @@ ltc() {  # lt, and the daemon's CPU per thread over the middle of the measured p
   cat "$OUT/threads-$name-$label.txt" | tee -a "$OUT/loadtest.txt"
 }
 
+paced_loads() {  # $1 name, $2 "128" adds 128 cameras: one camera, then 64 (and 128) x 25 Hz
+  sleep 4
+  ltc "$1" one-closed 0 --processes 1 --cameras 1 --closed-loop --duration "$DUR" --warmup 2
+  sleep 4
+  ltc "$1" c64-25hz 1600 --processes 8 --cameras 8 --rate 25 --duration "$DUR" --warmup 3
+  if [ "${2:-}" = 128 ]; then
+    sleep 4
+    ltc "$1" c128-25hz 3200 --processes 8 --cameras 16 --rate 25 --duration "$DUR" --warmup 3
+  fi
+}
+
 goal_loads() {  # $1 name: the issue's four loads with per-thread CPU, on a started daemon
   sleep 4
   ltc "$1" one-closed 0 --processes 1 --cameras 1 --closed-loop --duration "$DUR" --warmup 2
@@ -294,12 +305,7 @@ if [ "$PART" = abtree ]; then
       path=$NEW; [ "$tree" = base ] && path=$BASE
       start_daemon "$tree$round" "$path" $'demo = true\nmax_batch = 64' ${BACKEND:-torch} \
         || exit 1
-      sleep 4
-      ltc "$tree$round" one-closed 0 --processes 1 --cameras 1 --closed-loop \
-        --duration "$DUR" --warmup 2
-      sleep 4
-      ltc "$tree$round" c64-25hz 1600 --processes 8 --cameras 8 --rate 25 --duration "$DUR" \
-        --warmup 3
+      paced_loads "$tree$round"
       stop_daemon
     done
   done
@@ -347,15 +353,7 @@ if [ "$PART" = instances ]; then
       start_daemon "inst$n-$round" "$NEW" "demo = true
 max_batch = 64
 instances = $n" || exit 1
-      sleep 4
-      ltc "inst$n-$round" one-closed 0 --processes 1 --cameras 1 --closed-loop \
-        --duration "$DUR" --warmup 2
-      sleep 5
-      ltc "inst$n-$round" c64-25hz 1600 --processes 8 --cameras 8 --rate 25 \
-        --duration "$DUR" --warmup 3
-      sleep 5
-      ltc "inst$n-$round" c128-25hz 3200 --processes 8 --cameras 16 --rate 25 \
-        --duration "$DUR" --warmup 3
+      paced_loads "inst$n-$round" 128
       stop_daemon
     done
   done
@@ -408,15 +406,7 @@ if [ "$PART" = pin ]; then
       DAEMON_CPUS=; LOAD_CPUS=
       [ $pin = pinned ] && DAEMON_CPUS="taskset -c 0,1" && LOAD_CPUS="taskset -c 2-$last"
       start_daemon "$pin$round" "$NEW" $'demo = true\nmax_batch = 64' || exit 1
-      sleep 4
-      ltc "$pin$round" one-closed 0 --processes 1 --cameras 1 --closed-loop \
-        --duration "$DUR" --warmup 2
-      sleep 4
-      ltc "$pin$round" c64-25hz 1600 --processes 8 --cameras 8 --rate 25 --duration "$DUR" \
-        --warmup 3
-      sleep 4
-      ltc "$pin$round" c128-25hz 3200 --processes 8 --cameras 16 --rate 25 --duration "$DUR" \
-        --warmup 3
+      paced_loads "$pin$round" 128
       stop_daemon
       DAEMON_CPUS=; LOAD_CPUS=
     done
