@@ -8,6 +8,7 @@ num_class, the partitions K and the joints V come from the checkpoint, and so do
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,12 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"checkpoint not found: {path} (check the path in --checkpoint or "
                               "the model's `checkpoint` setting)")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # torch 2.0/2.1 (JetPack 5) warn of their own TypedStorage use inside a
+            # weights-only load: a warning in the daemon's log that no user can act on.
+            warnings.filterwarnings("ignore", message="TypedStorage is deprecated",
+                                    category=UserWarning)
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for bad files; all mean "unreadable"
         if "Unsupported global" in str(exc):  # a pickled object, not tensors
             raise CheckpointError(
