@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import json
 import platform
 import re
@@ -10,6 +11,26 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+TORCH_FLOOR = (2, 0)   # the [torch] extra's floor; CI runs the suite on torch 2.0.1
+TORCH_FIX = ("on a Jetson, NVIDIA's torch wheel for your JetPack (JetPack 5.1: 2.0 or 2.1; "
+             "docs/jetson.md); elsewhere pip install 'stgcnd[torch]'")
+
+
+def torch_unusable(version: str | None = None) -> str | None:
+    """None when this torch is recent enough for stgcnd, else why not and the fix. `version`
+    (as installed, e.g. NVIDIA's "2.0.0+nv23.05") defaults to the installed torch's, read
+    from its metadata, not by importing it (seconds)."""
+    if version is None:
+        try:
+            version = importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:  # not installed, or a source tree
+            return None
+    leading = [re.match(r"\d*", part).group() for part in version.split(".")[:2]]
+    if tuple(int(d or 0) for d in leading) < TORCH_FLOOR:
+        return (f"torch {version} is older than {TORCH_FLOOR[0]}.{TORCH_FLOOR[1]}, the oldest "
+                f"stgcnd supports: {TORCH_FIX}")
+    return None
 
 
 def module_version(name: str) -> str | None:

@@ -25,6 +25,7 @@ from stgcnd.backends.base import Backend
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.fsutil import atomic_write_json
 from stgcnd.log import get_logger
+from stgcnd.versions import TORCH_FIX, torch_unusable
 
 log = get_logger(__name__)
 
@@ -61,8 +62,8 @@ def available_backends() -> dict[str, str | None]:
         out["tensorrt"] = "no CUDA GPU found"
     else:
         out["tensorrt"] = None
-    out["torch"] = None if _importable("torch") else \
-        'torch is not installed (it is optional: pip install -e ".[torch]")'
+    out["torch"] = torch_unusable() if _importable("torch") else \
+        f"torch is not installed (it is optional): {TORCH_FIX}"
     out["onnxruntime"] = (None if _importable("onnxruntime")
                           else "onnxruntime is not installed (pip install onnxruntime)")
     out["noop"] = None  # numpy only; never picked by "auto" (it computes nothing)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from stgcnd.errors import CheckpointError
+from stgcnd.errors import BackendUnavailable, CheckpointError
 from stgcnd.fsutil import file_sha256
 from stgcnd.log import get_logger
 from stgcnd.model.checkpoint import (
@@ -23,6 +23,7 @@ from stgcnd.model.demo import DEMO_WARNING, demo_state_dict
 from stgcnd.model.graph import adjacency, fingerprint, match_layout
 from stgcnd.model.spec import ModelSpec, default_labels
 from stgcnd.model.stgcn import STGCN, TwoStreamSTGCN
+from stgcnd.versions import torch_unusable
 
 log = get_logger(__name__)
 
@@ -61,6 +62,9 @@ def build_network(info: CheckpointInfo, spec: ModelSpec) -> nn.Module:
 
 def load_model(spec: ModelSpec) -> LoadedModel:
     """Build the network of `spec`, loading its checkpoint strictly; eval mode, on the CPU."""
+    too_old = torch_unusable(torch.__version__)
+    if too_old:  # before anything fails deeper down in a way that names torch's internals
+        raise BackendUnavailable(too_old)
     notes: list[str] = []
     if spec.checkpoint is None:
         state = demo_state_dict(spec.layout, spec.strategy, spec.num_class, spec.two_stream,

@@ -13,7 +13,7 @@ from typing import Any
 from stgcnd.engines.builders.base import BuildContext, Builder
 from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import BackendUnavailable, UserError
-from stgcnd.versions import module_version
+from stgcnd.versions import TORCH_FIX, module_version, torch_unusable
 
 
 class TorchBuilder(Builder):
@@ -23,7 +23,10 @@ class TorchBuilder(Builder):
     def version(self) -> str | None:
         v = module_version("torch")
         if v is None:
-            raise BackendUnavailable("torch is not installed; pip install torch")
+            raise BackendUnavailable(f"torch is not installed: {TORCH_FIX}")
+        too_old = torch_unusable(v)
+        if too_old:
+            raise BackendUnavailable(too_old)
         return v
 
     def check(self, options: BuildOptions) -> None:
