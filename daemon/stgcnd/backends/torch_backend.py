@@ -37,12 +37,13 @@ log = get_logger(__name__)
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 _CAPTURE_LOCK = threading.Lock()
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # How a graph capture treats other threads' CUDA calls. torch 2.1+ captures "thread_local":
 # only the capturing thread is restricted, so serving runners keep launching and polling.
 # torch 2.0 (JetPack 5's NVIDIA wheel) has no capture_error_mode and captures in CUDA's
 # "global" mode, where a potentially unsafe call from any other thread fails (and spoils the
 # capture): there, a serving runner makes no CUDA call at all while another thread captures
-# (see TorchBatchRunner). Passing the keyword to torch 2.0 raised TypeError.
+# (see _CudaRunner). Passing the keyword to torch 2.0 raised TypeError.
 _TAKES_CAPTURE_MODE = "capture_error_mode" in inspect.signature(
     torch.cuda.graph.__init__).parameters
 CAPTURE_MODE = "thread_local" if _TAKES_CAPTURE_MODE else "global"
@@ -52,7 +53,6 @@ def _graph_capture(graph: Any, pool: Any, stream: Any) -> Any:
     """torch.cuda.graph in CAPTURE_MODE (torch 2.0 takes no mode: always global)."""
     mode = {"capture_error_mode": CAPTURE_MODE} if _TAKES_CAPTURE_MODE else {}
     return torch.cuda.graph(graph, pool=pool, stream=stream, **mode)
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class TorchBackend(Backend):
@@ -318,6 +318,10 @@ class _CudaRunner(BatchRunner):
         # (BatchRunner.nonblocking); eagerly it would enqueue every kernel from the loop.
         self.nonblocking = backend.cuda_graph
         self._guard_all = CAPTURE_MODE == "global"
+        # What a launch holds: with global captures, the lock around every CUDA call;
+        # otherwise only around the replay. Chosen once here, not per batch.
+        lock, free = backend.capture_lock, nullcontext()
+        self._all_calls, self._replay = (lock, free) if self._guard_all else (free, lock)
         self._collected: tuple[np.ndarray, float] | None = None
         with PREPARE_LOCK:  # other executors' preparations wait; serving ones do not
             self._prepare_all()
@@ -381,30 +385,27 @@ class _CudaRunner(BatchRunner):
 
     def _launch(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
                 ) -> None:
-        lock = self.backend.capture_lock
-        # Global captures: the whole launch under the lock; otherwise only the replay.
-        whole, replay = (lock, nullcontext()) if self._guard_all else (nullcontext(), lock)
-        with whole:
+        with self._all_calls:
             batch = self.batch
             batch.stage(windows)
             bad = batch.upload(lanes) | batch.start()
             handle = self.graph_execs.get(bucket)
             if handle is not None:
-                with replay:
+                with self._replay:
                     bad |= batch.ops.launch_graph(handle, batch.compute_stream)
                 out = int(self.outputs[bucket].data_ptr())
             else:
-                out = self._torch_forward(bucket, replay)
+                out = self._torch_forward(bucket)
             batch.finish(out, lanes, bad)
 
-    def _torch_forward(self, bucket: int, replay: Any) -> int:
+    def _torch_forward(self, bucket: int) -> int:
         """The bucket's graph replayed, or the network run, by torch on the compute stream
         (no raw graph handle from this torch, or no graph for this bucket); the output's
         device address. The output tensor is kept until collect: lanes read it."""
         with torch.inference_mode(), torch.cuda.stream(self.stream):
             graph = self.graphs.get(bucket)
             if graph is not None:
-                with replay:
+                with self._replay:
                     graph.replay()
                 out = self.outputs[bucket]
             else:
@@ -435,7 +436,7 @@ class _CudaRunner(BatchRunner):
         if not self._guard_all:
             self.batch.wait()
             return
-        with self.backend.capture_lock:
+        with self._all_calls:
             self.batch.wait()
             self._collected = self.batch.collect()
 
@@ -448,7 +449,7 @@ class _CudaRunner(BatchRunner):
         return logits
 
     def close(self) -> None:
-        with self.backend.capture_lock if self._guard_all else nullcontext():
+        with self._all_calls:
             self.stream.synchronize()
         self.graphs.clear()
         self.graph_execs.clear()
