@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import zmq
 
+from stgcnd import cpupower
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd_client import Client
 from stgcnd_client.protocol import decode_reply, encode_request
@@ -97,6 +98,8 @@ def _burst_is_answered_once(endpoint: str) -> None:
 def test_the_loop_looks_for_batches_with_a_timerfd(daemon):
     ready = [e for e in daemon.log_events() if e.get("event") == "ready"]
     assert ready and ready[0]["loop_timer"] == "timerfd"
+    # The same machine's idle and clock settings, as this process reads them.
+    assert ready[0]["cpu_power"] == cpupower.summary(cpupower.cpu_power())
 
 
 def test_without_a_timerfd_the_loop_looks_in_whole_milliseconds_and_serves(tmp_path):

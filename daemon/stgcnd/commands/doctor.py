@@ -18,11 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store", type=Path, default=None, help="engine store directory to inspect")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     # Where to read the Jetson's files from (/etc/nv_tegra_release, the dpkg database,
-    # /usr/local/cuda): for tests and for inspecting a mounted root filesystem.
+    # /usr/local/cuda, the CPU's sysfs): for tests and for inspecting a mounted root filesystem.
     p.add_argument("--root", type=Path, default=Path("/"),
                    help="read the Jetson's files (etc/nv_tegra_release, dpkg status, CUDA "
-                        "version) under this directory, e.g. a board's mounted root file "
-                        "system (default: /)")
+                        "version) and the CPU's idle and clock settings (sys/) under this "
+                        "directory, e.g. a board's mounted root file system (default: /)")
     p.set_defaults(func=run)
 
 
@@ -80,6 +80,7 @@ def _store(path: Path | None) -> dict[str, Any]:
 def collect(store: Path | None = None, root: Path = Path("/")) -> dict[str, Any]:
     from stgcnd import __version__
     from stgcnd.backends.registry import available_backends
+    from stgcnd.cpupower import cpu_power
     from stgcnd.versions import jetson_stack, module_version
 
     try:
@@ -98,6 +99,7 @@ def collect(store: Path | None = None, root: Path = Path("/")) -> dict[str, Any]
         "cuda": _torch_cuda(),
         "tensorrt": _tensorrt(),
         "jetson": jetson,
+        "cpu_power": cpu_power(root),
         "backends": {k: v or "ok" for k, v in available_backends().items()},
         "store": _store(store),
     }
@@ -139,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  MISSING   {problem['what']}\n            fix: {problem['fix']}")
     else:
         print("jetson      not a Jetson")
+    _print_cpu_power(report["cpu_power"])
     for name, state in report["backends"].items():
         print(f"backend     {name}: {state}")
     s = report["store"]
@@ -147,3 +150,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"store       unavailable ({s.get('reason')})")
     return 0
+
+
+def _print_cpu_power(power: dict[str, Any]) -> None:
+    states = ", ".join(f"{st['name']} {st['exit_us']} us"
+                       + (" (disabled)" if st["disabled"] else "")
+                       for st in power["idle_states"])
+    print(f"cpu idle    {power['idle_driver'] or 'not reported'}"
+          + (f": {states}" if states else ""))
+    if power["governor"]:
+        span = (f", {power['min_khz'] // 1000}-{power['max_khz'] // 1000} MHz"
+                if power["min_khz"] is not None and power["max_khz"] is not None else "")
+        print(f"cpu freq    {power['governor']}{span}")
+    else:
+        print("cpu freq    not reported")
+    for hint in power["hints"]:
+        print(f"  LATENCY   {hint}")

@@ -25,7 +25,7 @@ from typing import Any
 
 import zmq
 
-from stgcnd import __version__
+from stgcnd import __version__, cpupower
 from stgcnd.errors import BuildCancelled
 from stgcnd.log import debug_enabled, get_logger
 from stgcnd.server.cameras import CameraState, CameraTable, PushRecord
@@ -137,10 +137,12 @@ class Server:
                           for m in self.models.values())
         self.notifier.ready(f"serving {names} on {self.config.endpoint}")
         # Without a timerfd the loop comes back for a batch in whole milliseconds (see
-        # server/timer.py): worth a line where latency is read.
+        # server/timer.py), and deep idle states and low clocks slow every request that
+        # follows an idle gap (stgcnd/cpupower.py): both worth a line where latency is read.
         log.info("ready", endpoint=self.config.endpoint, models=list(self.models),
                  version=__version__, pid=os.getpid(),
-                 loop_timer="timerfd" if self._timer.fd is not None else "poll-ms")
+                 loop_timer="timerfd" if self._timer.fd is not None else "poll-ms",
+                 cpu_power=cpupower.summary(cpupower.cpu_power()))
 
     def _freeze_heap(self, when: str) -> None:
         """Exempt what is alive now from the collector's later passes (server/gcpause.py)."""

@@ -1,0 +1,92 @@
+"""What the CPU's power management does to a request that arrives after an idle gap.
+
+A camera sends 25 windows a second. Between two of them every thread on a request's path (the
+camera's, both ZeroMQ I/O threads, the daemon's loop) sleeps for most of 40 ms, long enough
+for the kernel to put their cores in a deep idle state and to lower their clocks. The next
+request then waits for a core to wake up, and runs at a low clock until the governor raises
+it. On the H100 host, bare ZeroMQ's round trip grew from 0.22 ms in a closed loop to 0.69 ms
+at 25 Hz (docs/benchmarks.md, session 9).
+
+This reads, from sysfs, what decides that: the cpuidle driver and the exit latency of each idle
+state of cpu0, and cpu0's frequency governor and range. `stgcnd doctor` prints it with a hint
+where a setting is likely to cost latency, and the daemon's `ready` log line records it so
+that latency logs from different machines can be told apart. Reading it changes nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# An idle state whose exit takes longer than this is worth a hint: it is several times what
+# the daemon itself spends on a request between receipt and launch.
+DEEP_EXIT_US = 100
+
+CPU0 = Path("sys/devices/system/cpu/cpu0")
+CPUIDLE = Path("sys/devices/system/cpu/cpuidle")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def idle_states(root: Path = Path("/")) -> list[dict[str, Any]]:
+    """cpu0's idle states, shallowest first: name, exit latency (us), disabled."""
+    base = root / CPU0 / "cpuidle"
+    states = []
+    for index in range(64):
+        state = base / f"state{index}"
+        name = _read(state / "name")
+        if name is None:
+            break
+        states.append({"name": name, "exit_us": _int(_read(state / "latency")),
+                       "disabled": _read(state / "disable") == "1"})
+    return states
+
+
+def cpu_power(root: Path = Path("/")) -> dict[str, Any]:
+    """The idle driver and states, the frequency governor and range of cpu0 (kHz), and
+    hints: what to change where a setting is likely to cost a sparse request latency."""
+    states = idle_states(root)
+    enabled = [s["exit_us"] for s in states if not s["disabled"] and s["exit_us"] is not None]
+    freq = root / CPU0 / "cpufreq"
+    out: dict[str, Any] = {
+        "idle_driver": _read(root / CPUIDLE / "current_driver"),
+        "idle_states": states,
+        "deepest_exit_us": max(enabled) if enabled else None,
+        "governor": _read(freq / "scaling_governor"),
+        "min_khz": _int(_read(freq / "scaling_min_freq")),
+        "max_khz": _int(_read(freq / "scaling_max_freq")),
+        "hints": [],
+    }
+    deepest = out["deepest_exit_us"]
+    if deepest is not None and deepest > DEEP_EXIT_US:
+        out["hints"].append(
+            f"cores may sleep in idle states that take up to {deepest} us to leave, and a "
+            "camera's request arrives after 40 ms of idling: hold a PM QoS request "
+            "(/dev/cpu_dma_latency) or disable the deep states while serving, at some cost in "
+            "power (docs/jetson.md, \"Latency at a camera's rate\")")
+    low, high = out["min_khz"], out["max_khz"]
+    if low is not None and high is not None and low < high and out["governor"] != "performance":
+        out["hints"].append(
+            f"cores clock down to {low // 1000} MHz when idle ({out['governor']} governor, up to "
+            f"{high // 1000} MHz): on a Jetson `sudo jetson_clocks` holds them at the maximum, "
+            "at some cost in power (docs/jetson.md, \"Latency at a camera's rate\")")
+    return out
+
+
+def summary(power: dict[str, Any]) -> dict[str, Any]:
+    """The few fields worth one log line."""
+    return {"idle_driver": power["idle_driver"], "deepest_exit_us": power["deepest_exit_us"],
+            "governor": power["governor"], "min_khz": power["min_khz"],
+            "max_khz": power["max_khz"]}
