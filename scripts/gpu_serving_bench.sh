@@ -29,6 +29,10 @@
 #                                    echo answers after HOLD_US (asleep, spinning), noop, torch
 #   OUT=dir PART=pin bash scripts/gpu_serving_bench.sh  # the daemon on two cores of its own (and
 #                                    the load generator on the rest) against the scheduler's choice
+#   OUT=dir PART=sparse bash scripts/gpu_serving_bench.sh  # cameras at their real rate (1 and 4
+#                                    x 25 Hz): the floor at that rate, noop, torch, .old/ (SDUR s)
+#   OUT=dir PART=sparseqos bash scripts/gpu_serving_bench.sh  # one camera at 25 Hz: idle states
+#                                    held shallow (PM QoS), the daemon pinned, both, neither
 # .old/ holds the previous design's daemon/ and clients/ (git archive 5fdd169 daemon clients).
 set -o pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -410,6 +414,88 @@ if [ "$PART" = pin ]; then
       stop_daemon
       DAEMON_CPUS=; LOAD_CPUS=
     done
+  done
+fi
+if [ "$PART" = sparse ]; then
+  # A camera sends 25 windows a second, not back to back: between its requests every thread on
+  # the path (the camera's, both ZeroMQ I/O threads, the daemon's loop) and the GPU idle for
+  # most of 40 ms. The floor at that rate, then the daemons at it, interleaved with .old/ (the
+  # per-camera design the issue measured at 1.5 ms) where it was carried.
+  SDUR=${SDUR:-16}
+  for round in 1 2; do
+    for h in 0 "${HOLD_US:-560}"; do
+      python3 scripts/zmq_echo_floor.py $((SDUR * 25)) --hold-us "$h" --rate 25 \
+        | tee -a "$OUT/loadtest.txt"
+    done
+  done
+  start_daemon sparse-noop "$NEW" $'demo = true\nmax_batch = 64' noop || exit 1
+  sleep 3
+  lt sparse-noop one-25hz --processes 1 --cameras 1 --rate 25 --duration "$SDUR" --warmup 2
+  stop_daemon
+  for round in 1 2; do
+    for tree in ${TREES:-new old}; do
+      [ "$tree" = old ] && [ ! -d .old/daemon ] && continue
+      if [ "$tree" = new ]; then
+        start_daemon "new$round" "$NEW" $'demo = true\nmax_batch = 64' ${BACKEND:-torch} \
+          || exit 1
+      else
+        start_daemon "old$round" "$OLD" "warm_sessions = 8" || exit 1
+      fi
+      sleep 3
+      lt "$tree$round" one-closed --processes 1 --cameras 1 --closed-loop --duration "$DUR" \
+        --warmup 2
+      sleep 4
+      lt "$tree$round" one-25hz --processes 1 --cameras 1 --rate 25 --duration "$SDUR" --warmup 2
+      sleep 4
+      lt "$tree$round" four-25hz --processes 1 --cameras 4 --rate 25 --duration "$SDUR" \
+        --warmup 2
+      stop_daemon
+    done
+  done
+fi
+if [ "$PART" = sparseqos ]; then
+  # Between a camera's windows the cores idle for 40 ms, long enough for deep idle states whose
+  # exit latency every request then pays. A PM QoS request (/dev/cpu_dma_latency, held open)
+  # keeps every core in shallow states; pinning keeps the loop on a core whose caches are its
+  # own. Each alone and together, toggled around the same daemon, twice.
+  SDUR=${SDUR:-12}
+  last=$(($(nproc) - 1))
+  qos_on() {
+    python3 -c 'import os, struct, time
+fd = os.open("/dev/cpu_dma_latency", os.O_WRONLY)
+os.write(fd, struct.pack("i", 0))
+time.sleep(3600)' &
+    qpid=$!
+    sleep 0.5
+  }
+  qos_off() { kill "$qpid"; wait "$qpid" 2>/dev/null; }
+  for round in 1 2; do
+    for q in off on; do
+      [ $q = on ] && qos_on
+      echo "== floor, pm qos $q" | tee -a "$OUT/loadtest.txt"
+      python3 scripts/zmq_echo_floor.py $((SDUR * 25)) --hold-us "${HOLD_US:-560}" --rate 25 \
+        | tee -a "$OUT/loadtest.txt"
+      [ $q = on ] && qos_off
+    done
+  done
+  pins="free pinned"
+  [ "$last" -lt 3 ] && pins=free  # two cores for the daemon and at least two for the load
+  for pin in $pins; do
+    DAEMON_CPUS=; LOAD_CPUS=
+    [ $pin = pinned ] && DAEMON_CPUS="taskset -c 0,1" && LOAD_CPUS="taskset -c 2-$last"
+    start_daemon "$pin" "$NEW" $'demo = true\nmax_batch = 64' ${BACKEND:-torch} || exit 1
+    sleep 3
+    for round in 1 2; do
+      for q in off on; do
+        [ $q = on ] && qos_on
+        lt "$pin" "one-25hz-qos-$q-$round" --processes 1 --cameras 1 --rate 25 \
+          --duration "$SDUR" --warmup 2
+        [ $q = on ] && qos_off
+        sleep 2
+      done
+    done
+    stop_daemon
+    DAEMON_CPUS=; LOAD_CPUS=
   done
 fi
 if [ "$PART" = profile ]; then

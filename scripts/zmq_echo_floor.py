@@ -3,6 +3,7 @@
     python3 scripts/zmq_echo_floor.py [N]                  # one camera, closed loop, N trips
     python3 scripts/zmq_echo_floor.py --open P K RATE SECONDS   # P processes x K cameras
     python3 scripts/zmq_echo_floor.py N --hold-us US [--spin]   # answer US microseconds late
+    python3 scripts/zmq_echo_floor.py N --hold-us US --rate HZ  # one camera sending HZ a second
 
 Cameras (DEALERs) send what a window request is on the wire (a small header frame and one
 M=1 window, 59,400 bytes) to a ROUTER in another process that answers a 60-byte frame at
@@ -15,6 +16,10 @@ ZeroMQ's I/O thread, from its CPU clock, after the first thousand requests.
 while the GPU computes: asleep (every thread on the path idles meanwhile), or with `--spin`
 busy-waiting (the echo's own thread stays awake). The round trip minus the hold is then the
 floor for a camera whose windows take that long to compute.
+
+`--rate` paces that one camera as a real one is paced (25 windows a second): between round
+trips every thread on the path sleeps for most of 40 ms, not for one hold, so each request
+finds them as a camera's window does in service.
 
 The daemon's overhead (round trip minus compute) and its CPU per request cannot go below
 these on the same machine: both ends pay ZeroMQ's I/O threads and the ipc socket, with no
@@ -67,7 +72,8 @@ def serve(endpoint: str, hold_s: float = 0.0, spin: bool = False) -> None:
     while True:
         msg = router.recv_multipart(copy=False)
         if len(msg) == 2 and msg[1].bytes == b"stop":
-            cpu_us = (time.process_time() - cpu0) / max(served, 1) * 1e6
+            # Fewer requests than the warm-up (a paced run): the clock also holds start-up.
+            cpu_us = (time.process_time() - cpu0) / served * 1e6 if warm and served else -1.0
             router.send_multipart([msg[0].bytes, f"{cpu_us:.1f} {served}".encode()])
             break
         hold(hold_s, spin)
@@ -120,25 +126,34 @@ def stop(endpoint: str) -> str:
     cpu_us, served = dealer.recv_multipart()[-1].decode().split()
     dealer.close(0)
     ctx.term()
+    if float(cpu_us) < 0:
+        return f"echo process CPU not measured (fewer than {WARM_UP} requests)"
     return f"echo process CPU {cpu_us} us/request over {served} requests"
 
 
-def closed(endpoint: str, n: int, hold_s: float = 0.0) -> str:
+def closed(endpoint: str, n: int, hold_s: float = 0.0, rate: float = 0.0) -> str:
     ctx = zmq.Context()
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(endpoint)
     times = []
+    period = 1.0 / rate if rate > 0 else 0.0
+    due = time.perf_counter()
     for _ in range(n):
+        if period:
+            due += period
         t0 = time.perf_counter()
         dealer.send_multipart(REQUEST)
         dealer.recv_multipart()
         times.append(time.perf_counter() - t0)
+        if period:
+            time.sleep(max(due - time.perf_counter(), 0.0))
     dealer.close(0)
     ctx.term()
     ms = (np.array(times[n // 10:]) - hold_s) * 1e3  # the first tenth warms up
     p50, p90, p99 = np.percentile(ms, [50, 90, 99])
     held = f", minus a {hold_s * 1e6:g} us hold" if hold_s else ""
-    return (f"zmq ipc echo, {len(REQUEST[1])}-byte request, one camera closed loop{held}: p50 "
+    paced = f"at {rate:g} Hz" if rate > 0 else "closed loop"
+    return (f"zmq ipc echo, {len(REQUEST[1])}-byte request, one camera {paced}{held}: p50 "
             f"{p50:.3f} / p90 {p90:.3f} / p99 {p99:.3f} ms over {len(ms)} round trips")
 
 
@@ -151,6 +166,11 @@ def main() -> int:
     if "--hold-us" in args:
         i = args.index("--hold-us")
         hold_s = float(args[i + 1]) / 1e6
+        del args[i:i + 2]
+    rate = 0.0
+    if "--rate" in args:
+        i = args.index("--rate")
+        rate = float(args[i + 1])
         del args[i:i + 2]
     if len(args) == 2 and args[0] == "--serve":
         serve(args[1], hold_s, spin)
@@ -171,7 +191,7 @@ def main() -> int:
             head = (f"zmq ipc echo, {p} x {k} cameras at {rate:g} Hz for {seconds:g} s "
                     f"({p * k * rate:g} requests/s offered)")
         else:
-            head = closed(endpoint, int(args[0]) if args else 10000, hold_s)
+            head = closed(endpoint, int(args[0]) if args else 10000, hold_s, rate)
             if hold_s:
                 head += " (the echo " + ("spins" if spin else "sleeps") + " meanwhile)"
         print(f"{head}; {stop(endpoint)}")
