@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Soak a stgcnd daemon: many cameras connecting, pushing and sending windows, SIGHUP reloads
 under load, some malformed requests; then say whether any reply was lost or duplicated and
-whether the daemon's RSS, open fds or threads grew after warm-up (issue #12).
+whether the daemon's RSS, open fds or threads grew after warm-up (issue #12), and each
+camera's worst gap (its slowest reply).
 
     python scripts/soak.py --minutes 10 --cameras 32 --reload-every 30
     python scripts/soak.py --minutes 5 --endpoint ipc:///run/stgcnd/stgcnd.sock --pid 1234
@@ -80,6 +81,7 @@ class Camera(threading.Thread):
         self.np = np.random.default_rng(seed + index)
         self.next_id = 0
         self.answered: set = set()
+        self.worst_s = 0.0  # the camera's slowest answered request: its worst gap
 
     def run(self) -> None:
         ctx = zmq.Context.instance()
@@ -141,7 +143,8 @@ class Camera(threading.Thread):
                 return False
             sock.send_multipart(frames)
         self.tally.add("sent")
-        deadline = time.monotonic() + REPLY_TIMEOUT_S
+        sent_at = time.monotonic()
+        deadline = sent_at + REPLY_TIMEOUT_S
         while True:
             ms = int((deadline - time.monotonic()) * 1000)
             if ms <= 0 or not sock.poll(ms, zmq.POLLIN):
@@ -161,6 +164,7 @@ class Camera(threading.Thread):
                 continue
             if rid is not None:
                 self.answered.add(rid)
+            self.worst_s = max(self.worst_s, time.monotonic() - sent_at)
             self.tally.add("replies")
             self.tally.code("ok" if reply.ok else reply.error.code)
             if reply.ok and "logits" in reply.result:
@@ -369,7 +373,9 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
         for cam in cameras:
             cam.join(REPLY_TIMEOUT_S + 5)
         exit_code = own.stop() if own is not None else None
+    worst = sorted(cam.worst_s * 1e3 for cam in cameras)
     report.update({
+        "worst_gap_ms": {"max": round(worst[-1], 1), "median": round(worst[len(worst) // 2], 1)},
         "seconds": round(time.monotonic() - started, 1), "reloads": reloads, "stalls": stalls,
         "daemon_died": died, "samples": samples, "counts": dict(tally.counts),
         "codes": dict(tally.codes), "examples": tally.examples})
@@ -422,7 +428,10 @@ def print_table(report: dict[str, Any]) -> None:
     for key in ("sent", "replies", "predictions", "lost", "duplicated", "mismatched",
                 "reconnects"):
         out.write(f"{key:<14}{c.get(key, 0):>10}\n")
-    out.write("\nreplies by code: " + ", ".join(
+    gap = report["worst_gap_ms"]
+    out.write(f"\nworst gap per camera (slowest reply): median {gap['median']} ms, "
+              f"max {gap['max']} ms\n")
+    out.write("replies by code: " + ", ".join(
         f"{k} {v}" for k, v in sorted(report["codes"].items(), key=lambda kv: -kv[1])) + "\n")
     for key, examples in report["examples"].items():
         for e in examples:

@@ -259,14 +259,16 @@ class Generator:
             h["arrays"] = []
             if not arrays:
                 arrays = [b"\0\0\0\0"]
-        else:
+        else:  # more frames than a request has: refused for its size before its header
             h["arrays"] = [{"dtype": "float32", "shape": [1]}] * 5
             arrays = [b"\0\0\0\0"] * 5
+            return [self.case("frame-count", h, arrays, f"{op} {how}", frozenset({"too-large"}))]
         return [self.case("frame-count", h, arrays, f"{op} {how}", frozenset({"malformed"}))]
 
     def oversized(self) -> list[Case]:
         limit = self.limits.max_message_bytes
-        how = self.rng.choice(("frame", "header", "string", "list", "map", "many-frames"))
+        how = self.rng.choice(("frame", "header", "string", "list", "map", "many-frames",
+                               "empty-frames"))
         h, arrays = self.valid_request("push")
         allowed: frozenset[str] | None = frozenset({"too-large"})
         if how == "frame":
@@ -284,11 +286,14 @@ class Generator:
         elif how == "map":
             h["note"] = {str(i): i for i in range(self.limits.max_map_len + 1)}
             allowed = frozenset({"malformed"})
-        else:
+        elif how == "many-frames":
             per = limit // 8
             h["arrays"] = [{"dtype": "float32", "shape": [per // 4]}] * 4
             arrays = [bytes(per)] * 4 + [bytes(per)] * 6
             allowed = frozenset({"malformed", "too-large"})
+        else:  # more frames than any request has; the daemon drops them unread
+            h = self.header("ping")
+            arrays = [b""] * self.rng.choice((self.limits.max_arrays + 1, 50, 900))
         return [self.case("oversized", h, arrays, how, allowed)]
 
     def values(self) -> list[Case]:

@@ -210,6 +210,8 @@ def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Reque
     def fail(code: ErrorCode, message: str) -> ProtocolError:
         return ProtocolError(code, message, req_id)
 
+    if len(buffers) > 1 + limits.max_arrays:
+        raise fail(ErrorCode.TOO_LARGE, too_many_frames(limits))
     total = sum(b.nbytes for b in buffers)
     if total > limits.max_message_bytes:
         raise fail(
@@ -305,6 +307,12 @@ def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Reque
         version=version,
         nbytes=total,
     )
+
+
+def too_many_frames(limits: Limits) -> str:
+    """The error message for a request with more frames than a header and max_arrays."""
+    return (f"a request has at most {1 + limits.max_arrays} frames (a header and up to "
+            f"{limits.max_arrays} arrays); this one has more")
 
 
 # --------------------------------------------------------------------------- replies

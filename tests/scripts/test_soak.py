@@ -38,6 +38,9 @@ def test_short_soak_passes_and_reports(tmp_path):
     assert not counts.get("lost") and not counts.get("duplicated")
     assert report["reloads"] >= 2 and report["daemon_exit_code"] == 0
     assert {"warm", "end"} <= set(report["samples"])
+    gap = report["worst_gap_ms"]
+    assert 0 < gap["median"] <= gap["max"] < 10_000
+    assert "worst gap per camera" in r.stdout
     assert report["codes"]["ok"] > 0 and set(report["codes"]) - {"ok"}  # malformed mixed in
     assert "PASS" in r.stdout and "rss MB" in r.stdout
 

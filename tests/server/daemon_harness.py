@@ -4,6 +4,7 @@ datagram socket standing in for systemd's NOTIFY_SOCKET."""
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -72,9 +73,9 @@ class NotifySocket:
 
 class Daemon:
     def __init__(self, tmp: Path, config_path: Path | None = None, env: dict | None = None,
-                 **config: object) -> None:
+                 endpoint: str | None = None, **config: object) -> None:
         self.tmp = tmp
-        self.endpoint = f"ipc://{tmp / 'd.sock'}"
+        self.endpoint = endpoint or f"ipc://{tmp / 'd.sock'}"
         self.engines = tmp / "engines"
         self.config_path = config_path or write_config(tmp / "stgcnd.toml", self.endpoint,
                                                        self.engines, **config)
@@ -84,6 +85,7 @@ class Daemon:
                     "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.start_args: list[str] = []  # global stgcnd flags, e.g. ["--log-level", "debug"]
+        self.fd_limit: int | None = None  # RLIMIT_NOFILE (soft and hard) for the daemon
 
     def start(self, wait_ready: bool = True) -> Daemon:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the daemon
@@ -91,7 +93,7 @@ class Daemon:
             [sys.executable, "-m", "stgcnd", "--log-format", "json", *self.start_args, "serve",
              "--config",
              str(self.config_path)], stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-            cwd=REPO)
+            cwd=REPO, preexec_fn=self._limit_fds if self.fd_limit else None)
         if wait_ready:
             try:
                 self.notify.wait_for("READY", timeout=180)
@@ -100,6 +102,9 @@ class Daemon:
                 log = self.log_path.read_text()
                 raise AssertionError("daemon not ready; log:\n" + log) from None
         return self
+
+    def _limit_fds(self) -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.fd_limit, self.fd_limit))
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None

@@ -2,17 +2,33 @@
 
 A camera costs no thread and nothing on the device: joining takes a free lane index (each
 executor prepared one CUDA stream and pinned rows per lane before READY) and a few Python
-objects. `max_cameras` bounds the table, so invented camera ids cannot grow it without end.
+objects; its push ring grows with the frames it sends (kilobytes for a camera that sent a few).
+
+`max_cameras` bounds the table, and camera ids are the client's to invent, so slots are shared
+by *peer* (the process of an ipc client, the address of a tcp one: see connections.peer_of),
+never by camera id. When the table is full, a new camera takes the slot of:
+
+1. if its peer already holds its share (max_cameras / peers, rounded up): one of that peer's
+   own cameras quiet for MIN_IDLE_S; a peer inventing ids churns its own slots only;
+2. else, if another peer holds more than its share: that peer's least recently active
+   camera (a client that filled the table gives way to a newcomer at once);
+3. else any camera quiet for EVICT_IDLE_S.
+
+A camera with a request in flight is never taken. No slot: the request is answered `busy`.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from stgcnd.server.ring import FrameRing
+
+MIN_IDLE_S = 1.0     # a peer over its share replaces its own cameras quiet this long
+EVICT_IDLE_S = 5.0   # otherwise, a full table gives up cameras quiet this long
 
 
 @dataclass
@@ -35,6 +51,7 @@ class CameraState:
     name: str
     lane: int
     last_activity: float
+    peer: str = ""
     in_flight: int = 0                    # jobs submitted and not yet answered
     requests: int = 0
     rings: dict[str, FrameRing] = field(default_factory=dict)
@@ -54,32 +71,106 @@ class CameraState:
             self.pushes.pop(name, None)
 
 
+@dataclass(frozen=True)
+class Eviction:
+    camera: str
+    peer: str
+    idle_s: float
+    rule: str          # "own-share", "over-share" or "idle"
+
+
 class CameraTable:
     def __init__(self, max_cameras: int) -> None:
         self.max_cameras = max_cameras
-        self.cameras: dict[str, CameraState] = {}
+        # Both in activity order, least recent first (move_to_end on every request).
+        self.cameras: OrderedDict[str, CameraState] = OrderedDict()
+        self._by_peer: dict[str, OrderedDict[str, CameraState]] = {}
         self._free_lanes = list(range(max_cameras - 1, -1, -1))
+        self.evictions = 0
 
-    def get(self, name: str, now: float) -> CameraState | None:
-        """The camera's state, created on first sight; None when max_cameras are served."""
+    def get(self, name: str, now: float, peer: str = "") -> tuple[CameraState | None,
+                                                                  Eviction | None]:
+        """The camera's state, created on first sight (taking a slot as the module docstring
+        says when the table is full), and the eviction that made room, if any. (None, None)
+        when no slot can be had."""
         cam = self.cameras.get(name)
-        if cam is None:
-            if not self._free_lanes:
-                return None
-            cam = self.cameras[name] = CameraState(name, self._free_lanes.pop(), now)
-        cam.last_activity = now
-        return cam
+        if cam is not None:
+            cam.last_activity = now
+            self.cameras.move_to_end(name)
+            if cam.peer != peer:
+                self._unlink(cam)
+                cam.peer = peer
+                self._link(cam)
+            else:
+                self._by_peer[peer].move_to_end(name)
+            return cam, None
+        evicted = None
+        if not self._free_lanes:
+            evicted = self._make_room(peer, now)
+            if evicted is None:
+                return None, None
+        cam = CameraState(name, self._free_lanes.pop(), now, peer)
+        self.cameras[name] = cam
+        self._link(cam)
+        return cam, evicted
 
     def reclaim_idle(self, now: float, idle_timeout: float) -> list[tuple[str, float]]:
         """Forget cameras idle for idle_timeout with nothing in flight; (name, idle seconds)."""
         gone = []
-        for name, cam in list(self.cameras.items()):
+        for cam in list(self.cameras.values()):  # least recent first: stop at the first young
             idle = now - cam.last_activity
-            if cam.in_flight == 0 and idle > idle_timeout:
-                del self.cameras[name]
-                self._free_lanes.append(cam.lane)
-                gone.append((name, idle))
+            if idle <= idle_timeout:
+                break
+            if cam.in_flight == 0:
+                self._remove(cam)
+                gone.append((cam.name, idle))
         return gone
 
     def __len__(self) -> int:
         return len(self.cameras)
+
+    # -- inside ------------------------------------------------------------------------------
+    def _make_room(self, peer: str, now: float) -> Eviction | None:
+        held = self._by_peer.get(peer)
+        mine = len(held) if held else 0
+        peers = len(self._by_peer) + (0 if mine else 1)
+        share = -(-self.max_cameras // peers)
+        if held and mine >= share:
+            victim, rule = _least_recent(held, now - MIN_IDLE_S), "own-share"
+        else:
+            biggest = max(self._by_peer.values(), key=len)
+            if len(biggest) > share:
+                victim, rule = _least_recent(biggest, now), "over-share"
+            else:
+                victim, rule = _least_recent(self.cameras, now - EVICT_IDLE_S), "idle"
+        if victim is None:
+            return None
+        self._remove(victim)
+        self.evictions += 1
+        return Eviction(victim.name, victim.peer, round(now - victim.last_activity, 3), rule)
+
+    def _remove(self, cam: CameraState) -> None:
+        del self.cameras[cam.name]
+        self._unlink(cam)
+        self._free_lanes.append(cam.lane)
+
+    def _link(self, cam: CameraState) -> None:
+        self._by_peer.setdefault(cam.peer, OrderedDict())[cam.name] = cam
+
+    def _unlink(self, cam: CameraState) -> None:
+        cams = self._by_peer[cam.peer]
+        del cams[cam.name]
+        if not cams:
+            del self._by_peer[cam.peer]
+
+
+def _least_recent(cams: OrderedDict[str, CameraState], quiet_before: float
+                  ) -> CameraState | None:
+    """The least recently active camera with nothing in flight, if it was last active at or
+    before `quiet_before`."""
+    for cam in cams.values():
+        if cam.last_activity > quiet_before:
+            return None  # activity order: every later one is younger still
+        if cam.in_flight == 0:
+            return cam
+    return None

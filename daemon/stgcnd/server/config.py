@@ -101,6 +101,8 @@ class ServerConfig:
     queue_size: int = 8                # per camera; a full queue answers busy at once
     idle_timeout: float = 300.0        # camera state idle this long is reclaimed
     max_cameras: int = 64              # cameras served at once (each: a lane per executor)
+    max_connections: int = 0           # 0 = auto: 3/4 of the free fds, at most 4096
+    max_rss_mb: int = 0                # over it, quiet peers are closed; 0 = READY's + 512
     drain_timeout: float = 10.0        # SIGTERM: finish in-flight work within this
     stall_timeout: float = 30.0        # an executor busy this long in one batch stops the watchdog
     max_message_bytes: int = 4 * 1024 * 1024
@@ -281,7 +283,9 @@ def _check_server(s: ServerConfig, where: dict[str, str]) -> None:
     rules = (("stats_interval", s.stats_interval > 0, "must be > 0 seconds"),
              ("drain_timeout", s.drain_timeout > 0, "must be > 0 seconds"),
              ("queue_size", s.queue_size >= 1, "must be >= 1"),
-             ("max_cameras", s.max_cameras >= 1, "must be >= 1"))
+             ("max_cameras", s.max_cameras >= 1, "must be >= 1"),
+             ("max_connections", s.max_connections >= 0, "must be >= 0 (0 = auto)"),
+             ("max_rss_mb", s.max_rss_mb >= 0, "must be >= 0 (0 = auto)"))
     for key, ok, rule in rules:
         if not ok:
             raise UserError(f"{where[key]}: {key} {rule}, got {getattr(s, key)!r}")

@@ -30,15 +30,23 @@ from stgcnd.errors import BuildCancelled
 from stgcnd.log import debug_enabled, get_logger
 from stgcnd.server.cameras import CameraState, CameraTable, PushRecord
 from stgcnd.server.config import Config, load_config
+from stgcnd.server.connections import (
+    Connections,
+    connection_budget,
+    open_fds,
+    raise_fd_limit,
+)
 from stgcnd.server.errorlog import ClientErrorLog
 from stgcnd.server.gcpause import GcWatch, freeze_survivors
+from stgcnd.server.heap import CHECK_EVERY_S, RssWatch, give_back_free_memory
 from stgcnd.server.loop_executor import LoopExecutor
 from stgcnd.server.models import ServedModel, load_models
 from stgcnd.server.notify import Notifier
 from stgcnd.server.outbox import Outbox, Reply
+from stgcnd.server.receive import BAN_ABOVE_FRAMES, Incoming, Receiver
 from stgcnd.server.scheduler import Job
 from stgcnd.server.timer import WakeTimer
-from stgcnd.server.transport import EVENTS, NOBLOCK, NOBLOCK_MORE, POLLIN, bind_router
+from stgcnd.server.transport import NOBLOCK, NOBLOCK_MORE, bind_router
 from stgcnd_client.protocol import (
     ErrorCode,
     Limits,
@@ -48,6 +56,7 @@ from stgcnd_client.protocol import (
     check_window,
     decode_request,
     encode_reply,
+    too_many_frames,
 )
 
 log = get_logger(__name__)
@@ -56,6 +65,9 @@ LOOP_TICK_MS = 100
 LATENCY_STAGES = ("queue_ms", "compute_ms")  # a reply's timings kept per camera in `latency`
 READ_BURST = 256          # requests read per loop pass before replies get their turn
 RETIRE_TIMEOUT_S = 30.0   # a reloaded-away model's executors drain within this
+SHUTDOWN_QUIET_S = 0.05   # shutdown: the socket closes after this long without a request...
+SHUTDOWN_REFUSE_S = 1.0   # ...or after refusing for this long, whichever comes first
+CLOSE_LINGER_MS = 1000    # the last replies get this long to leave at close
 # The I/O loop and the executors share one interpreter lock. Python's default 5 ms switch
 # interval would let a busy loop hold back an executor whose batch is done for up to 5 ms;
 # 0.5 ms bounds that hand-over at a cost of a few hundred extra switches per second.
@@ -89,6 +101,12 @@ class Server:
         self.gc_watch = GcWatch()
         self._router: zmq.Socket | None = None
         self._ipc_path: Path | None = None
+        self._receiver: Receiver | None = None
+        self.connections: Connections | None = None
+        self._trim_due = False  # abuse left memory behind: give it back at the stats tick
+        # (fd, peer) of an oversized message, banned once the rest of it is dropped
+        self._ban_when_discarded: tuple[int, str] | None = None
+        self._rss: RssWatch | None = None
         from stgcnd.telemetry.latency import LatencyAggregator
 
         self.latency = LatencyAggregator()
@@ -130,7 +148,9 @@ class Server:
         finally:
             keepalive.set()
         self._router, self._ipc_path = bind_router(self._ctx, self.config)
+        self._receiver = Receiver(self._router)
         self._start_sampler()
+        self._watch_connections()
         self._freeze_heap("startup")
         self.gc_watch.install()  # after start-up's own collections: it reports serving's
         names = ", ".join(f"{m.name} ({m.backend.info.name}/{m.backend.info.precision})"
@@ -143,6 +163,33 @@ class Server:
                  version=__version__, pid=os.getpid(),
                  loop_timer="timerfd" if self._timer.fd is not None else "poll-ms",
                  cpu_power=cpupower.summary(cpupower.cpu_power()))
+
+    def _watch_connections(self) -> None:
+        """Count connections against the fd budget (server/connections.py)."""
+        assert self._router is not None
+        before, soft, hard = raise_fd_limit()
+        in_use = open_fds()
+        cap = connection_budget(soft, in_use, self.config.server.max_connections)
+        self.connections = Connections(self._router, cap)
+        log.info("fd_limit", soft_before=before, soft=soft, hard=hard, open=in_use,
+                 max_connections=cap)
+        self._rss = RssWatch(self.config.server.max_rss_mb)
+        log.info("memory_limit", rss_mb=round(self._rss.rss() / 2**20, 1),
+                 limit_mb=round(self._rss.limit / 2**20, 1),
+                 action="over it, connections quiet for a second are closed")
+
+    def _check_memory(self, now: float) -> None:
+        """A peer's endless message grows the I/O thread's buffers (server/heap.py)."""
+        assert self._rss is not None and self.connections is not None
+        if not self._rss.over():
+            return
+        give_back_free_memory()  # what is merely free goes back first
+        rss = self._rss.over()
+        if rss:
+            closed = self.connections.shed_quiet(now)
+            self.errors.report("memory-pressure", event="memory_pressure",
+                               rss_mb=round(rss / 2**20, 1),
+                               limit_mb=round(self._rss.limit / 2**20, 1), closed=closed)
 
     def _freeze_heap(self, when: str) -> None:
         """Exempt what is alive now from the collector's later passes (server/gcpause.py)."""
@@ -177,11 +224,15 @@ class Server:
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self.outbox.reader, zmq.POLLIN)
+        connections, receiver = self.connections, self._receiver
+        assert connections is not None and receiver is not None
+        poller.register(connections.monitor, zmq.POLLIN)
         timer = self._timer
         if timer.fd is not None:
             poller.register(timer.fd, zmq.POLLIN)
         timeout = LOOP_TICK_MS
         next_stats = time.monotonic() + self.config.server.stats_interval
+        next_memory_check = time.monotonic()
         wd_interval = self.notifier.watchdog_interval
         next_watchdog = time.monotonic()
         stalled_logged = False
@@ -190,11 +241,20 @@ class Server:
             events = dict(poller.poll(timeout))
             if timer.fd in events:
                 timer.fired()
+            if connections.monitor in events:
+                connections.on_monitor(time.monotonic())
             self._deliver()
-            if self._router in events:
+            if self._router in events or receiver.discarding:
                 self._read_requests(READ_BURST)
             now = time.monotonic()
             timeout = self._drive(now)
+            if receiver.discarding:
+                timeout = 0  # the rest of an oversized message: another chunk next pass
+            elif self._ban_when_discarded is not None:
+                self._ban_oversized_sender(now)
+            if now >= next_memory_check:
+                next_memory_check = now + CHECK_EVERY_S
+                self._check_memory(now)
             if self._reload_requested.is_set():
                 self._reload_requested.clear()
                 self._begin_reload()
@@ -204,6 +264,10 @@ class Server:
                 self._log_stats()
                 self._reclaim_idle(now)
                 self._reap_retired()
+                connections.enforce(now)
+                if self._trim_due:
+                    self._trim_due = False
+                    give_back_free_memory()
             if wd_interval and now >= next_watchdog:
                 stalled = self.stalled_executors(now)
                 if stalled:
@@ -289,6 +353,7 @@ class Server:
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the client is gone
             reason = f"client gone ({exc.strerror})"
         self.counters["replies_dropped"] += 1
+        self._trim_due = True
         self.errors.report("reply-dropped", event="reply_dropped", reason=reason)
         return False
 
@@ -331,21 +396,48 @@ class Server:
                       **{k: v for k, v in t.items() if k != "total_ms"})
 
     def _read_requests(self, limit: int) -> None:
-        router = self._router
-        assert router is not None
-        # EVENTS rather than reading until zmq.Again: the exception costs more than the check.
+        receiver = self._receiver
+        assert receiver is not None
         for _ in range(limit):
-            if not router.get(EVENTS) & POLLIN:
+            msg = receiver.read()
+            if msg is None:
                 return
-            msg = router.recv_multipart(NOBLOCK, copy=False)
-            self._handle(msg[0].bytes, msg[1:], time.monotonic())
+            if msg.too_many:
+                self._refuse_oversized(msg)
+                return
+            self._handle(msg, time.monotonic())
 
-    def _handle(self, identity: bytes, frames: list[Any], received: float) -> None:
+    def _refuse_oversized(self, msg: Incoming) -> None:
+        """More frames than any request has: one too-large reply, the rest of the message
+        dropped over the next loop passes, then the peer banned if it was huge
+        (server/receive.py)."""
         self.counters["requests"] += 1
+        self.counters["errors"] += 1
+        self._trim_due = True
+        req_id = _request_id(msg.frames[0], self.limits)
+        message = too_many_frames(self.limits)
+        self.errors.report(ErrorCode.TOO_LARGE.value, message=message)
+        self._send(msg.identity, encode_reply(req_id, error=(ErrorCode.TOO_LARGE.value,
+                                                             message)))
+        peer = self.connections.seen(msg.fd, time.monotonic()) if self.connections else ""
+        self._ban_when_discarded = (msg.fd, peer)  # after the drop: the reply has left then
+
+    def _ban_oversized_sender(self, now: float) -> None:
+        assert self._ban_when_discarded is not None and self._receiver is not None
+        fd, peer = self._ban_when_discarded
+        self._ban_when_discarded = None
+        frames = self._receiver.last_oversized_frames
+        if frames > BAN_ABOVE_FRAMES and self.connections is not None:
+            self.connections.ban(fd, peer, now, reason=f"a message of {frames} frames")
+
+    def _handle(self, msg: Incoming, received: float) -> None:
+        self.counters["requests"] += 1
+        identity = msg.identity
+        peer = self.connections.seen(msg.fd, received) if self.connections else ""
         req = None
         try:
-            req = decode_request(frames, self.limits)
-            self._dispatch(identity, req, received)
+            req = decode_request(msg.frames, self.limits)
+            self._dispatch(identity, req, received, peer)
         except ProtocolError as exc:
             self._reject(identity, exc, req)
         except Exception as exc:  # a daemon bug: answered, logged rate-limited, never fatal
@@ -367,7 +459,7 @@ class Server:
                                 "busy" if exc.code == ErrorCode.BUSY else "error")
         self._send(identity, encode_reply(req_id, error=(exc.code.value, exc.message)))
 
-    def _dispatch(self, identity: bytes, req: Request, received: float) -> None:
+    def _dispatch(self, identity: bytes, req: Request, received: float, peer: str) -> None:
         op = req.op
         if op == "ping":
             self._send(identity, encode_reply(req.id, {"pong": True, "server_time": time.time()}))
@@ -390,13 +482,18 @@ class Server:
             check(req.arrays[0], model.input_shape)
         except ProtocolError as exc:  # the checks do not know the request id
             raise ProtocolError(exc.code, exc.message, req.id) from None
-        cam = self.cameras.get(req.camera, received)
+        cam, evicted = self.cameras.get(req.camera, received, peer)
         if cam is None:
             # Each camera holds a lane on every executor: a client inventing camera ids must
-            # not exhaust them. Idle cameras are reclaimed after idle_timeout.
+            # not exhaust them (server/cameras.py says who gives way to whom).
             raise ProtocolError(ErrorCode.BUSY, (
-                f"this daemon already serves max_cameras={self.cameras.max_cameras} cameras; "
-                "retry later or raise [server] max_cameras"), req.id)
+                f"this daemon already serves max_cameras={self.cameras.max_cameras} cameras "
+                "and none of them can give way yet; retry in a few seconds or raise [server] "
+                "max_cameras"), req.id)
+        if evicted is not None:
+            self.errors.report("camera-evicted", event="camera_evicted", camera=evicted.camera,
+                               peer=evicted.peer, idle_s=evicted.idle_s, rule=evicted.rule,
+                               by=req.camera)
         cam.requests += 1
         deadline = None if req.timeout_ms is None else received + req.timeout_ms / 1e3
         if op == "infer":
@@ -466,6 +563,10 @@ class Server:
                                 "lane": s.lane}
                             for c, s in self.cameras.cameras.items()},
                 "models": {n: m.stats() for n, m in self.models.items()},
+                "camera_evictions": self.cameras.evictions,
+                "connections": self.connections.stats() if self.connections else {},
+                "oversized_messages": self._receiver.oversized_messages
+                if self._receiver else 0,
                 "gc": self.gc_watch.stats()}
 
     def _log_stats(self) -> None:
@@ -540,6 +641,7 @@ class Server:
             if not any(ex.is_alive() for ex in model.executors):
                 self.retiring.remove(model)
                 model.close()
+                self._trim_due = True  # a model's weights and buffers went back to the heap
                 if not self.retiring:
                     # What was frozen before holds the retired models: one full pass frees
                     # any cycles among them and freezes the new ones (once per reload).
@@ -567,7 +669,7 @@ class Server:
             time.sleep(0.005)
         self._deliver()
         self._drive(time.monotonic())
-        self._refuse_new()
+        self._refuse_until_quiet()
         stuck = [ex.name for m in everything for ex in m.executors if ex.is_alive()]
         if self._sampler is not None:
             self._sampler.stop(2.0)
@@ -583,26 +685,42 @@ class Server:
                  fatal=str(self._fatal) if self._fatal else None)
         return code
 
-    def _refuse_new(self) -> None:
-        if self._router is None:
-            return
-        for _ in range(READ_BURST):
-            try:
-                msg = self._router.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            try:
-                req_id: int | None = decode_request(msg[1:], self.limits).id
-            except ProtocolError as exc:
-                req_id = exc.req_id
-            except Exception:
-                req_id = None
-            self._send(msg[0].bytes, encode_reply(req_id, error=(
+    def _refuse_new(self) -> int:
+        """Answer shutting-down to every request waiting; how many there were."""
+        if self._receiver is None:
+            return 0
+        for count in range(READ_BURST):
+            msg = self._receiver.read()
+            if msg is None:
+                return count
+            self._send(msg.identity, encode_reply(_request_id(msg.frames[0], self.limits) if
+                                                  msg.frames else None, error=(
                 ErrorCode.SHUTTING_DOWN.value, "the daemon is shutting down; retry on restart")))
+        return READ_BURST
+
+    def _refuse_until_quiet(self) -> None:
+        """Clients may send until the socket closes. Refuse until none has sent for
+        SHUTDOWN_QUIET_S (a client that got shutting-down stops), at most SHUTDOWN_REFUSE_S:
+        a request that arrives after that is the one case that goes unanswered."""
+        end = time.monotonic() + SHUTDOWN_REFUSE_S
+        quiet_from = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if self._refuse_new() or (self._receiver is not None and
+                                      self._receiver.discarding):
+                quiet_from = now
+            if now - quiet_from >= SHUTDOWN_QUIET_S or now >= end:
+                return
+            time.sleep(0.002)
 
     def _close_sockets(self, wait: bool = True) -> None:
+        if self.connections is not None:
+            self.connections.close()
+        if self._rss is not None:
+            self._rss.close()
         if self._router is not None:
-            self._router.close(0)
+            # Linger: the shutting-down replies just queued leave before the socket goes.
+            self._router.close(CLOSE_LINGER_MS if wait else 0)
         self.outbox.close()
         self._timer.close()
         if wait:  # term() waits for every executor's socket: a stuck one would hang exit
@@ -627,3 +745,13 @@ def run_server(config: Config, config_path: Path | None = None) -> int:
     except BuildCancelled:
         return server.startup_cancelled()
     return server.serve()
+
+
+def _request_id(header: Any, limits: Limits) -> int | None:
+    """The id of a request whose header may be all that can be read of it."""
+    try:
+        return decode_request([header], limits).id
+    except ProtocolError as exc:
+        return exc.req_id
+    except Exception:
+        return None

@@ -23,6 +23,7 @@ EVENTS = int(zmq.EVENTS)
 POLLIN = int(zmq.POLLIN)
 NOBLOCK = int(zmq.NOBLOCK)
 NOBLOCK_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
+HANDSHAKE_MS = 5000
 
 
 def bind_router(ctx: zmq.Context, config: Config) -> tuple[zmq.Socket, Path | None]:
@@ -38,6 +39,9 @@ def bind_router(ctx: zmq.Context, config: Config) -> tuple[zmq.Socket, Path | No
     # Messages up to twice the limit still get a "too-large" reply; beyond that ZeroMQ
     # drops the peer's connection before we could read (and allocate) it.
     router.setsockopt(zmq.MAXMSGSIZE, 2 * server.max_message_bytes)
+    # A client completes ZeroMQ's handshake in milliseconds; a socket that does not is closed
+    # after this (libzmq's default, 30 s, would let silent connections hold fds that long).
+    router.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
     ipc_path = Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
     if ipc_path is not None:
         prepare_ipc_path(ipc_path)

@@ -1,0 +1,84 @@
+"""Reading requests off the ROUTER one frame at a time, with a bound on frames per message.
+
+ZeroMQ bounds a frame's size (ZMQ_MAXMSGSIZE) but not how many frames a message has: a `ping`
+followed by a million empty frames is 2 MB on the wire, and taking it whole (recv_multipart)
+cost the loop 4.8 s and 500 MB. A request has at most MAX_FRAMES frames after the routing id
+(a header and up to Limits.max_arrays arrays). The receiver hands out the first MAX_FRAMES
+frames of a longer message flagged `too_many` (the loop answers `too-large` once, and bans
+the peer when the message had more than BAN_ABOVE_FRAMES frames: no client bug sends that
+many), then drops the rest DISCARD_PER_PASS frames per loop pass, so that replies and device
+work keep moving between the chunks.
+
+What it cannot shorten: ZeroMQ keeps a message's frames in order in one pipe, so requests of
+other cameras queued behind it wait until its last frame is dropped (about 0.5-1 us a frame
+in Python: docs/hardening.md has the measured figure).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import zmq
+
+from stgcnd.server.transport import EVENTS, NOBLOCK, POLLIN
+from stgcnd_client.protocol import DEFAULT_LIMITS
+
+MAX_FRAMES = 1 + DEFAULT_LIMITS.max_arrays
+DISCARD_PER_PASS = 20_000
+BAN_ABOVE_FRAMES = 1000
+_SRCFD = int(zmq.SRCFD)
+
+
+@dataclass
+class Incoming:
+    identity: bytes
+    frames: list[zmq.Frame]
+    fd: int                      # the connection it came on (ZMQ_SRCFD)
+    too_many: bool = False       # more than MAX_FRAMES frames: the rest is being dropped
+
+
+class Receiver:
+    def __init__(self, router: zmq.Socket, max_frames: int = MAX_FRAMES) -> None:
+        self.router = router
+        self.max_frames = max_frames
+        self.discarding = False
+        self.discarded_frames = 0     # ever, for the stats reply
+        self.oversized_messages = 0
+        self.last_oversized_frames = 0  # frames of the latest oversized message, once dropped
+
+    def read(self) -> Incoming | None:
+        """The next request, or None when none is waiting (or the rest of an oversized
+        message is still being dropped: call again on the next loop pass)."""
+        if self.discarding and not self._discard_some():
+            return None
+        router = self.router
+        if not router.get(EVENTS) & POLLIN:
+            return None
+        recv = router.recv
+        identity = recv(NOBLOCK, copy=False)
+        frames: list[zmq.Frame] = []
+        more = identity.more
+        while more:
+            if len(frames) == self.max_frames:
+                self.discarding = True
+                self.oversized_messages += 1
+                self.last_oversized_frames = len(frames)
+                return Incoming(identity.bytes, frames, identity.get(_SRCFD), too_many=True)
+            # The rest of a multipart message is always there once its first frame is.
+            frame = recv(NOBLOCK, copy=False)
+            frames.append(frame)
+            more = frame.more
+        return Incoming(identity.bytes, frames, identity.get(_SRCFD))
+
+    def _discard_some(self) -> bool:
+        """Drop up to DISCARD_PER_PASS frames of the oversized message; True when done."""
+        recv = self.router.recv
+        for n in range(1, DISCARD_PER_PASS + 1):
+            if not recv(NOBLOCK, copy=False).more:
+                self.discarding = False
+                self.discarded_frames += n
+                self.last_oversized_frames += n
+                return True
+        self.discarded_frames += DISCARD_PER_PASS
+        self.last_oversized_frames += DISCARD_PER_PASS
+        return False
