@@ -74,3 +74,30 @@ def test_a_camera_moves_to_the_peer_that_uses_it_and_idle_ones_are_reclaimed():
     assert cam is not None  # b's lane is free again
     lanes = [c.lane for c in table.cameras.values()]
     assert len(set(lanes)) == len(lanes) == 2
+
+
+def test_a_long_idle_camera_goes_before_an_active_one_of_an_over_share_peer():
+    table = CameraTable(3)
+    fill(table, "pid:1", ["stale"], now=0.0)
+    fill(table, "pid:2", ["a", "b"], now=EVICT_IDLE_S + 9.0)
+    cam, evicted = table.get("new", EVICT_IDLE_S + 9.5, "pid:3")
+    assert cam is not None and evicted is not None
+    assert (evicted.camera, evicted.rule) == ("stale", "idle")
+
+
+def test_a_peer_at_its_share_may_take_a_long_idle_camera_of_another():
+    table = CameraTable(2)
+    fill(table, "pid:2", ["gone"], now=0.0)
+    fill(table, "pid:1", ["mine"], now=100.0)
+    cam, evicted = table.get("mine-2", 100.1, "pid:1")
+    assert cam is not None and evicted is not None and evicted.camera == "gone"
+
+
+def test_over_share_peers_are_tried_biggest_first_past_busy_ones():
+    table = CameraTable(6)
+    fill(table, "pid:1", ["a1", "a2", "a3"], now=0.0)
+    fill(table, "pid:2", ["b1", "b2", "b3"], now=0.1)
+    for name in ("a1", "a2", "a3"):
+        table.cameras[name].in_flight = 1
+    cam, evicted = table.get("c", 0.2, "pid:3")  # share ceil(6/3) = 2: both are over
+    assert cam is not None and evicted is not None and evicted.camera == "b1"

@@ -1,27 +1,39 @@
-"""The connection budget on a real ROUTER: counted from its monitor, idle peers closed above
-the cap, the listener paused at the brake and resumed below the cap, banned peers refused."""
+"""The connection budget on a real ROUTER: counted from its monitor, silent and quiet peers
+closed above the cap, busy ones past the hard mark, banned peers refused, fds never shut down
+once reused, and a monitor that never blocks libzmq however many events pile up."""
 
 from __future__ import annotations
 
 import os
 import resource
+import subprocess
+import sys
 import time
 
 import pytest
 import zmq
 
 from stgcnd.server import connections as conn_mod
-from stgcnd.server.connections import Connections, connection_budget, peer_of, raise_fd_limit
+from stgcnd.server.connections import (
+    Connections,
+    accepted_peer,
+    connection_budget,
+    peer_key,
+    raise_fd_limit,
+)
+from stgcnd.server.receive import _origin
+from tests.conftest import REPO
 
 
 def test_the_budget_keeps_a_reserve_below_the_fd_limit():
     free = 1024 - 60
     usable = free - free // 4
-    assert connection_budget(soft_limit=1024, in_use=60, configured=0) == usable * 3 // 4
-    assert connection_budget(1024, 60, configured=100) == 100
-    assert connection_budget(1024, 60, configured=5000) == usable  # never into the reserve
-    assert connection_budget(1 << 20, 60, configured=0) == conn_mod.CONNECTIONS_AUTO_MAX
-    assert connection_budget(70, 60, configured=0) == 1  # nearly nothing free
+    cap, hard = connection_budget(soft_limit=1024, in_use=60, configured=0)
+    assert cap == usable * 3 // 4 and hard == cap + (usable - cap) // 2 < usable
+    assert connection_budget(1024, 60, configured=100)[0] == 100
+    assert connection_budget(1024, 60, configured=5000) == (usable, usable)
+    assert connection_budget(1 << 20, 60, configured=0)[0] == conn_mod.CONNECTIONS_AUTO_MAX
+    assert connection_budget(70, 60, configured=0) == (1, 1)  # nearly nothing free
 
 
 def test_the_soft_fd_limit_is_raised_to_the_hard_one():
@@ -34,6 +46,14 @@ def test_the_soft_fd_limit_is_raised_to_the_hard_one():
         assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == now
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_peer_keys_lump_only_what_is_one_client():
+    assert peer_key("localhost:1000:1000:4242", 7) == "pid:4242"
+    assert peer_key("10.0.0.7", 7) == "ip:10.0.0.7"
+    # Another pid namespace (pid 0), the loopback and an unknown address: per connection.
+    for address in ("localhost:0:0:0", "127.0.0.1", "::1", ""):
+        assert peer_key(address, 7) == "fd:7"
 
 
 class Peers:
@@ -64,13 +84,14 @@ def setup(tmp_path):
     endpoint = f"ipc://{tmp_path / 'c.sock'}"
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
-    router.bind(endpoint)
     peers = Peers(ctx, endpoint)
     made: list[Connections] = []
 
-    def make(cap: int) -> Connections:
-        c = Connections(router, cap)
+    def make(cap: int, hard: int | None = None) -> Connections:
+        c = Connections(ctx, router, cap, hard if hard is not None else 10 * cap)
         made.append(c)
+        if len(made) == 1:
+            router.bind(endpoint)  # after the monitor, as the daemon does
         return c
 
     yield make, peers, router
@@ -94,13 +115,22 @@ def settle(conns: Connections, want: int, timeout: float = 5.0) -> None:
     raise AssertionError(f"{len(conns)} connections, expected {want}")
 
 
+def request(router: zmq.Socket, conns: Connections, now: float | None = None) -> None:
+    """Read one message and tell the connections about it, as the I/O loop does."""
+    assert router.poll(5000)
+    msg = router.recv_multipart(copy=False)
+    fd, peer = _origin(msg[0])
+    assert conns.seen(fd, peer, time.monotonic() if now is None else now)
+
+
 def test_connections_are_counted_and_named_by_process(setup):
     make, peers, _router = setup
     conns = make(cap=10)
     peers.open(3)
     settle(conns, 3)
     assert {c.peer for c in conns.by_fd.values()} == {f"pid:{os.getpid()}"}
-    assert peer_of(next(iter(conns.by_fd))) == f"pid:{os.getpid()}"
+    fd = next(iter(conns.by_fd))
+    assert accepted_peer(fd) == (f"pid:{os.getpid()}", os.fstat(fd).st_ino)
     peers.socks[0].close(0)
     settle(conns, 2)
 
@@ -111,33 +141,48 @@ def test_above_the_cap_silent_then_quiet_peers_are_closed_never_a_talking_one(se
     conns = make(cap=3)
     talker = peers.open(1)[0]
     talker.send(b"hello")
-    assert router.poll(5000)
-    msg = router.recv_multipart(copy=False)
-    conns.seen(msg[0].get(zmq.SRCFD), time.monotonic())  # a camera that just sent
+    request(router, conns)  # a camera that just sent
     peers.open(5)  # silent peers: closed above the cap whatever their age
     settle(conns, 3)
     assert conns.closed_idle == 3
     talker.send(b"still here")
-    assert router.poll(5000), "the talking peer was closed instead of a silent one"
-    router.recv_multipart()
+    request(router, conns)
     # Silent peers go first whatever their age; a talker quiet for CLOSE_IDLE_S goes next.
     monkeypatch.setattr(conn_mod, "CLOSE_IDLE_S", 0.0)
     conns.cap = 1
     conns.enforce(time.monotonic() + 1)
     settle(conns, 1)
-    assert conns.closed_idle == 5 and [c.last_request > 0 for c in conns.by_fd.values()] == [
-        True]
+    assert conns.closed_idle == 5
     talker.send(b"and now?")
     assert router.poll(5000)
 
 
+def test_past_the_hard_mark_even_busy_connections_of_the_biggest_peer_go(setup):
+    make, peers, router = setup
+    conns = make(cap=100, hard=100)
+    for s in peers.open(6):
+        s.send(b"busy")
+    settle(conns, 6)
+    for _ in range(6):
+        request(router, conns)  # every one of them sends
+    conns.cap, conns.hard = 2, 4
+    conns.enforce(time.monotonic())
+    settle(conns, 4)  # none was quiet: the hard mark held by closing busy ones
+    assert conns.closed_idle == 2
+
+
 def test_a_banned_peer_is_disconnected_and_refused_for_a_while(setup):
-    make, peers, _router = setup
+    make, peers, router = setup
     conns = make(cap=10)
     bad = peers.open(1)[0]
-    settle(conns, 1)
-    (fd,) = conns.by_fd
-    conns.ban(fd, f"pid:{os.getpid()}", time.monotonic(), reason="test")
+    bad.send(b"x")
+    assert router.poll(5000)
+    msg = router.recv_multipart(copy=False)
+    fd, peer = _origin(msg[0])
+    t0 = time.monotonic()
+    conns.ban(fd, peer, t0, reason="test")
+    assert not conns.seen(fd, peer, t0)  # its requests are dropped from now on
+    conns.enforce(t0 + conn_mod.CLOSE_BANNED_AFTER_S)  # its connection closes shortly after
     settle(conns, 0)
     peers.open(1)
     end = time.monotonic() + 5
@@ -145,14 +190,29 @@ def test_a_banned_peer_is_disconnected_and_refused_for_a_while(setup):
         if conns.monitor.poll(50):
             conns.on_monitor(time.monotonic())
     assert conns.refused_banned == 1 and len(conns) == 0
-    # The ban ends: the same process connects again.
-    conns.on_monitor(time.monotonic() + conn_mod.BAN_S + 1)
+    conns.enforce(time.monotonic() + conn_mod.BAN_S + 1)  # the ban ends
+    assert conns.seen(-1, peer, time.monotonic() + conn_mod.BAN_S + 1)
+    peers.open(1)
+    end = time.monotonic() + 5
+    while not conns.by_fd and time.monotonic() < end:  # the same process gets in again
+        if conns.monitor.poll(50):
+            conns.on_monitor(time.monotonic())
+    assert conns.by_fd and conns.refused_banned == 1
+
+
+def test_a_reused_fd_number_is_never_shut_down(setup):
+    make, peers, _router = setup
+    conns = make(cap=10)
     peers.open(1)
     settle(conns, 1)
-    del bad
+    (fd,) = conns.by_fd
+    stale_ino = conns.by_fd[fd].ino + 1  # what a closed-and-reused fd looks like
+    conns._close(fd, stale_ino)
+    settle(conns, 1)  # still connected: the inode did not match
+    assert fd in conns.by_fd
 
 
-def test_memory_pressure_sheds_the_quiet_connections_only(setup, monkeypatch):
+def test_memory_pressure_sheds_silent_and_quiet_connections_only(setup, monkeypatch):
     monkeypatch.setattr(conn_mod, "CLOSE_IDLE_S", 0.5)
     make, peers, router = setup
     conns = make(cap=10)
@@ -160,11 +220,41 @@ def test_memory_pressure_sheds_the_quiet_connections_only(setup, monkeypatch):
     peers.open(3)
     settle(conns, 4)
     talker.send(b"hello")
-    assert router.poll(5000)
-    msg = router.recv_multipart(copy=False)
     now = time.monotonic() + 1.0
-    conns.seen(msg[0].get(zmq.SRCFD), now)
+    request(router, conns, now)
     assert conns.shed_quiet(now) == 3
     settle(conns, 1)
     talker.send(b"served")
     assert router.poll(5000)
+
+
+MONITOR_BACKLOG = """
+import socket, sys, time, zmq
+sys.path.insert(0, {daemon!r})
+from stgcnd.server.connections import Connections
+ctx = zmq.Context()
+router = ctx.socket(zmq.ROUTER)
+conns = Connections(ctx, router, 10_000, 10_000)
+router.bind("ipc://{path}")
+clients = [socket.socket(socket.AF_UNIX) for _ in range(2500)]
+for c in clients:
+    c.connect("{path}")
+time.sleep(1.0)  # the monitor is not read: libzmq must not block on it
+probe = ctx.socket(zmq.DEALER)
+probe.connect("ipc://{path}")
+probe.send(b"still served")
+print("served" if router.poll(5000) else "stuck", flush=True)
+conns.close()  # must not hang on the unread events
+print("closed", flush=True)
+"""
+
+
+def test_an_unread_monitor_never_blocks_libzmq(tmp_path):
+    raise_own = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if raise_own[1] != resource.RLIM_INFINITY and raise_own[1] < 6000:
+        pytest.skip("needs 6,000 fds for the client sockets")
+    code = MONITOR_BACKLOG.format(daemon=str(REPO / "daemon"), path=tmp_path / "m.sock")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, preexec_fn=lambda: resource.setrlimit(
+                             resource.RLIMIT_NOFILE, (6000, raise_own[1])))
+    assert out.stdout.split() == ["served", "closed"], out.stdout + out.stderr

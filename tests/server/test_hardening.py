@@ -235,6 +235,38 @@ def test_an_endless_message_cannot_exhaust_memory(daemon):
     assert d.stop() == 0
 
 
+REPEATED_ATTACK = """
+import sys, time, zmq
+s = zmq.Context.instance().socket(zmq.DEALER)
+s.setsockopt(zmq.LINGER, 1000)
+s.connect({endpoint!r})
+for i in range(3):
+    s.send_multipart([b"x"] * 5000)
+time.sleep(2.0)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_every_sender_of_huge_messages_is_banned(daemon):
+    """Oversized messages back to back from two processes: each sender is banned, none
+    escapes because the other's message was read in the same pass."""
+    d = daemon()
+    code = REPEATED_ATTACK.format(endpoint=d.endpoint)
+    attackers = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
+    try:
+        for a in attackers:
+            a.wait(timeout=60)
+    finally:
+        for a in attackers:
+            if a.poll() is None:
+                a.kill()
+                a.wait()
+    time.sleep(1.0)
+    banned = {e.get("peer") for e in d.log_events() if e.get("event") == "peer_banned"}
+    assert banned == {f"pid:{a.pid}" for a in attackers}, banned
+    assert d.stop() == 0
+
+
 # ------------------------------------------------------------------ 3. invented camera ids
 INVENT = """
 import sys, numpy as np, zmq
@@ -302,9 +334,9 @@ def test_invented_camera_ids_cannot_lock_out_a_new_camera(daemon):
 
 # ------------------------------------------------------------------ 4. SIGTERM race
 class Sender(threading.Thread):
-    """Keeps 4 requests in flight; a reply saying shutting-down makes it stop sending 30 ms
+    """Keeps 4 requests in flight; a reply saying shutting-down makes it stop sending 20 ms
     later (a camera's next frames are on their way by the time it reads the error); then it
-    collects the replies still due."""
+    collects the replies still due. The daemon refuses until 100 ms pass without a request."""
 
     def __init__(self, endpoint: str, index: int) -> None:
         super().__init__(daemon=True)
@@ -340,7 +372,7 @@ class Sender(threading.Thread):
                 code = "ok" if reply.ok else reply.error.code
                 self.replies.setdefault(reply.id, []).append(code)
                 if code == "shutting-down" and stop_at is None:
-                    stop_at = time.monotonic() + 0.03
+                    stop_at = time.monotonic() + 0.02
         finally:
             s.close(0)
             self.done.set()

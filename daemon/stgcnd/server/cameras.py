@@ -5,14 +5,14 @@ executor prepared one CUDA stream and pinned rows per lane before READY) and a f
 objects; its push ring grows with the frames it sends (kilobytes for a camera that sent a few).
 
 `max_cameras` bounds the table, and camera ids are the client's to invent, so slots are shared
-by *peer* (the process of an ipc client, the address of a tcp one: see connections.peer_of),
+by *peer* (the process of an ipc client, the address of a tcp one: connections.peer_key),
 never by camera id. When the table is full, a new camera takes the slot of:
 
-1. if its peer already holds its share (max_cameras / peers, rounded up): one of that peer's
-   own cameras quiet for MIN_IDLE_S; a peer inventing ids churns its own slots only;
-2. else, if another peer holds more than its share: that peer's least recently active
-   camera (a client that filled the table gives way to a newcomer at once);
-3. else any camera quiet for EVICT_IDLE_S.
+1. the least recently active camera quiet for EVICT_IDLE_S, whoever holds it;
+2. else, if its peer already holds its share (max_cameras / peers, rounded up): one of that
+   peer's own cameras quiet for MIN_IDLE_S; a peer inventing ids churns its own slots only;
+3. else the least recently active camera of a peer holding more than its share, the biggest
+   first (a client that filled the table gives way to a newcomer at once).
 
 A camera with a request in flight is never taken. No slot: the request is answered `busy`.
 """
@@ -131,18 +131,21 @@ class CameraTable:
 
     # -- inside ------------------------------------------------------------------------------
     def _make_room(self, peer: str, now: float) -> Eviction | None:
-        held = self._by_peer.get(peer)
-        mine = len(held) if held else 0
-        peers = len(self._by_peer) + (0 if mine else 1)
-        share = -(-self.max_cameras // peers)
-        if held and mine >= share:
-            victim, rule = _least_recent(held, now - MIN_IDLE_S), "own-share"
-        else:
-            biggest = max(self._by_peer.values(), key=len)
-            if len(biggest) > share:
-                victim, rule = _least_recent(biggest, now), "over-share"
+        victim, rule = _least_recent(self.cameras, now - EVICT_IDLE_S), "idle"
+        if victim is None:
+            held = self._by_peer.get(peer)
+            mine = len(held) if held else 0
+            share = -(-self.max_cameras // (len(self._by_peer) + (0 if mine else 1)))
+            if held and mine >= share:
+                victim, rule = _least_recent(held, now - MIN_IDLE_S), "own-share"
             else:
-                victim, rule = _least_recent(self.cameras, now - EVICT_IDLE_S), "idle"
+                rule = "over-share"
+                for cams in sorted(self._by_peer.values(), key=len, reverse=True):
+                    if len(cams) <= share:
+                        break
+                    victim = _least_recent(cams, now)
+                    if victim is not None:
+                        break
         if victim is None:
             return None
         self._remove(victim)

@@ -11,7 +11,8 @@ when its connection goes. A camera sending windows is never quiet long enough to
 What a hostile peer made the daemon hold is freed when the peer goes, but glibc keeps freed
 small blocks in its heap and the process's RSS stays up: malloc_trim(0) returns the free pages
 to the system. It walks the heap (milliseconds), so the loop calls it only after something
-abusive happened, at the next stats tick, never on the request path.
+abusive happened (at the next stats tick), or at most once a second while over the limit,
+never on the request path.
 """
 
 from __future__ import annotations
@@ -53,9 +54,17 @@ class RssWatch:
             self._fd: int | None = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:  # no /proc: no watch
             self._fd = None
-        start = self.rss()
-        self.limit = limit_mb << 20 if limit_mb else (start + AUTO_HEADROOM_BYTES
-                                                      if start else 0)
+        self.auto = not limit_mb
+        self.limit = limit_mb << 20
+        if self.auto:
+            self.rebase()
+
+    def rebase(self) -> None:
+        """The auto limit from the size now (at READY, and after a reload's models settled:
+        a new model's legitimate memory must not read as a peer's)."""
+        if self.auto:
+            rss = self.rss()
+            self.limit = rss + AUTO_HEADROOM_BYTES if rss else 0
 
     def rss(self) -> int:
         if self._fd is None:

@@ -7,7 +7,8 @@ cost the loop 4.8 s and 500 MB. A request has at most MAX_FRAMES frames after th
 frames of a longer message flagged `too_many` (the loop answers `too-large` once, and bans
 the peer when the message had more than BAN_ABOVE_FRAMES frames: no client bug sends that
 many), then drops the rest DISCARD_PER_PASS frames per loop pass, so that replies and device
-work keep moving between the chunks.
+work keep moving between the chunks. The pass that finishes a drop reads nothing more, so
+that the loop settles that message (its ban) before the next one is read.
 
 What it cannot shorten: ZeroMQ keeps a message's frames in order in one pipe, so requests of
 other cameras queued behind it wait until its last frame is dropped (about 0.5-1 us a frame
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from stgcnd.server.connections import peer_key
 from stgcnd.server.transport import EVENTS, NOBLOCK, POLLIN
 from stgcnd_client.protocol import DEFAULT_LIMITS
 
@@ -33,8 +35,23 @@ _SRCFD = int(zmq.SRCFD)
 class Incoming:
     identity: bytes
     frames: list[zmq.Frame]
-    fd: int                      # the connection it came on (ZMQ_SRCFD)
+    fd: int                      # the connection it came on (ZMQ_SRCFD; -1 if unknown)
+    peer: str                    # who sent it (connections.peer_key)
     too_many: bool = False       # more than MAX_FRAMES frames: the rest is being dropped
+
+
+def _origin(frame: zmq.Frame) -> tuple[int, str]:
+    """(fd, peer) of a received frame; libzmq knows neither for a connection whose address
+    could not be read when it was made (get raises): then (-1, "fd:-1")."""
+    try:
+        fd = int(frame.get(_SRCFD))
+    except zmq.ZMQError:
+        fd = -1
+    try:
+        address = str(frame.get("Peer-Address"))
+    except zmq.ZMQError:
+        address = ""
+    return fd, peer_key(address, fd)
 
 
 class Receiver:
@@ -47,9 +64,10 @@ class Receiver:
         self.last_oversized_frames = 0  # frames of the latest oversized message, once dropped
 
     def read(self) -> Incoming | None:
-        """The next request, or None when none is waiting (or the rest of an oversized
-        message is still being dropped: call again on the next loop pass)."""
-        if self.discarding and not self._discard_some():
+        """The next request, or None when none is waiting, or when this call went on
+        dropping the rest of an oversized message (call again on the next loop pass)."""
+        if self.discarding:
+            self._discard_some()
             return None
         router = self.router
         if not router.get(EVENTS) & POLLIN:
@@ -63,22 +81,21 @@ class Receiver:
                 self.discarding = True
                 self.oversized_messages += 1
                 self.last_oversized_frames = len(frames)
-                return Incoming(identity.bytes, frames, identity.get(_SRCFD), too_many=True)
+                return Incoming(identity.bytes, frames, *_origin(identity), too_many=True)
             # The rest of a multipart message is always there once its first frame is.
             frame = recv(NOBLOCK, copy=False)
             frames.append(frame)
             more = frame.more
-        return Incoming(identity.bytes, frames, identity.get(_SRCFD))
+        return Incoming(identity.bytes, frames, *_origin(identity))
 
-    def _discard_some(self) -> bool:
-        """Drop up to DISCARD_PER_PASS frames of the oversized message; True when done."""
+    def _discard_some(self) -> None:
+        """Drop up to DISCARD_PER_PASS frames of the oversized message."""
         recv = self.router.recv
         for n in range(1, DISCARD_PER_PASS + 1):
             if not recv(NOBLOCK, copy=False).more:
                 self.discarding = False
                 self.discarded_frames += n
                 self.last_oversized_frames += n
-                return True
+                return
         self.discarded_frames += DISCARD_PER_PASS
         self.last_oversized_frames += DISCARD_PER_PASS
-        return False

@@ -49,7 +49,10 @@ class FrameRing:
         return self._buf.nbytes
 
     def window(self) -> np.ndarray:
-        """The buffered frames, oldest first, as a contiguous (3, T, V, M) float32 window."""
+        """The last T frames, oldest first, as a contiguous (3, T, V, M) float32 window;
+        only once the window is full (`append` said a prediction is due)."""
+        if self.received < self.frames:
+            raise ValueError(f"the window holds {self.received} of {self.frames} frames")
         start = self.received % self.frames
         ordered = np.concatenate((self._buf[start:], self._buf[:start])) if start else self._buf
         return np.ascontiguousarray(ordered.transpose(1, 0, 2, 3))

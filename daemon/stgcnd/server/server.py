@@ -46,7 +46,7 @@ from stgcnd.server.outbox import Outbox, Reply
 from stgcnd.server.receive import BAN_ABOVE_FRAMES, Incoming, Receiver
 from stgcnd.server.scheduler import Job
 from stgcnd.server.timer import WakeTimer
-from stgcnd.server.transport import NOBLOCK, NOBLOCK_MORE, bind_router
+from stgcnd.server.transport import NOBLOCK, NOBLOCK_MORE, bind_router, make_router
 from stgcnd_client.protocol import (
     ErrorCode,
     Limits,
@@ -65,9 +65,10 @@ LOOP_TICK_MS = 100
 LATENCY_STAGES = ("queue_ms", "compute_ms")  # a reply's timings kept per camera in `latency`
 READ_BURST = 256          # requests read per loop pass before replies get their turn
 RETIRE_TIMEOUT_S = 30.0   # a reloaded-away model's executors drain within this
-SHUTDOWN_QUIET_S = 0.05   # shutdown: the socket closes after this long without a request...
+SHUTDOWN_QUIET_S = 0.1    # shutdown: the socket closes after this long without a request...
 SHUTDOWN_REFUSE_S = 1.0   # ...or after refusing for this long, whichever comes first
 CLOSE_LINGER_MS = 1000    # the last replies get this long to leave at close
+TRIM_EVERY_S = 1.0        # over the memory limit, malloc_trim at most this often
 # The I/O loop and the executors share one interpreter lock. Python's default 5 ms switch
 # interval would let a busy loop hold back an executor whose batch is done for up to 5 ms;
 # 0.5 ms bounds that hand-over at a cost of a few hundred extra switches per second.
@@ -107,6 +108,7 @@ class Server:
         # (fd, peer) of an oversized message, banned once the rest of it is dropped
         self._ban_when_discarded: tuple[int, str] | None = None
         self._rss: RssWatch | None = None
+        self._next_trim = 0.0
         from stgcnd.telemetry.latency import LatencyAggregator
 
         self.latency = LatencyAggregator()
@@ -147,10 +149,11 @@ class Server:
                                       cancel=self._stop)
         finally:
             keepalive.set()
-        self._router, self._ipc_path = bind_router(self._ctx, self.config)
+        self._router = make_router(self._ctx, self.config)
+        self._watch_connections()  # before the bind: no connection accepted unseen
+        self._ipc_path = bind_router(self._router, self.config)
         self._receiver = Receiver(self._router)
         self._start_sampler()
-        self._watch_connections()
         self._freeze_heap("startup")
         self.gc_watch.install()  # after start-up's own collections: it reports serving's
         names = ", ".join(f"{m.name} ({m.backend.info.name}/{m.backend.info.precision})"
@@ -169,10 +172,10 @@ class Server:
         assert self._router is not None
         before, soft, hard = raise_fd_limit()
         in_use = open_fds()
-        cap = connection_budget(soft, in_use, self.config.server.max_connections)
-        self.connections = Connections(self._router, cap)
+        cap, mark = connection_budget(soft, in_use, self.config.server.max_connections)
+        self.connections = Connections(self._ctx, self._router, cap, mark)
         log.info("fd_limit", soft_before=before, soft=soft, hard=hard, open=in_use,
-                 max_connections=cap)
+                 max_connections=cap, hard_mark=mark)
         self._rss = RssWatch(self.config.server.max_rss_mb)
         log.info("memory_limit", rss_mb=round(self._rss.rss() / 2**20, 1),
                  limit_mb=round(self._rss.limit / 2**20, 1),
@@ -183,7 +186,9 @@ class Server:
         assert self._rss is not None and self.connections is not None
         if not self._rss.over():
             return
-        give_back_free_memory()  # what is merely free goes back first
+        if now >= self._next_trim:  # what is merely free goes back first (once a second)
+            self._next_trim = now + TRIM_EVERY_S
+            give_back_free_memory()
         rss = self._rss.over()
         if rss:
             closed = self.connections.shed_quiet(now)
@@ -419,8 +424,7 @@ class Server:
         self.errors.report(ErrorCode.TOO_LARGE.value, message=message)
         self._send(msg.identity, encode_reply(req_id, error=(ErrorCode.TOO_LARGE.value,
                                                              message)))
-        peer = self.connections.seen(msg.fd, time.monotonic()) if self.connections else ""
-        self._ban_when_discarded = (msg.fd, peer)  # after the drop: the reply has left then
+        self._ban_when_discarded = (msg.fd, msg.peer)  # once the rest of it is dropped
 
     def _ban_oversized_sender(self, now: float) -> None:
         assert self._ban_when_discarded is not None and self._receiver is not None
@@ -433,7 +437,9 @@ class Server:
     def _handle(self, msg: Incoming, received: float) -> None:
         self.counters["requests"] += 1
         identity = msg.identity
-        peer = self.connections.seen(msg.fd, received) if self.connections else ""
+        peer = msg.peer
+        if self.connections is not None and not self.connections.seen(msg.fd, peer, received):
+            return  # a banned peer's connection, closing: nobody reads an answer there
         req = None
         try:
             req = decode_request(msg.frames, self.limits)
@@ -634,6 +640,8 @@ class Server:
             if models.get(name) is not model:
                 model.stop_accepting(time.monotonic() + RETIRE_TIMEOUT_S)
                 self.retiring.append(model)
+        if self._rss is not None:
+            self._rss.rebase()  # the new models' memory is theirs, not a peer's
         log.info("reload", phase="done", models=list(models), generation=self.generation)
 
     def _reap_retired(self) -> None:
@@ -641,11 +649,13 @@ class Server:
             if not any(ex.is_alive() for ex in model.executors):
                 self.retiring.remove(model)
                 model.close()
-                self._trim_due = True  # a model's weights and buffers went back to the heap
                 if not self.retiring:
                     # What was frozen before holds the retired models: one full pass frees
                     # any cycles among them and freezes the new ones (once per reload).
                     self._freeze_heap("reload")
+                    give_back_free_memory()
+                    if self._rss is not None:
+                        self._rss.rebase()
 
     # -- shutdown --------------------------------------------------------------------------
     def shutdown(self) -> int:
@@ -664,6 +674,7 @@ class Server:
             self._deliver()
             self._drive(time.monotonic())
             self._refuse_new()
+            self._watch_accepts()
             if not any(ex.is_alive() for m in everything for ex in m.executors):
                 break
             time.sleep(0.005)
@@ -706,12 +717,19 @@ class Server:
         quiet_from = time.monotonic()
         while True:
             now = time.monotonic()
+            self._watch_accepts()
             if self._refuse_new() or (self._receiver is not None and
                                       self._receiver.discarding):
                 quiet_from = now
             if now - quiet_from >= SHUTDOWN_QUIET_S or now >= end:
                 return
             time.sleep(0.002)
+
+    def _watch_accepts(self) -> None:
+        """Keep the connection count in budget while shutting down too (a connection flood
+        during the drain must not exhaust the fds)."""
+        if self.connections is not None:
+            self.connections.on_monitor(time.monotonic())
 
     def _close_sockets(self, wait: bool = True) -> None:
         if self.connections is not None:

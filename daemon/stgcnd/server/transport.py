@@ -26,9 +26,9 @@ NOBLOCK_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 HANDSHAKE_MS = 5000
 
 
-def bind_router(ctx: zmq.Context, config: Config) -> tuple[zmq.Socket, Path | None]:
-    """A bound ROUTER on the configured endpoint, and its ipc socket file if any."""
-    endpoint = config.endpoint
+def make_router(ctx: zmq.Context, config: Config) -> zmq.Socket:
+    """The daemon's ROUTER with its options, not bound yet (the connection monitor is set up
+    before it accepts anything: server/connections.py)."""
     server = config.server
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
@@ -42,19 +42,24 @@ def bind_router(ctx: zmq.Context, config: Config) -> tuple[zmq.Socket, Path | No
     # A client completes ZeroMQ's handshake in milliseconds; a socket that does not is closed
     # after this (libzmq's default, 30 s, would let silent connections hold fds that long).
     router.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
+    return router
+
+
+def bind_router(router: zmq.Socket, config: Config) -> Path | None:
+    """Bind the ROUTER on the configured endpoint; its ipc socket file, if any."""
+    endpoint = config.endpoint
     ipc_path = Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
     if ipc_path is not None:
         prepare_ipc_path(ipc_path)
     try:
         router.bind(endpoint)
     except zmq.ZMQError as exc:
-        router.close()
         raise UserError(f"cannot listen on {endpoint}: {exc.strerror}; is another stgcnd "
                         "running, or is the address wrong?") from None
     if ipc_path is not None:
         # Camera processes in the socket's group may connect (RuntimeDirectory is ours).
-        os.chmod(ipc_path, server.socket_mode)
-    return router, ipc_path
+        os.chmod(ipc_path, config.server.socket_mode)
+    return ipc_path
 
 
 def prepare_ipc_path(path: Path) -> None:
