@@ -8,7 +8,7 @@ for that Python) is fetched with
     pip download --python-version X.Y --platform manylinux2014_aarch64
                  --platform manylinux_2_28_aarch64 --only-binary=:all: --no-deps REQ
 
-Packages that come from JetPack (tensorrt, pycuda built on the device) or from NVIDIA's
+Packages that come from JetPack (tensorrt) or from NVIDIA's
 JetPack wheel index (torch) are not pip's to resolve there and are skipped. Exit status 1 if
 any requirement has no wheel. manylinux_2_28 is glibc 2.28, older than every JetPack's
 Ubuntu (20.04 has 2.31), so such wheels install there.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PLATFORMS = ("manylinux2014_aarch64", "manylinux_2_28_aarch64")
-NOT_FROM_PYPI = {"tensorrt": "JetPack (apt)", "pycuda": "built on the device (docs/jetson.md)",
+NOT_FROM_PYPI = {"tensorrt": "JetPack (apt)",
                  "torch": "NVIDIA's JetPack wheel, only to build from a checkpoint"}
 EXTRAS = ("onnxruntime",)   # extras a Jetson install may use, besides the core set
 

@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO.parent / "shared" / "tensorrt" / "stub-bindings.sh"
-CACHE = Path(os.environ.get("STGCND_TRT_STUB_CACHE", Path.home() / ".cache" / "stgcnd-trt-stubs"))
+CACHE = Path(os.environ.get("TEST_TRT_STUB_CACHE", Path.home() / ".cache" / "stgcnd-trt-stubs"))
 # JetPack 6.0's 8.6 line, JetPack 6.1/6.2's 10.3, a current 10.x and 11.x. TensorRT 8.5
 # (JetPack 5) has no bindings wheel on the package index: its surface is covered by 8.6.1 plus
 # feature detection (see OPTIONAL_API and docs/jetson.md).

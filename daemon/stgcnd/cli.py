@@ -1,8 +1,9 @@
 """The `stgcnd` command line: one entry point, one module per subcommand.
 
 Each module in `stgcnd.commands` exposes `register(subparsers)`, which adds its parser and sets
-`func`. Command modules import their heavy dependencies (torch, onnxruntime, tensorrt) inside
-`func`, so `stgcnd --help` stays fast and works without them.
+`func`. Only the module of the command being run is imported (`stgcnd serve` loads the daemon
+and nothing of the tools); `stgcnd --help` imports them all to list them. The global options
+(--log-level, --log-format) are accepted before or after the command.
 """
 
 from __future__ import annotations
@@ -11,60 +12,82 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from stgcnd import __version__
 from stgcnd.errors import UserError
+from stgcnd.log import configure_logging
+from stgcnd.versions import torch_missing
 
-# Order here is the order in `stgcnd --help`.
-COMMAND_MODULES = (
-    "stgcnd.commands.serve",
-    "stgcnd.commands.demo",
-    "stgcnd.commands.camera_sim",
-    "stgcnd.commands.loadtest",
-    "stgcnd.commands.export",
-    "stgcnd.commands.build",
-    "stgcnd.commands.validate",
-    "stgcnd.commands.engines",
-    "stgcnd.commands.bench",
-    "stgcnd.commands.doctor",
-    "stgcnd.commands.tegrastats",
-    "stgcnd.commands.logs",
-    "stgcnd.commands.trtexec",
-)
+# command -> its module; the order here is the order in `stgcnd --help`.
+COMMANDS = {
+    "serve": "stgcnd.commands.serve",
+    "config": "stgcnd.commands.config",
+    "demo": "stgcnd.commands.demo",
+    "camera-sim": "stgcnd.commands.camera_sim",
+    "loadtest": "stgcnd.commands.loadtest",
+    "export": "stgcnd.commands.export",
+    "build": "stgcnd.commands.build",
+    "validate": "stgcnd.commands.validate",
+    "engines": "stgcnd.commands.engines",
+    "bench": "stgcnd.commands.bench",
+    "doctor": "stgcnd.commands.doctor",
+    "tegrastats": "stgcnd.commands.tegrastats",
+    "logs": "stgcnd.commands.logs",
+    "trtexec": "stgcnd.commands.trtexec",
+}
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+LOG_FORMATS = ["auto", "json", "console"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
+    """--log-level and --log-format; on a subcommand they default to nothing, so that the
+    value given before the command (or the top level's default) stands unless repeated."""
+    p.add_argument("--log-level", choices=LOG_LEVELS,
+                   default="info" if defaults else argparse.SUPPRESS,
+                   help="log level of the structured log (default: info)")
+    p.add_argument("--log-format", choices=LOG_FORMATS,
+                   default="auto" if defaults else argparse.SUPPRESS,
+                   help="log format; auto = console on a terminal, JSON lines otherwise "
+                        "(default: auto)")
+
+
+class _Commands(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """Subcommands that take the global options too."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parser = super().add_parser(name, **kwargs)
+        _global_options(parser, defaults=False)
+        return parser  # type: ignore[no-any-return]
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every command, or with `only` that one (whose module alone is
+    imported)."""
     parser = argparse.ArgumentParser(
         prog="stgcnd",
-        description="On-device inference daemon for two-stream ST-GCN action recognition.",
-    )
+        description="On-device inference daemon for two-stream ST-GCN action recognition.")
     parser.add_argument("--version", action="version", version=f"stgcnd {__version__}")
-    parser.add_argument("--log-level", default="info",
-                        choices=["debug", "info", "warning", "error"],
-                        help="log level of the structured log (default: info)")
-    parser.add_argument("--log-format", default="auto", choices=["auto", "json", "console"],
-                        help="log format; auto = console on a terminal, JSON lines otherwise "
-                             "(default: auto)")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # command not written yet in this checkout
-                continue
-            raise
-        module.register(sub)
+    _global_options(parser, defaults=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", action=_Commands)
+    for name, module in COMMANDS.items():
+        if only is None or name == only:
+            importlib.import_module(module).register(sub)
     return parser
 
 
+def command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand named in argv, if any (global options' values are never commands)."""
+    return next((a for a in argv if a in COMMANDS), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(command_in(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from stgcnd.log import configure_logging
-
     # Commands that own stdout for their results log to stderr; `serve` logs to stdout.
     log_stream = sys.stdout if getattr(args, "log_to_stdout", False) else sys.stderr
     configure_logging(args.log_level, args.log_format, stream=log_stream)
@@ -78,8 +101,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # line instead of a traceback. Anything else missing is a broken install: re-raise.
         if (exc.name or "").split(".")[0] != "torch":
             raise
-        from stgcnd.model.reference import torch_missing
-
         print(f"stgcnd {args.command}: error: {torch_missing('this')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -12,9 +12,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stgcnd import __version__
+
 TORCH_FLOOR = (2, 0)   # the [torch] extra's floor; CI runs the suite on torch 2.0.1
-TORCH_FIX = ("on a Jetson, NVIDIA's torch wheel for your JetPack (JetPack 5.1: 2.0 or 2.1; "
-             "docs/jetson.md); elsewhere pip install 'stgcnd[torch]'")
+TORCH_FIX = ('pip install -e ".[torch]" (or pip install "stgcnd[torch]"); on a Jetson, '
+             "NVIDIA's torch wheel for your JetPack first (JetPack 5.1: 2.0 or 2.1; "
+             "docs/jetson.md)")
+
+
+def torch_missing(what: str) -> str:
+    """The one message for something that needs torch where it is not installed."""
+    return f"{what} needs PyTorch, which is not installed: {TORCH_FIX}"
 
 
 def torch_unusable(version: str | None = None) -> str | None:
@@ -42,7 +50,6 @@ def module_version(name: str) -> str | None:
 
 
 def tool_versions(*extra: str) -> dict[str, str | None]:
-    from stgcnd import __version__
 
     names = ("numpy", "torch", "onnx", *extra)
     return {"stgcnd": __version__, "python": platform.python_version(),
@@ -58,8 +65,6 @@ def tool_versions(*extra: str) -> dict[str, str | None]:
 # built for that Python only). Sources in docs/jetson.md.
 JETPACK_BY_L4T_MAJOR = {35: ("5", "3.8"), 36: ("6", "3.10"), 38: ("7", "3.12"),
                         39: ("7", "3.12")}
-# The first pycuda release that builds against CUDA 13 (inducer/pycuda#485, fixed by #487).
-PYCUDA_FOR_CUDA13 = "2025.1.2"
 
 
 def parse_l4t_release(text: str) -> tuple[int, str] | None:
@@ -118,21 +123,12 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
-def _major(version: str | None) -> int | None:
-    m = re.match(r"(\d+)", version or "")
-    return int(m.group(1)) if m else None
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", version)[:3])
-
-
 def jetson_stack(root: Path = Path("/"), python: str | None = None,
                  modules: dict[str, str | None] | None = None) -> dict[str, Any] | None:
     """What a Jetson has for stgcnd, and what is missing with the fix; None off a Jetson.
 
-    `python` ('3.8') and `modules` ({'tensorrt': '8.5.2.2' or None, 'pycuda': ...}) default
-    to this interpreter's; tests pass them with a `root` of real-format files.
+    `python` ('3.8') and `modules` ({'tensorrt': '8.5.2.2' or None}) default to this
+    interpreter's; tests pass them with a `root` of real-format files.
     """
     release = _read_text(root / "etc" / "nv_tegra_release")
     model = _read_text(root / "proc" / "device-tree" / "model")
@@ -140,7 +136,7 @@ def jetson_stack(root: Path = Path("/"), python: str | None = None,
         return None
     python = python or platform.python_version()
     if modules is None:
-        modules = {name: module_version(name) for name in ("tensorrt", "pycuda")}
+        modules = {"tensorrt": module_version("tensorrt")}
     packages = dpkg_versions(_read_text(root / "var" / "lib" / "dpkg" / "status") or "",
                              ("nvidia-jetpack", "nvidia-l4t-core", "tensorrt",
                               "python3-libnvinfer", "cuda-toolkit", "libcudnn8", "libcudnn9"))
@@ -155,8 +151,7 @@ def jetson_stack(root: Path = Path("/"), python: str | None = None,
                                                       else None),
         "tensorrt_package": packages.get("tensorrt") or packages.get("python3-libnvinfer"),
         "tensorrt_python": modules.get("tensorrt"),
-        "cuda": cuda, "cuda_source": cuda_source,
-        "pycuda": modules.get("pycuda"), "python": python, "problems": [],
+        "cuda": cuda, "cuda_source": cuda_source, "python": python, "problems": [],
     }
     problems: list[dict[str, str]] = out["problems"]
     if l4t is None:
@@ -182,20 +177,4 @@ def jetson_stack(root: Path = Path("/"), python: str | None = None,
         else:
             problems.append({"what": "TensorRT is not installed",
                              "fix": "sudo apt install nvidia-jetpack (or python3-libnvinfer)"})
-    if cuda is None:
-        problems.append({"what": "no CUDA toolkit in /usr/local/cuda (nvcc is needed to "
-                                 "build pycuda)",
-                         "fix": "sudo apt install nvidia-jetpack (or cuda-toolkit-<ver>)"})
-    if not out["pycuda"]:
-        need = f">={PYCUDA_FOR_CUDA13}" if _major(cuda) is not None and _major(cuda) >= 13 \
-            else ""
-        problems.append({
-            "what": "pycuda is not installed (JetPack does not ship it; PyPI has only a source "
-                    "package)",
-            "fix": "export PATH=/usr/local/cuda/bin:$PATH CUDA_ROOT=/usr/local/cuda; "
-                   f"pip install 'pycuda{need}' (see docs/jetson.md)"})
-    elif (_major(cuda) or 0) >= 13 and _version_tuple(out["pycuda"]) < _version_tuple(
-            PYCUDA_FOR_CUDA13):
-        problems.append({"what": f"pycuda {out['pycuda']} predates CUDA 13 support",
-                         "fix": f"pip install 'pycuda>={PYCUDA_FOR_CUDA13}' with nvcc on PATH"})
     return out

@@ -1,7 +1,7 @@
 """decode_request against seeded hostile input: only a Request or a ProtocolError may come out.
 
 The daemon turns any other exception into `internal` with a nil id (issue #12 item 3), so a
-crash here is a daemon bug. STGCND_FUZZ_SEED replays a run; STGCND_FUZZ_CASES sets its size.
+crash here is a daemon bug. TEST_FUZZ_SEED replays a run; TEST_FUZZ_CASES sets its size.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from tests.fuzz_messages import Case, Generator, expected_reply_id
 
 WINDOW = (3, 16, 33, 1)
 LIMITS = Limits(max_message_bytes=256 * 1024)
-SEED = int(os.environ.get("STGCND_FUZZ_SEED", random.SystemRandom().randrange(2**32)))
-CASES = int(os.environ.get("STGCND_FUZZ_CASES", "3000"))
+SEED = int(os.environ.get("TEST_FUZZ_SEED", random.SystemRandom().randrange(2**32)))
+CASES = int(os.environ.get("TEST_FUZZ_CASES", "3000"))
 
 
 def decode_like_the_daemon(frames: list[bytes]) -> str:

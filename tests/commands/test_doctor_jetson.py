@@ -1,5 +1,6 @@
-"""`stgcnd doctor` on a Jetson: L4T/JetPack, TensorRT, CUDA, pycuda, and the fix for what is
-missing, read from a root directory of real-format files (tests/commands/data/README.md)."""
+"""`stgcnd doctor` on a Jetson: L4T/JetPack, TensorRT, CUDA, and the fix for what is missing,
+read from a root directory of real-format files (tests/commands/data/README.md). Nothing but
+JetPack's own TensorRT and the driver is needed (no pycuda, no CUDA toolkit)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from stgcnd.versions import (
-    PYCUDA_FOR_CUDA13,
     dpkg_versions,
     jetson_stack,
     parse_l4t_release,
@@ -76,50 +76,62 @@ def test_jetpack5_complete(tmp_path):
     root = make_root(tmp_path, "nv_tegra_release.r35.4.1",
                      {"nvidia-jetpack": "5.1.2-b104", "nvidia-l4t-core": "35.4.1-20230801124926",
                       "tensorrt": "8.5.2.2-1+cuda11.4"}, "11.4.315")
-    got = jetson_stack(root, "3.8.10", {"tensorrt": "8.5.2.2", "pycuda": "2024.1.2"})
+    got = jetson_stack(root, "3.8.10", {"tensorrt": "8.5.2.2"})
     assert got["l4t"] == "35.4.1" and got["jetpack"] == "5.1.2-b104"
     assert got["tensorrt_package"] == "8.5.2.2-1+cuda11.4" and got["cuda"] == "11.4.315"
     assert got["module"].startswith("NVIDIA Jetson Orin NX") and "\x00" not in got["module"]
+    assert got["python"] == "3.8.10" and got["tensorrt_python"] == "8.5.2.2"
     assert got["problems"] == []
+    assert "pycuda" not in json.dumps(got)
 
 
 def test_jetpack5_fresh_venv_lists_each_fix(tmp_path):
-    """A venv made without --system-site-packages, with Python 3.10, and no pycuda."""
+    """A venv made without --system-site-packages, with Python 3.10."""
     root = make_root(tmp_path, "nv_tegra_release.r35.2.1",
                      {"nvidia-l4t-core": "35.2.1-20230124153320",
                       "tensorrt": "8.5.2.2-1+cuda11.4"}, "11.4.315")
-    got = jetson_stack(root, "3.10.12", {"tensorrt": None, "pycuda": None})
+    got = jetson_stack(root, "3.10.12", {"tensorrt": None})
     assert got["jetpack"] == "5.x (from L4T)"
     fixes = {p["what"].split(" ")[0]: p["fix"] for p in got["problems"]}
+    assert set(fixes) == {"Python", "TensorRT"}
     assert "python3.8 -m venv --system-site-packages" in fixes["Python"]
     assert "--system-site-packages" in fixes["TensorRT"]
-    assert "PATH=/usr/local/cuda/bin" in fixes["pycuda"] and "'pycuda'" in fixes["pycuda"]
+    assert "8.5.2.2-1+cuda11.4 is installed but not importable" in got["problems"][1]["what"]
 
 
-def test_jetpack7_needs_a_cuda13_pycuda(tmp_path):
+def test_jetpack7_needs_only_its_tensorrt(tmp_path):
+    """CUDA 13 (JetPack 7) needs nothing more: the driver layer is ctypes over libcuda."""
     root = make_root(tmp_path, "nv_tegra_release.r38.2.0",
                      {"nvidia-jetpack": "7.0-b128", "tensorrt": "10.13.3.9-1+cuda13.0"},
                      "13.0.48", model="NVIDIA Jetson AGX Thor Developer Kit")
-    old = jetson_stack(root, "3.12.3", {"tensorrt": "10.13.3.9", "pycuda": "2024.1.2"})
-    assert [p["fix"] for p in old["problems"]] == [
-        f"pip install 'pycuda>={PYCUDA_FOR_CUDA13}' with nvcc on PATH"]
-    none = jetson_stack(root, "3.12.3", {"tensorrt": "10.13.3.9", "pycuda": None})
-    assert f"'pycuda>={PYCUDA_FOR_CUDA13}'" in none["problems"][0]["fix"]
-    ok = jetson_stack(root, "3.12.3", {"tensorrt": "10.13.3.9", "pycuda": PYCUDA_FOR_CUDA13})
+    ok = jetson_stack(root, "3.12.3", {"tensorrt": "10.13.3.9"})
     assert ok["problems"] == [] and ok["cuda"] == "13.0.48"
+    assert ok["jetpack"] == "7.0-b128" and ok["module"] == "NVIDIA Jetson AGX Thor Developer Kit"
+    missing = jetson_stack(root, "3.12.3", {"tensorrt": None})
+    assert [p["what"] for p in missing["problems"]] == [
+        "TensorRT 10.13.3.9-1+cuda13.0 is installed but not importable from this Python"]
 
 
-def test_jetpack6_without_cuda_toolkit(tmp_path):
+def test_jetpack6_without_cuda_toolkit_is_complete(tmp_path):
+    """No nvcc is needed any more (pycuda was built with it): the toolkit is only reported."""
     root = make_root(tmp_path, "nv_tegra_release.r36.4.3", {"nvidia-jetpack": "6.2+b77"},
                      None)
-    got = jetson_stack(root, "3.10.12", {"tensorrt": "10.3.0", "pycuda": "2024.1.2"})
+    got = jetson_stack(root, "3.10.12", {"tensorrt": "10.3.0"})
     assert got["cuda"] is None
-    assert [p["what"] for p in got["problems"]] == [
-        "no CUDA toolkit in /usr/local/cuda (nvcc is needed to build pycuda)"]
+    assert got["problems"] == []
+
+
+def test_tensorrt_not_installed_at_all(tmp_path):
+    root = make_root(tmp_path, "nv_tegra_release.r36.4.3", {"nvidia-jetpack": "6.2+b77"},
+                     "12.6.68")
+    got = jetson_stack(root, "3.10.12", {"tensorrt": None})
+    assert got["tensorrt_package"] is None
+    assert [p["fix"] for p in got["problems"]] == [
+        "sudo apt install nvidia-jetpack (or python3-libnvinfer)"]
 
 
 def test_not_a_jetson(tmp_path):
-    assert jetson_stack(tmp_path, "3.11.7", {"tensorrt": None, "pycuda": None}) is None
+    assert jetson_stack(tmp_path, "3.11.7", {"tensorrt": None}) is None
 
 
 def test_doctor_prints_what_is_missing_and_the_fix(tmp_path):
@@ -133,10 +145,12 @@ def test_doctor_prints_what_is_missing_and_the_fix(tmp_path):
     out = proc.stdout
     assert "L4T 35.4.1, JetPack 5.1.2-b104" in out
     assert "package 8.5.2.2-1+cuda11.4" in out and "11.4.315" in out
-    # This interpreter has neither tensorrt nor pycuda: both are reported with their fix.
+    # This interpreter has no tensorrt: reported with its fix; nothing else is asked for.
     assert "MISSING   TensorRT 8.5.2.2-1+cuda11.4 is installed but not importable" in out
-    assert "fix: export PATH=/usr/local/cuda/bin:$PATH" in out
+    assert "fix: recreate the venv with --system-site-packages" in out
+    assert "pycuda" not in out
     report = json.loads(subprocess.run(
         [sys.executable, "-m", "stgcnd", "doctor", "--json", "--root", str(root)],
         capture_output=True, text=True, timeout=120, env=env, cwd=REPO).stdout)
     assert report["jetson"]["l4t"] == "35.4.1" and report["jetson"]["problems"]
+    assert "pycuda" not in json.dumps(report)

@@ -1,6 +1,6 @@
 """scripts/check_jetson_deps.py: the pip dependency set resolves to aarch64 wheels for the
 Pythons of JetPack 5 (3.8) and 6 (3.10). It downloads ~100 MB from PyPI, so it runs only with
-STGCND_NET_TESTS=1 (its recorded output is in docs/jetson.md)."""
+TEST_NET=1 (its recorded output is in docs/jetson.md)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def test_markers_pick_one_numpy_per_python():
     assert deps.applies("tomli>=2.0; python_version < '3.11'", "3.12") is None
 
 
-@pytest.mark.skipif(os.environ.get("STGCND_NET_TESTS") != "1",
-                    reason="downloads from PyPI; set STGCND_NET_TESTS=1")
+@pytest.mark.skipif(os.environ.get("TEST_NET") != "1",
+                    reason="downloads from PyPI; set TEST_NET=1")
 def test_dependency_set_resolves_for_jetpack_pythons():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--python", "3.8", "3.10"],
                           capture_output=True, text=True, timeout=900, cwd=REPO)

@@ -68,9 +68,9 @@ def named(stderr: str, name: str) -> list[dict]:
 PREPARE = """
 from pathlib import Path
 from stgcnd.engines.options import BuildOptions
-from stgcnd.engines.store import EngineStore
 from stgcnd.model.spec import ModelSpec
-a = EngineStore(Path({root!r})).prepare(ModelSpec(frames={frames}), "onnxruntime",
+from tests.engines.pausing_store import PausingStore
+a = PausingStore(Path({root!r})).prepare(ModelSpec(frames={frames}), "onnxruntime",
                                         BuildOptions(), rebuild={rebuild!r})
 print(a.path, a.reused, a.reason)
 """

@@ -11,9 +11,10 @@ import pytest
 
 from stgcnd.engines.child_build import remove_leftovers
 from stgcnd.engines.options import BuildOptions
-from stgcnd.engines.store import PAUSE_ENV, EngineStore
+from stgcnd.engines.store import EngineStore
 from stgcnd.errors import BuildCancelled, UserError
 from tests.engines.conftest import demo_spec
+from tests.engines.pausing_store import PAUSE_VAR, PausingStore
 from tests.engines.test_store import paths
 
 
@@ -55,9 +56,9 @@ def test_cancel_mid_build_kills_the_child_and_removes_its_files(store_root, monk
     # The child holds its written temp artefact for 60 s before it would validate and commit,
     # so the cancel below always lands mid-build. (Without the pause, a fast CPU build could
     # commit between the watcher seeing the temp file and setting the event: CI saw that.)
-    monkeypatch.setenv(PAUSE_ENV, "60")
+    monkeypatch.setenv(PAUSE_VAR, "60")
     cancel = threading.Event()
-    store = EngineStore(store_root, cancel=cancel)
+    store = PausingStore(store_root, cancel=cancel)
 
     def cancel_when_writing() -> None:
         end = time.monotonic() + 120
@@ -74,7 +75,7 @@ def test_cancel_mid_build_kills_the_child_and_removes_its_files(store_root, monk
     assert time.monotonic() - t0 < 60  # the pause was cut short, not waited out
     assert not list(store_root.rglob(".*.tmp-*"))
     assert manifest_path.read_text() == old_manifest  # the old artefact is still the one
-    monkeypatch.delenv(PAUSE_ENV)
+    monkeypatch.delenv(PAUSE_VAR)
     assert EngineStore(store_root).prepare(demo_spec(), "onnxruntime").reused
 
 

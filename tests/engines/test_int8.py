@@ -1,6 +1,6 @@
 """INT8 Q/DQ on ONNX Runtime CPU: really quantized, and agreeing with fp32 PyTorch.
 
-The full measurement (T=150, hundreds of windows) is `python -m stgcnd.engines.measure_int8`;
+The full measurement (T=150, hundreds of windows) is `python -m stgcnd.tools.measure_int8`;
 its numbers are in docs/engines.md. Here: T=30 and a few dozen windows, to stay fast.
 """
 
@@ -33,9 +33,9 @@ def test_calibration_file_of_wrong_shape_is_refused(store_root, tmp_path):
 
 def test_int8_qdq_matches_fp32(store_root, tmp_path):
     pytest.importorskip("torch")  # compares with the PyTorch network's activations
-    from stgcnd.backends.onnxruntime_backend import OnnxRuntimeBackend
     from stgcnd.engines.validate import validate_backend
     from stgcnd.model import load_model
+    from stgcnd.provision import load_runtime
 
     calib = tmp_path / "calib.npz"
     # Two arrays, as a recording split per camera would be; plus a non-window array (labels).
@@ -58,11 +58,12 @@ def test_int8_qdq_matches_fp32(store_root, tmp_path):
     assert_parseable_by_tensorrt(graph)
 
     windows = synthetic_windows(32, FRAMES, seed=99)
-    backend = OnnxRuntimeBackend.from_artifact(art)
+    runtime = load_runtime(model, "onnxruntime", BuildOptions(precision="int8",
+                                                              calibration=calib), store)
     try:
-        result = validate_backend(model, backend, windows)
+        result = validate_backend(model, runtime, windows)
     finally:
-        backend.close()
+        runtime.close()
     assert result["windows"] == 32
     assert result["top1_agreement"] >= 0.99
     ref = np.abs(model.module(__import__("torch").from_numpy(windows[:4])).detach().numpy())
@@ -117,11 +118,11 @@ def test_checker_catches_onnxruntime_default_layout(tmp_path):
     from stgcnd.engines.quantize import _reader_class, tensorrt_qdq_problems
     from stgcnd.export.onnx_export import export_model
     from stgcnd.model import load_model
-    from stgcnd.model.optimized import optimize_for_export
+    from stgcnd.model.reference import export_module
 
     model = load_model(demo_spec())
     fp32, bad = tmp_path / "m.onnx", tmp_path / "ort-default.onnx"
-    export_model(model, fp32, dynamic_batch=False, module=optimize_for_export(model))
+    export_model(model, fp32, dynamic_batch=False, module=export_module(model))
     reader = _reader_class()(synthetic_windows(4, FRAMES, seed=5), "input", 1)
     quantize_static(str(fp32), str(bad), reader, quant_format=QuantFormat.QDQ,
                     op_types_to_quantize=["Conv", "Gemm"], per_channel=True,

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-from stgcnd.backends.registry import open_backend
 from stgcnd.engines.options import BuildOptions
 from stgcnd.engines.store import EngineStore
 from stgcnd.errors import UserError
 from stgcnd.fsutil import file_sha256
+from stgcnd.provision import open_runtime
 from tests.engines.conftest import demo_spec
 from tests.engines.test_store import paths
 
@@ -42,13 +42,16 @@ def test_artefact_that_fails_to_load_is_rebuilt_once(store_root):
     store = EngineStore(store_root)
     assert store.find(demo_spec(), "onnxruntime") is not None  # the store sees nothing wrong
     with capture_logs() as logs:
-        backend = open_backend(demo_spec(), "onnxruntime", BuildOptions(), store)
+        runtime = open_runtime(demo_spec(), "onnxruntime", BuildOptions(), store)
     try:
-        with backend.open_session() as s:
-            logits = s.infer(np.zeros((1, *backend.info.input_shape), np.float32))
-        assert np.isfinite(logits).all()
+        runner = runtime.open_runner((1,), 0)
+        try:
+            logits = runner.run([np.zeros(runtime.info.input_shape, np.float32)])
+        finally:
+            runner.close()
+        assert logits.shape == (1, runtime.info.num_class) and np.isfinite(logits).all()
     finally:
-        backend.close()
+        runtime.close()
     rebuilt = [e for e in logs if e["event"] == "engine_rebuilt"]
     assert len(rebuilt) == 1
     reason = rebuilt[0]["reason"]
@@ -60,7 +63,7 @@ def test_artefact_that_fails_to_load_is_rebuilt_once(store_root):
 
 class StoreThatBreaksWhatItBuilds:
     """The real store, except that every artefact it rebuilds comes out unloadable (as when
-    the runtime cannot load what it builds), to reach the registry's second failure."""
+    the runtime cannot load what it builds), to reach provisioning's second failure."""
 
     def __init__(self, root) -> None:
         self.store = EngineStore(root)
@@ -83,7 +86,7 @@ def test_rebuilt_artefact_that_fails_too_is_one_clear_error(store_root):
     break_but_keep_manifest(art, manifest_path)
     store = StoreThatBreaksWhatItBuilds(store_root)
     with pytest.raises(UserError) as err:
-        open_backend(demo_spec(), "onnxruntime", BuildOptions(), store)
+        open_runtime(demo_spec(), "onnxruntime", BuildOptions(), store)
     msg = str(err.value)
     assert store.rebuilds == 1  # once, not in a loop
     assert "fails to load just after it was built" in msg and str(art) in msg
@@ -91,7 +94,7 @@ def test_rebuilt_artefact_that_fails_too_is_one_clear_error(store_root):
 
 
 def test_flipped_byte_in_the_onnx_is_detected_and_reexported(store_root):
-    _, manifest_path, onnx = paths(store_root)
+    _, _, onnx = paths(store_root)
     good = sha(onnx)
     data = bytearray(onnx.read_bytes())
     data[len(data) // 2] ^= 0x01  # same size: only the content hash can tell

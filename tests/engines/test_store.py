@@ -20,6 +20,7 @@ from stgcnd.engines.options import BuildOptions
 from stgcnd.engines.store import EngineStore
 from stgcnd.errors import UserError
 from tests.conftest import write_checkpoint
+from tests.engines.pausing_store import PAUSE_VAR
 from tests.engines.conftest import (
     FRAMES,
     REPO,
@@ -177,7 +178,7 @@ def _spawn_build(root: Path, pause: float | None, rebuild: str | None = None,
                  ) -> subprocess.Popen:
     env = {**os.environ}
     if pause is not None:
-        env["STGCND_TEST_PAUSE_BUILD"] = str(pause)
+        env[PAUSE_VAR] = str(pause)
     prelude = "from stgcnd.log import configure_logging\nconfigure_logging('info', 'json')\n"
     return subprocess.Popen([sys.executable, "-c", prelude + prepare_code(root, rebuild)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

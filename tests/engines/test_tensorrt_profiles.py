@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from stgcnd.backends.base import normalize_buckets
-from stgcnd.backends.tensorrt_backend import plan_contexts
 from stgcnd.engines.builders.tensorrt import (
     batch_buckets,
     bucket_profiles,
@@ -14,6 +12,8 @@ from stgcnd.engines.builders.tensorrt import (
     calibration_cache_name,
 )
 from stgcnd.errors import UserError
+from stgcnd.runtimes.base import normalize_buckets
+from stgcnd.runtimes.tensorrt_runtime import plan_contexts
 
 
 @pytest.mark.parametrize(("max_batch", "buckets"), [

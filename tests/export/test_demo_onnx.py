@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 import pytest
 
+from stgcnd.engines.validate import ort_session
 from stgcnd.export.demo_onnx import demo_onnx_bytes
-from stgcnd.export.onnx_export import ort_session
 from stgcnd.model.demo import spec_arrays
 from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows

@@ -1,4 +1,6 @@
-"""Export + ONNX Runtime parity, on real-shaped windows, and the CLI's user errors."""
+"""Export + ONNX Runtime parity, on real-shaped windows: the export checked by the function the
+caller passes (the store and `stgcnd export` pass `validate_export`), nothing written when
+that check fails; and the CLI's user errors."""
 
 from __future__ import annotations
 
@@ -12,19 +14,26 @@ import pytest
 
 pytest.importorskip("torch")  # an optional extra: pip install -e ".[torch]"
 
-from stgcnd.errors import UserError
-from stgcnd.export.onnx_export import export_model, ort_session
+from stgcnd.engines.validate import ort_session, validate_export
+from stgcnd.errors import UserError, ValidationError
+from stgcnd.export.onnx_export import export_model
 from stgcnd.model import ModelSpec, load_model, reference_logits
 from stgcnd.model.synthetic import synthetic_windows
 
 T = 30
 
 
+def check_with_ort(model, dynamic_batch: bool = False):
+    """The check the engine store and `stgcnd export` pass: ONNX Runtime against PyTorch."""
+    return lambda data: validate_export(model, data, dynamic_batch)
+
+
 @pytest.mark.parametrize("persons", [1, 5])
 def test_static_export_matches_pytorch(tmp_path, checkpoint_path, persons):
     model = load_model(ModelSpec(checkpoint=checkpoint_path, persons=persons, frames=T))
-    res = export_model(model, tmp_path / "m.onnx")
-    assert res.max_abs_diff is not None and res.max_abs_diff <= 1e-4
+    res = export_model(model, tmp_path / "m.onnx", validate=check_with_ort(model))
+    assert res.validation is not None and res.validation["max_abs_diff"] <= 1e-4
+    assert res.validation["runtime"] == "onnxruntime-cpu"
     proto = onnx.load(str(res.onnx_path))
     assert proto.opset_import[0].version == 17
     inp = proto.graph.input[0]
@@ -39,13 +48,16 @@ def test_static_export_matches_pytorch(tmp_path, checkpoint_path, persons):
     side = json.loads(res.sidecar_path.read_text())
     assert side["checkpoint_sha256"] == model.checkpoint_sha256
     assert side["onnx_sha256"] == res.onnx_sha256 and side["persons"] == persons
+    assert side["validation"] == res.validation
     ops = {n.op_type for n in proto.graph.node}
     assert "AveragePool" not in ops and "ReduceMean" in ops
 
 
 def test_dynamic_batch_1_to_8(tmp_path, checkpoint_path):
     model = load_model(ModelSpec(checkpoint=checkpoint_path, persons=2, frames=T))
-    res = export_model(model, tmp_path / "dyn.onnx", dynamic_batch=True)
+    res = export_model(model, tmp_path / "dyn.onnx", dynamic_batch=True,
+                       validate=check_with_ort(model, dynamic_batch=True))
+    assert res.validation["max_abs_diff"] <= 1e-4
     sess = ort_session(res.onnx_path)
     x = synthetic_windows(8, T, 2, seed=5)
     ref = reference_logits(model, x)
@@ -68,10 +80,43 @@ def test_optimized_export_matches(tmp_path, checkpoint_path):
 
     model = load_model(ModelSpec(checkpoint=checkpoint_path, frames=T))
     res = export_model(model, tmp_path / "opt.onnx", module=optimize_for_export(model),
-                       variant="optimized")
+                       variant="optimized", validate=check_with_ort(model))
     ops = [n.op_type for n in onnx.load(str(res.onnx_path)).graph.node]
     assert "BatchNormalization" not in ops
-    assert res.max_abs_diff <= 1e-4
+    assert res.validation["max_abs_diff"] <= 1e-4
+    assert res.sidecar["variant"] == "optimized"
+
+
+def test_without_a_check_nothing_is_validated(tmp_path, checkpoint_path):
+    model = load_model(ModelSpec(checkpoint=checkpoint_path, frames=T))
+    res = export_model(model, tmp_path / "m.onnx")
+    assert res.validation is None and res.sidecar["validation"] is None
+    assert json.loads(res.sidecar_path.read_text())["validation"] is None
+    assert res.onnx_path.is_file()
+
+
+def test_a_failed_check_writes_nothing(tmp_path, checkpoint_path):
+    """A graph that is not the model's function (here: the demo model's graph, of the same
+    interface but other weights) is refused by the check, and no file is left behind."""
+    from stgcnd.export.demo_onnx import demo_onnx_bytes
+
+    model = load_model(ModelSpec(checkpoint=checkpoint_path, frames=T))
+    other = demo_onnx_bytes(ModelSpec(frames=T), dynamic_batch=False)
+    with pytest.raises(ValidationError, match="differs from the reference"):
+        export_model(model, tmp_path / "wrong.onnx", validate=check_with_ort(model),
+                     data=other)
+    assert list(tmp_path.iterdir()) == []
+    seen: list[bytes] = []
+
+    def refuse(data: bytes) -> dict:
+        seen.append(data)
+        raise ValidationError("not the same function")
+
+    with pytest.raises(ValidationError, match="not the same function"):
+        export_model(model, tmp_path / "m.onnx", validate=refuse)
+    assert len(seen) == 1   # the check was given the exported graph itself
+    assert onnx.load_from_string(seen[0]).graph.input[0].name == "input"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_output_must_be_onnx(tmp_path, checkpoint_path):

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 import re
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
+from msgspec.structs import fields
 
 from stgcnd.errors import UserError
 from stgcnd.server.config import NON_CONFIG_ENV, ServerConfig, load_config
@@ -123,3 +123,47 @@ def test_named_model_without_checkpoint_must_say_demo(tmp_path):
     p.write_text("[server]\nqueue_size = 4\n")
     with pytest.raises(UserError, match=r"no \[\[models\]\] entry.*demo = true"):
         load_config(p, env={})
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_annotated_example_is_made_from_the_schema_and_loads(tmp_path):
+    from stgcnd.server.config import example
+
+    assert (REPO / "systemd" / "stgcnd.toml").read_text() == example(), \
+        "regenerate it: stgcnd config example > systemd/stgcnd.toml"
+    path = tmp_path / "stgcnd.toml"
+    path.write_text(example())
+    cfg = load_config(path, env={})
+    assert cfg.models[0].checkpoint and cfg.models[0].labels == ("normal", "shoplifting")
+    assert cfg.server.queue_size == ServerConfig().queue_size
+
+
+def test_the_readme_lists_every_key_from_the_schema():
+    from stgcnd.server.config import key_table
+
+    readme = (REPO / "README.md").read_text()
+    assert key_table() in readme, "regenerate the README's table: stgcnd config keys"
+
+
+@pytest.mark.parametrize("line, message", [
+    ("queue_size = 33.3", "invalid value 33.3 (expected an integer)"),
+    ("stats_interval = true", "invalid value True (expected a number)"),
+    ("log_level = \"loud\"", "invalid value 'loud'"),
+])
+def test_values_of_the_wrong_type_are_refused_not_coerced(tmp_path, line, message):
+    path = tmp_path / "c.toml"
+    path.write_text(f"[server]\n{line}\n[[models]]\ndemo = true\n")
+    with pytest.raises(UserError) as info:
+        load_config(path, env={})
+    assert f"[server] {line.split()[0]}: {message}" in str(info.value)
+
+
+def test_engine_keys_and_policy_keys_split_the_model_section():
+    from stgcnd.server.config import ModelConfig
+
+    base = ModelConfig(demo=True)
+    policy = ModelConfig(demo=True, labels=("a", "b"), stride=5, max_queue_delay_us=200)
+    assert policy.engine == base.engine and policy != base
+    assert ModelConfig(demo=True, threads=2).engine != base.engine

@@ -326,6 +326,18 @@ def test_sighup_reload_keeps_cameras(tmp_path, new_daemon):
         assert list(c.hello().models[0].labels) == ["calm", "theft"]
         r = c.infer(np.zeros((3, FRAMES, 33, 1), np.float32))  # same client, same socket
         assert r.label_name in ("calm", "theft")
+        # Only labels changed: a policy key, so the runners stayed (no second model_ready).
+        assert [e["event"] for e in d.log_events()].count("model_ready") == 1
+        write_config(d.config_path, d.endpoint, d.engines,
+                     models=f'[[models]]\nname = "demo"\ndemo = true\nframes = {FRAMES}\n'
+                            'backend = "torch"\nthreads = 1\n')
+        d.signal(signal.SIGHUP)
+        d.notify.wait_for("RELOADING", timeout=10)
+        d.notify.wait_for("READY", timeout=120)
+        c.infer(np.zeros((3, FRAMES, 33, 1), np.float32))
+        # threads is an engine key: new runners, the old ones closed once drained.
+        events = [e["event"] for e in d.log_events()]
+        assert events.count("model_ready") == 2 and "model_closed" in events
     assert d.stop() == 0
     d.close()
 

@@ -6,9 +6,9 @@ request's id whenever its header had an integer id, with a stable error code (ne
 `internal`) or, for predictions, finite logits. Afterwards the daemon must be alive, answer
 ping, and have logged JSON lines only, with bad requests rate-limited.
 
-    STGCND_FUZZ_SEED=123 python -m pytest -q tests/server/test_fuzz.py     # replay a run
-    STGCND_FUZZ_CASES=20000 python -m pytest -q tests/server/test_fuzz.py  # a bigger run
-    STGCND_FUZZ_LONG=1 python -m pytest -q -m slow tests/server/test_fuzz.py  # 50k cases
+    TEST_FUZZ_SEED=123 python -m pytest -q tests/server/test_fuzz.py     # replay a run
+    TEST_FUZZ_CASES=20000 python -m pytest -q tests/server/test_fuzz.py  # a bigger run
+    TEST_FUZZ_LONG=1 python -m pytest -q -m slow tests/server/test_fuzz.py  # 50k cases
 
 Each test below checks one property of the same run, so a failure names the broken property;
 the seed is in every failure message.
@@ -40,8 +40,8 @@ FRAMES = 16
 WINDOW = (3, FRAMES, 33, 1)
 MAX_MESSAGE_BYTES = 256 * 1024  # small, so oversized cases stay cheap
 LIMITS = Limits(max_message_bytes=MAX_MESSAGE_BYTES)
-FAST_CASES = int(os.environ.get("STGCND_FUZZ_CASES", "3000"))
-LONG_CASES = int(os.environ.get("STGCND_FUZZ_LONG_CASES", "50000"))
+FAST_CASES = int(os.environ.get("TEST_FUZZ_CASES", "3000"))
+LONG_CASES = int(os.environ.get("TEST_FUZZ_LONG_CASES", "50000"))
 REPLY_TIMEOUT_S = 10.0     # one reply; an inference on a loaded 2-core box takes milliseconds
 GRACE_S = 1.0              # after the last case: no stray replies may follow
 STABLE_CODES = frozenset(code.value for code in ErrorCode) - {ErrorCode.INTERNAL.value}
@@ -49,7 +49,7 @@ MAX_EXAMPLES = 8           # violations shown per property
 
 
 def fuzz_seed() -> int:
-    raw = os.environ.get("STGCND_FUZZ_SEED")
+    raw = os.environ.get("TEST_FUZZ_SEED")
     return int(raw) if raw else random.SystemRandom().randrange(2**32)
 
 
@@ -91,7 +91,7 @@ class FuzzReport:
         if not found:
             return None
         lines = [f"fuzz seed {self.seed} ({self.cases} cases, {self.seconds:.1f} s; replay with "
-                 f"STGCND_FUZZ_SEED={self.seed}):"]
+                 f"TEST_FUZZ_SEED={self.seed}):"]
         for p in found:
             lines.append(f"  {p}: {self.violation_counts[p]} case(s), e.g.")
             lines.extend(f"    - {e}" for e in self.violations[p])
@@ -305,7 +305,7 @@ def rejected_log_bound(seconds: float) -> int:
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory):
     seed = fuzz_seed()
-    print(f"stgcnd fuzz seed {seed} (STGCND_FUZZ_SEED={seed} replays it)")
+    print(f"stgcnd fuzz seed {seed} (TEST_FUZZ_SEED={seed} replays it)")
     daemon = fuzz_daemon(tmp_path_factory.mktemp("fuzz")).start()
     try:
         report = run_fuzz(daemon, seed, FAST_CASES, time_limit_s=240.0)
@@ -417,8 +417,8 @@ def test_invented_camera_ids_do_not_bypass_the_log_rate_limit(fuzzed):
 # -- the long run (opt-in) ---------------------------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("STGCND_FUZZ_LONG"),
-                    reason="set STGCND_FUZZ_LONG=1 for the long fuzz run (50k cases)")
+@pytest.mark.skipif(not os.environ.get("TEST_FUZZ_LONG"),
+                    reason="set TEST_FUZZ_LONG=1 for the long fuzz run (50k cases)")
 @pytest.mark.timeout(3600)
 def test_long_fuzz_run(tmp_path):
     seed = fuzz_seed()

@@ -52,24 +52,6 @@ def test_rearming_replaces_and_disarm_cancels(timer):
     assert not _fired(timer, 60)
 
 
-def test_it_learns_how_late_wake_ups_come_and_fires_that_much_early(timer):
-    """After a few firings the lead is positive and the wake-ups land nearer the wanted time;
-    a lead that would put the time in the past is not used."""
-    poller = zmq.Poller()
-    poller.register(timer.fd, zmq.POLLIN)
-    for _ in range(40):
-        timer.arm(time.monotonic() + 0.002)
-        assert dict(poller.poll(2000)), "never fired"
-        timer.fired()
-    assert 0.0 < timer.late_s < 0.001, timer.late_s
-    timer.late_s = 10.0  # absurd: the lead would be in the past
-    at = time.monotonic() + 0.05
-    timer.arm(at)
-    assert dict(poller.poll(2000))
-    assert time.monotonic() >= at, "fired before the wanted time"
-    timer.clear()
-
-
 def test_an_absurd_time_is_clamped_not_an_error(timer):
     """A runaway estimate (1e12 s away) once overflowed timespec and timerfd_settime's EINVAL
     took the daemon down; it arms at most an hour ahead instead."""

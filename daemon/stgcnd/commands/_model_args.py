@@ -6,12 +6,11 @@ import argparse
 from pathlib import Path
 
 from stgcnd.errors import UserError
+from stgcnd.model.graph import LAYOUTS
+from stgcnd.model.spec import GRAPH_OPS, MOTION_FORMULAS, ModelSpec
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    from stgcnd.model.graph import LAYOUTS
-    from stgcnd.model.spec import GRAPH_OPS, MOTION_FORMULAS
-
     g = p.add_argument_group("model")
     g.add_argument("--checkpoint", type=Path, default=None,
                    help="st-gcn checkpoint (.pt/.pth state_dict); omitted: the demo model, "
@@ -26,12 +25,10 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--labels", nargs="+", default=None, help="class names, in class order")
     g.add_argument("--graph-op", default="matmul", choices=GRAPH_OPS,
                    help="how the graph step is written in exported graphs (default: matmul, "
-                        "measured faster; see docs/benchmarks.md)")
+                        "measured faster)")
 
 
-def spec_from_args(args: argparse.Namespace):  # -> ModelSpec
-    from stgcnd.model.spec import ModelSpec
-
+def spec_from_args(args: argparse.Namespace) -> ModelSpec:
     try:
         return ModelSpec(checkpoint=args.checkpoint, layout=args.layout, persons=args.persons,
                          frames=args.frames, motion=args.motion, labels=tuple(args.labels or ()),

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from stgcnd.model.graph import LAYOUTS
+from stgcnd.tools.bench.report import format_table, write_csv, write_json
+from stgcnd.tools.bench.runner import BENCH_BACKENDS, BenchConfig, run_bench
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from stgcnd.bench.runner import BENCH_BACKENDS
-    from stgcnd.model.graph import LAYOUTS
 
     p = sub.add_parser(
         "bench", help="benchmark backends against PyTorch eager fp32",
@@ -58,8 +60,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stgcnd.bench.report import format_table, write_csv, write_json
-    from stgcnd.bench.runner import BenchConfig, run_bench
 
     cfg = BenchConfig(checkpoint=args.checkpoint, layout=args.layout, motion=args.motion,
                       frames=args.frames, persons=tuple(args.persons), device=args.device,

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
-from typing import Any
 
 from stgcnd.commands._model_args import add_model_arguments, spec_from_args
+from stgcnd.engines.options import BuildOptions
+from stgcnd.engines.store import Artifact, EngineStore
 from stgcnd.errors import UserError
+from stgcnd.model.reference import load_for_inference
+from stgcnd.model.spec import ModelSpec
+from stgcnd.provision import ModelLike, resolve_auto
+from stgcnd.server.config import engines_root, load_config
 
 
 def add_build_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,7 +33,7 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--int8-mode", default="qdq", choices=["qdq", "calibrator"],
                    help="INT8 via a Q/DQ ONNX (default; every TensorRT >= 8.6 and onnxruntime) "
                         "or TensorRT's entropy calibrator (TensorRT <= 10 only)")
-    g.add_argument("--engines", type=Path, default=None,
+    g.add_argument("--engines", "--store", type=Path, default=None,
                    help="engine store directory (default: $STGCND_ENGINE_DIR, else the "
                         "daemon's: systemd StateDirectory, ./engines in a checkout, else "
                         "~/.cache/stgcnd/engines)")
@@ -43,9 +49,7 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
                    help="CPU threads for torch/onnxruntime (default: 0 = library default)")
 
 
-def options_from_args(args: argparse.Namespace):  # -> BuildOptions
-    from stgcnd.engines.options import BuildOptions
-
+def options_from_args(args: argparse.Namespace) -> BuildOptions:
     device = args.device or ("cuda" if args.backend == "tensorrt" else "cpu")
     return BuildOptions(precision=args.precision, max_batch=args.max_batch,
                         workspace_mb=args.workspace_mb, opt_level=args.opt_level,
@@ -55,18 +59,15 @@ def options_from_args(args: argparse.Namespace):  # -> BuildOptions
                         int8_mode=args.int8_mode)
 
 
-def store_from_args(args: argparse.Namespace):  # -> EngineStore
-    from stgcnd.engines.store import EngineStore
-
-    return EngineStore(args.engines)
+def store_from_args(args: argparse.Namespace) -> EngineStore:
+    return EngineStore(engines_root(args.engines))
 
 
-def resolve_backend(model, backend: str, options, store):  # -> (str, BuildOptions)
-    """'auto' resolved by the backends registry; explicit backends as given."""
+def resolve_backend(model: ModelLike, backend: str, options: BuildOptions,
+                    store: EngineStore) -> tuple[str, BuildOptions]:
+    """'auto' resolved as the daemon resolves it; explicit backends as given."""
     if backend != "auto":
         return backend, options
-    from stgcnd.backends.registry import resolve_auto
-
     return resolve_auto(model, options, store)
 
 
@@ -87,14 +88,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def jobs_from_config(path: Path, args: argparse.Namespace) -> tuple[list[Any], Any]:
+def jobs_from_config(path: Path, args: argparse.Namespace
+                     ) -> tuple[list[tuple[ModelSpec, str, BuildOptions]], EngineStore]:
     """[(spec, backend, BuildOptions)] for every model of the daemon's config, and the store."""
-    import dataclasses
-
-    from stgcnd.engines.store import EngineStore
-    from stgcnd.model.spec import ModelSpec
-    from stgcnd.server.config import load_config
-
     config = load_config(path)
     base = options_from_args(args)
     jobs = []
@@ -114,7 +110,7 @@ def jobs_from_config(path: Path, args: argparse.Namespace) -> tuple[list[Any], A
     return jobs, EngineStore(args.engines or config.engines_dir)
 
 
-def describe(artifact: Any) -> str:
+def describe(artifact: Artifact) -> str:
     m = artifact.manifest
     where = artifact.path or artifact.manifest_path
     size = f", {m['size_bytes'] / 2**20:.1f} MiB" if m.get("size_bytes") else ""
@@ -133,15 +129,13 @@ def describe(artifact: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stgcnd.model import load_model
-
     if args.config:
         jobs, store = jobs_from_config(args.config, args)
     else:
         jobs, store = [(spec_from_args(args), args.backend, options_from_args(args))], \
             store_from_args(args)
     for spec, backend_name, options in jobs:
-        model = load_model(spec)
+        model = load_for_inference(spec)
         backend, opts = resolve_backend(model, backend_name, options, store)
         artifact = store.prepare(model, backend, opts,
                                  rebuild="asked (--rebuild)" if args.rebuild else None,

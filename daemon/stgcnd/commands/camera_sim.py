@@ -6,6 +6,9 @@ import argparse
 import json
 
 from stgcnd.commands._camera_args import add_camera_args
+from stgcnd.errors import UserError
+from stgcnd.server.transport import parse_endpoint
+from stgcnd.tools.demo.camera_sim import simulate
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,9 +30,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stgcnd.demo.camera_sim import simulate
-    from stgcnd.errors import UserError
-    from stgcnd.server.transport import parse_endpoint
 
     parse_endpoint(args.endpoint, listening=False)  # a malformed endpoint: one line, exit 2
     if args.cameras < 1 or args.fps <= 0 or args.duration <= 0:

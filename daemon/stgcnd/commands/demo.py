@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import signal
 import subprocess
@@ -12,8 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from stgcnd.commands._camera_args import add_camera_args
 from stgcnd.errors import UserError
+from stgcnd.tools.demo.camera_sim import simulate
+from stgcnd.tools.demo.progress import LogFollower, describe
+from stgcnd.tools.demo.report import LEGEND, Load, explain_rate
+from stgcnd_client import Client, ClientError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,8 +43,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def wait_ready(endpoint: str, proc: subprocess.Popen, timeout: float,
                log_path: Path | None = None, t0: float | None = None) -> None:
     """Wait for the daemon to answer; meanwhile print each start-up step from its log."""
-    from stgcnd.demo.progress import LogFollower, describe
-    from stgcnd_client import Client, ClientError
 
     t0 = time.monotonic() if t0 is None else t0
     follower = LogFollower(log_path) if log_path is not None else None
@@ -68,8 +73,6 @@ def wait_ready(endpoint: str, proc: subprocess.Popen, timeout: float,
 def _die_with_parent() -> None:
     """In the daemon child: get SIGTERM if `stgcnd demo` dies, so no daemon is left behind."""
     try:
-        import ctypes
-
         pr_set_pdeathsig = 1
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
     except (OSError, AttributeError):
@@ -77,8 +80,6 @@ def _die_with_parent() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stgcnd.demo.camera_sim import simulate
-    from stgcnd.demo.report import LEGEND
 
     if args.cameras < 1 or args.fps <= 0 or args.duration <= 0 or args.stride < 1:
         raise UserError("--cameras and --stride must be >= 1, --fps and --duration > 0")
@@ -169,9 +170,7 @@ def _say(line: str) -> None:
 
 def _rate_lines(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
     """Did the cameras keep their rate, and if not, why (numbers from the run)."""
-    import numpy as np
 
-    from stgcnd.demo.report import Load, explain_rate
 
     rates = [r["rate_hz"] or 0.0 for r in rows]
     computes = [r["compute_ms"] for r in rows if r.get("compute_ms") is not None]

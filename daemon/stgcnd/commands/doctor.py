@@ -9,13 +9,25 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stgcnd import __version__
+from stgcnd.cpupower import cpu_power
+from stgcnd.engines.device import gpu_identity
+from stgcnd.engines.store import EngineStore
+from stgcnd.errors import BackendUnavailable
+from stgcnd.runtimes import available, import_tensorrt, import_torch
+from stgcnd.runtimes.cuda import memory_info
+from stgcnd.runtimes.tensorrt_runtime import missing_api
+from stgcnd.server.config import engines_root
+from stgcnd.versions import jetson_stack, module_version
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="report versions, GPU, TensorRT, Jetson and engine store",
                        description="Report what stgcnd can use on this machine: Python and "
-                                   "library versions, CUDA GPU, TensorRT and pycuda, Jetson "
-                                   "module / L4T / JetPack, backends, and the engine store.")
-    p.add_argument("--store", type=Path, default=None, help="engine store directory to inspect")
+                                   "library versions, CUDA GPU, TensorRT, Jetson module / L4T "
+                                   "/ JetPack, backends, and the engine store.")
+    p.add_argument("--engines", "--store", dest="store", type=Path, default=None,
+                   help="engine store directory to inspect")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     # Where to read the Jetson's files from (/etc/nv_tegra_release, the dpkg database,
     # /usr/local/cuda, the CPU's sysfs): for tests and for inspecting a mounted root filesystem.
@@ -28,8 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _torch_cuda() -> dict[str, Any]:
     try:
-        import torch
-    except ImportError:
+        torch = import_torch()
+    except BackendUnavailable:
         return {"available": False, "reason": "torch not installed"}
     if not torch.cuda.is_available():
         return {"available": False, "torch_cuda": torch.version.cuda}
@@ -42,52 +54,38 @@ def _torch_cuda() -> dict[str, Any]:
 
 
 def _tensorrt() -> dict[str, Any]:
-    from stgcnd.versions import module_version
-
-    out: dict[str, Any] = {"tensorrt": module_version("tensorrt"),
-                           "pycuda": module_version("pycuda")}
+    out: dict[str, Any] = {"tensorrt": module_version("tensorrt")}
     if out["tensorrt"]:
         try:
-            from stgcnd.backends.tensorrt_backend import import_tensorrt
-
-            import_tensorrt()
-            out["tensorrt_api"] = "ok"
+            missing = missing_api(import_tensorrt())
+            out["tensorrt_api"] = "ok" if not missing else f"lacks {', '.join(missing)}"
         except Exception as exc:
             out["tensorrt_api"] = str(exc)
     return out
 
 
+def _driver() -> dict[str, Any]:
+    """The GPU through the CUDA driver (the daemon's one CUDA layer): free memory now."""
+    try:
+        free, total = memory_info()
+    except Exception as exc:
+        return {"available": False, "reason": str(exc)}
+    return {"available": True, "memory_free_mb": free // 2**20,
+            "memory_total_mb": total // 2**20}
+
+
 def _store(path: Path | None) -> dict[str, Any]:
     try:
-        from stgcnd.engines.store import EngineStore
-    except ImportError:
-        return {"available": False, "reason": "stgcnd.engines.store not installed"}
-    try:
-        if path is None:
-            from stgcnd.backends.registry import default_store
-
-            store = default_store()
-        else:
-            store = EngineStore(path)
+        store = EngineStore(engines_root(path))
         entries = store.list()
     except Exception as exc:
         return {"available": False, "reason": str(exc)}
-    root = getattr(store, "root", path)
-    return {"available": True, "root": str(root), "artefacts": len(entries),
+    return {"available": True, "root": str(store.root), "artefacts": len(entries),
             "entries": entries}
 
 
 def collect(store: Path | None = None, root: Path = Path("/")) -> dict[str, Any]:
-    from stgcnd import __version__
-    from stgcnd.backends.registry import available_backends
-    from stgcnd.cpupower import cpu_power
-    from stgcnd.versions import jetson_stack, module_version
-
-    try:
-        from stgcnd.engines.device import gpu_identity
-        gpu = gpu_identity()
-    except ImportError:
-        gpu = None
+    gpu = gpu_identity()
     jetson = jetson_stack(root)
     return {
         "stgcnd": __version__,
@@ -96,11 +94,12 @@ def collect(store: Path | None = None, root: Path = Path("/")) -> dict[str, Any]
         "versions": {n: module_version(n) for n in
                      ("numpy", "torch", "onnx", "onnxruntime", "zmq", "msgpack", "structlog")},
         "gpu": gpu,
+        "driver": _driver() if gpu else {"available": False, "reason": "no GPU"},
         "cuda": _torch_cuda(),
         "tensorrt": _tensorrt(),
         "jetson": jetson,
         "cpu_power": cpu_power(root),
-        "backends": {k: v or "ok" for k, v in available_backends().items()},
+        "backends": {k: v or "ok" for k, v in available().items()},
         "store": _store(store),
     }
 
@@ -127,7 +126,6 @@ def run(args: argparse.Namespace) -> int:
     trt = report["tensorrt"]
     print(f"tensorrt    {trt['tensorrt'] or 'not importable'}"
           + (f" ({trt['tensorrt_api']})" if trt.get("tensorrt_api") else ""))
-    print(f"pycuda      {trt['pycuda'] or 'not installed'}")
     j = report["jetson"]
     if j:
         print(f"jetson      {j.get('module') or 'unknown module'}: L4T {j.get('l4t')}, "
@@ -135,7 +133,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"  tensorrt  {j.get('tensorrt_python') or 'not importable'}"
               f" (package {j.get('tensorrt_package') or 'not installed'})")
         print(f"  cuda      {j.get('cuda') or 'not found'} ({j.get('cuda_source')})")
-        print(f"  pycuda    {j.get('pycuda') or 'not installed'}")
         print(f"  python    {j.get('python')}")
         for problem in j.get("problems", []):
             print(f"  MISSING   {problem['what']}\n            fix: {problem['fix']}")

@@ -6,6 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
+from stgcnd.engines.store import EngineStore
+from stgcnd.server.config import engines_root
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("engines", help="list or prune the engine store",
@@ -16,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("action", choices=["list", "prune"],
                    help="list: show every artefact and whether it fits this machine; prune: "
                         "remove those that do not")
-    p.add_argument("--engines", type=Path, default=None,
+    p.add_argument("--engines", "--store", type=Path, default=None,
                    help="engine store directory (default: $STGCND_ENGINE_DIR, else the "
                         "daemon's: systemd StateDirectory, ./engines in a checkout, else "
                         "~/.cache/stgcnd/engines)")
@@ -26,9 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stgcnd.engines.store import EngineStore
-
-    store = EngineStore(args.engines)
+    store = EngineStore(engines_root(args.engines))
     if args.action == "list":
         rows = store.list()
         if args.json:

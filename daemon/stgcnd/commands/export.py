@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from stgcnd.commands._model_args import add_model_arguments, spec_from_args
+from stgcnd.engines.validate import validate_export
+from stgcnd.export.onnx_export import export_model
+from stgcnd.model.reference import export_module, load_for_inference
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,23 +31,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stgcnd.export.onnx_export import export_model
-    from stgcnd.model import load_model
+    model = load_for_inference(spec_from_args(args))
+    module, variant = (export_module(model), "optimized") if args.optimized else (None, "plain")
 
-    model = load_model(spec_from_args(args))
-    module, variant = None, "plain"
-    if args.optimized:
-        from stgcnd.model.optimized import optimize_for_export
+    def check(data: bytes) -> dict[str, Any]:
+        return validate_export(model, data, args.dynamic_batch, tolerance=args.tolerance)
 
-        module, variant = optimize_for_export(model), "optimized"
     res = export_model(model, args.output, dynamic_batch=args.dynamic_batch,
-                       validate=not args.skip_validation, tolerance=args.tolerance,
+                       validate=None if args.skip_validation else check,
                        module=module, variant=variant)
     for note in model.notes:
         print(f"note: {note}")
-    check = ("not validated (--skip-validation)" if res.max_abs_diff is None
-             else f"validated with ONNX Runtime: max abs diff {res.max_abs_diff:.2e} "
-                  f"<= {args.tolerance:g}")
-    print(f"wrote {res.onnx_path} (sha256 {res.onnx_sha256[:12]}), {check}")
+    v = res.validation
+    check_text = ("not validated (--skip-validation)" if v is None
+                  else f"validated with ONNX Runtime: max abs diff {v['max_abs_diff']:.2e} "
+                       f"<= {args.tolerance:g}")
+    print(f"wrote {res.onnx_path} (sha256 {res.onnx_sha256[:12]}), {check_text}")
     print(f"sidecar: {res.sidecar_path}")
     return 0

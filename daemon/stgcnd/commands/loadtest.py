@@ -9,6 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from stgcnd.errors import UserError
+from stgcnd.tools.loadtest.plan import DEFAULT_RATE_HZ, LoadPlan
+from stgcnd.tools.loadtest.report import format_table, has_failures
+from stgcnd.tools.loadtest.runner import run_load
+from stgcnd.tools.loadtest.serve import ServedDaemon, ServeOptions
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -83,7 +87,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _plan(args: argparse.Namespace, endpoint: str) -> Any:
-    from stgcnd.loadtest.plan import DEFAULT_RATE_HZ, LoadPlan
 
     return LoadPlan(endpoint=endpoint, processes=args.processes, cameras=args.cameras,
                     mode=args.mode, rate_hz=None if args.closed_loop else
@@ -94,7 +97,6 @@ def _plan(args: argparse.Namespace, endpoint: str) -> Any:
 
 
 def _emit(report: dict[str, Any], json_path: str | None) -> None:
-    from stgcnd.loadtest.report import format_table
 
     table_out = sys.stderr if json_path == "-" else sys.stdout
     print(format_table(report), file=table_out, flush=True)
@@ -109,8 +111,6 @@ def _emit(report: dict[str, Any], json_path: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stgcnd.loadtest.report import has_failures
-    from stgcnd.loadtest.runner import run_load
 
     if args.serve and args.endpoint:
         raise UserError("--serve starts its own daemon on a temporary endpoint; drop --endpoint "
@@ -120,8 +120,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.serve:
         report = run_load(_plan(args, args.endpoint))
     else:
-        from stgcnd.loadtest.serve import ServedDaemon, ServeOptions
-
         plan_check = _plan(args, "ipc://placeholder")  # bad load options fail before a start
         opts = ServeOptions(backend=args.backend, frames=args.frames, persons=args.persons,
                             checkpoint=args.checkpoint, precision=args.precision,

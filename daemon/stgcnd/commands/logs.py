@@ -8,6 +8,8 @@ import sys
 from typing import Any
 
 from stgcnd.errors import UserError
+from stgcnd.tools.logs.plot import plot
+from stgcnd.tools.logs.summarize import parse_time, render_text, scan, summarize
 
 
 def register(subparsers: Any) -> None:
@@ -39,7 +41,6 @@ def register(subparsers: Any) -> None:
 def _time(value: str | None, flag: str) -> Any:
     if value is None:
         return None
-    from stgcnd.telemetry.summarize import parse_time
 
     try:
         return parse_time(value)
@@ -49,7 +50,6 @@ def _time(value: str | None, flag: str) -> Any:
 
 
 def run_summarize(args: argparse.Namespace) -> int:
-    from stgcnd.telemetry.summarize import render_text, scan, summarize
 
     since = _time(args.since, "--since")
     until = _time(args.until, "--until")
@@ -66,8 +66,6 @@ def run_summarize(args: argparse.Namespace) -> int:
                             "or pipe `journalctl -u stgcnd -o cat` into it") from None
     summary = summarize(log)
     if args.plot:
-        from stgcnd.telemetry.plot import plot
-
         title = f"stgcnd: camera {args.camera}" if args.camera else None
         summary["plot"] = str(plot(log, args.plot, title))
     if args.json:

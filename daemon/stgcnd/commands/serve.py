@@ -12,6 +12,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from stgcnd.errors import BuildCancelled, UserError
+from stgcnd.log import get_logger, log_is_json
+from stgcnd.server.config import load_config
+from stgcnd.server.server import Server
+from stgcnd.server.transport import check_endpoint
+
 STARTUP_HINT = ("fix what the error names, then start the daemon again "
                 "(systemctl restart stgcnd)")
 BUG_HINT = ("this is a bug in stgcnd: report it with this log and the output of "
@@ -43,8 +49,6 @@ FLAG_NAMES = {"endpoint": "--endpoint", "engines_dir": "--engines",
 
 def report_fatal(event: str, exc: BaseException) -> int:
     """Log `event` for a fatal error (and print the one-liner where a human reads it)."""
-    from stgcnd.errors import UserError
-    from stgcnd.log import get_logger, log_is_json
 
     log = get_logger("stgcnd.serve")
     if isinstance(exc, UserError):
@@ -61,10 +65,6 @@ def report_fatal(event: str, exc: BaseException) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stgcnd.errors import BuildCancelled
-    from stgcnd.server.config import load_config
-    from stgcnd.server.server import Server
-    from stgcnd.server.transport import check_endpoint
 
     try:
         config = load_config(args.config, overrides={

@@ -8,6 +8,8 @@ import sys
 from typing import Any
 
 from stgcnd.errors import UserError
+from stgcnd.log import get_logger
+from stgcnd.telemetry.tegrastats import parse_line
 
 
 def register(subparsers: Any) -> None:
@@ -26,8 +28,6 @@ def register(subparsers: Any) -> None:
 
 
 def run_parse(args: argparse.Namespace) -> int:
-    from stgcnd.log import get_logger
-    from stgcnd.telemetry.tegrastats import parse_line
 
     log = get_logger(__name__)
     stream = _open(args.file)

@@ -9,6 +9,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from stgcnd.tools.profiling.parsefile import parse_path, render_text, write_derived
+from stgcnd.tools.profiling.report import write_report
+from stgcnd.tools.profiling.runner import RunOptions, run_trtexec
+from stgcnd.tools.profiling.times import load_times, summarize_times
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -127,9 +132,6 @@ def _register_report(sub: Any) -> None:
 
 
 def run_run(args: argparse.Namespace) -> int:
-    from stgcnd.profiling.report import write_report
-    from stgcnd.profiling.runner import RunOptions, run_trtexec
-    from stgcnd.profiling.times import load_times, summarize_times
 
     extra = list(args.extra)
     if extra and extra[0] == "--":
@@ -162,7 +164,6 @@ def run_run(args: argparse.Namespace) -> int:
 
 
 def run_parse(args: argparse.Namespace) -> int:
-    from stgcnd.profiling.parsefile import parse_path, render_text, write_derived
 
     count_types = [t.strip() for t in (args.count_types or "").split(",") if t.strip()]
     parsed = parse_path(args.path, batch=args.batch, top=max(args.top, 0),
@@ -180,7 +181,6 @@ def run_parse(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from stgcnd.profiling.report import write_report
 
     result = write_report([args.run_dir, *args.compare], args.out, batch=args.batch,
                           top_k=args.top, plots=args.plots)

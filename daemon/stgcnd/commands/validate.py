@@ -6,8 +6,21 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from stgcnd.commands._model_args import add_model_arguments, spec_from_args
-from stgcnd.commands.build import add_build_arguments
+from stgcnd.commands.build import (
+    add_build_arguments,
+    options_from_args,
+    resolve_backend,
+    store_from_args,
+)
+from stgcnd.engines.calibration import load_windows
+from stgcnd.engines.validate import validate_backend
+from stgcnd.fsutil import atomic_write_json
+from stgcnd.model.reference import load_for_inference
+from stgcnd.model.synthetic import synthetic_windows
+from stgcnd.provision import open_runtime
 
 # Defaults per precision when --max-abs-diff / --min-top1 are not given. Logit differences
 # depend on the model's logit scale, so only fp32 gets an absolute bound by default; reduced
@@ -54,18 +67,8 @@ def check_thresholds(result: dict[str, Any], max_abs: float | None, min_top1: fl
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from stgcnd.backends.registry import open_backend
-    from stgcnd.commands.build import options_from_args, resolve_backend, store_from_args
-    from stgcnd.engines.calibration import load_windows
-    from stgcnd.engines.validate import validate_backend
-    from stgcnd.fsutil import atomic_write_json
-    from stgcnd.model import load_model
-    from stgcnd.model.synthetic import synthetic_windows
-
     spec = spec_from_args(args)
-    model = load_model(spec)
+    model = load_for_inference(spec)
     store = store_from_args(args)
     backend_name, options = resolve_backend(model, args.backend, options_from_args(args), store)
     if args.windows is not None:
@@ -75,12 +78,12 @@ def run(args: argparse.Namespace) -> int:
         windows = synthetic_windows(args.count, spec.frames, spec.persons, spec.num_node,
                                     seed=7)
         source = f"synthetic ({args.count} generated skeleton windows)"
-    backend = open_backend(model, backend_name, options, store)
+    runtime = open_runtime(model, backend_name, options, store)
     try:
-        result = validate_backend(model, backend, np.ascontiguousarray(windows))
-        info = backend.info
+        result = validate_backend(model, runtime, np.ascontiguousarray(windows))
+        info = runtime.info
     finally:
-        backend.close()
+        runtime.close()
     defaults = DEFAULT_THRESHOLDS[options.precision]
     max_abs = args.max_abs_diff if args.max_abs_diff is not None else defaults["max_abs_diff"]
     min_top1 = args.min_top1 if args.min_top1 is not None else defaults["min_top1"]

@@ -14,6 +14,7 @@ import numpy as np
 
 from stgcnd.errors import UserError
 from stgcnd.log import get_logger
+from stgcnd.model.synthetic import synthetic_windows
 
 log = get_logger(__name__)
 
@@ -73,7 +74,6 @@ def calibration_windows(options: Any, spec: Any) -> tuple[np.ndarray, dict[str, 
         return windows, {"source": str(options.calibration), "windows": len(windows)}
     if not options.allow_synthetic_calibration:
         refuse_without_calibration(spec.input_shape)
-    from stgcnd.model.synthetic import synthetic_windows
 
     n = SYNTHETIC_CALIBRATION_WINDOWS
     windows = synthetic_windows(n, spec.frames, spec.persons, spec.num_node, seed=SYNTHETIC_SEED)

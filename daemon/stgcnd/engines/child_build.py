@@ -4,7 +4,8 @@ An export, an INT8 calibration or a TensorRT build runs for seconds to many minu
 inside C++ where Python cannot interrupt it. The daemon must still stop within seconds when
 systemd sends SIGTERM during its first start. So `EngineStore(root, cancel=event)` does the
 whole `prepare` in a fresh interpreter (multiprocessing "spawn": no CUDA context or lock is
-inherited) and waits for it while watching `event`. On cancel the child gets SIGTERM, which
+inherited) and waits for it while watching `event`; the store's class is passed in (the
+store calls this module, never the other way round). On cancel the child gets SIGTERM, which
 it turns into `BuildCancelled` so its own clean-up runs; a child stuck in C++ is killed after
 CHILD_GRACE_S. Whatever it left in the store is then removed by its pid (every temp file the
 store writes is named `.<name>.tmp-<pid>...`), and its flocks died with it. Committed files
@@ -15,14 +16,16 @@ When the artefact is already current, nothing is spawned: it is found in-process
 
 from __future__ import annotations
 
-import dataclasses
+import multiprocessing
 import signal
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stgcnd.errors import BuildCancelled
-from stgcnd.log import get_logger, logging_config
+from stgcnd.errors import BuildCancelled, UserError
+from stgcnd.log import configure_logging, get_logger, logging_config
 
 log = get_logger(__name__)
 
@@ -34,19 +37,16 @@ def _raise_cancelled(signum: int, _frame: Any) -> None:
     raise BuildCancelled(f"signal {signum}")
 
 
-def _child_main(conn: Any, root: str, spec: Any, backend: str, options: Any,
-                rebuild: str | None, validate: bool, log_config: dict[str, Any]) -> None:
+def _child_main(conn: Any, store: Callable[[Path], Any], root: str, spec: Any, backend: str,
+                options: Any, rebuild: str | None, validate: bool,
+                log_config: dict[str, Any]) -> None:
     """In the child: prepare in-process and send back ("ok", reused, reason) or the error."""
     signal.signal(signal.SIGTERM, _raise_cancelled)
     signal.signal(signal.SIGINT, _raise_cancelled)
-    from stgcnd.engines.store import EngineStore
-    from stgcnd.errors import UserError
-    from stgcnd.log import configure_logging
-
     configure_logging(**log_config)
     try:
-        art = EngineStore(Path(root)).prepare(spec, backend, options, rebuild=rebuild,
-                                              validate=validate)
+        art = store(Path(root)).prepare(spec, backend, options, rebuild=rebuild,
+                                        validate=validate)
         result: tuple[Any, ...] = ("ok", art.reused, art.reason)
     except BuildCancelled:
         result = ("cancelled",)
@@ -83,17 +83,17 @@ def _stop_child(proc: Any) -> None:
         proc.join()
 
 
-def run_in_child(root: Path, spec: Any, backend: str, options: Any, rebuild: str | None,
-                 validate: bool, cancel: Any) -> tuple[bool, str | None]:
-    """Prepare in a child process; (reused, reason) of what it did. Raises the child's
-    error, or BuildCancelled (after killing it and removing its leftovers) on `cancel`."""
-    import multiprocessing
-
+def run_in_child(store: Callable[[Path], Any], root: Path, spec: Any, backend: str,
+                 options: Any, rebuild: str | None, validate: bool, cancel: threading.Event
+                 ) -> tuple[bool, str | None]:
+    """`store(root).prepare(...)` in a child process; (reused, reason) of what it did. Raises
+    the child's error, or BuildCancelled (after killing it and removing its leftovers) on
+    `cancel`."""
     ctx = multiprocessing.get_context("spawn")
     receiver, sender = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child_main, name="stgcnd-build", daemon=True,
-                       args=(sender, str(root), spec, backend, options, rebuild, validate,
-                             logging_config()))
+                       args=(sender, store, str(root), spec, backend, options, rebuild,
+                             validate, logging_config()))
     t0 = time.monotonic()
     proc.start()
     sender.close()  # the child holds the only writer: EOF on the receiver if it dies
@@ -120,8 +120,6 @@ def run_in_child(root: Path, spec: Any, backend: str, options: Any, rebuild: str
             log.warning("engine_build_cancelled", backend=backend, pid=proc.pid,
                         seconds=round(time.monotonic() - t0, 2), removed=removed)
             raise BuildCancelled("the engine build was cancelled")
-        from stgcnd.errors import UserError
-
         raise UserError(f"the {backend} engine build process died ({_exit_reason(proc)}) "
                         "without a result; the store is unchanged. See the log above; a "
                         "killed build is often the out-of-memory killer: close other "
@@ -139,24 +137,3 @@ def _exit_reason(proc: Any) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
-
-
-def prepare_cancellable(store: Any, spec: Any, backend: str, options: Any,
-                        rebuild: str | None, validate: bool) -> Any:
-    """EngineStore.prepare for a store with a cancel event (see the module docstring)."""
-    from stgcnd.engines.store import EngineStore
-
-    cancel = store.cancel
-    if cancel.is_set():
-        raise BuildCancelled("cancelled before the engine store was asked")
-    if rebuild is None:
-        found = store.find(spec, backend, options)
-        if found is not None:
-            return found
-    reused, reason = run_in_child(store.root, spec, backend, options, rebuild, validate, cancel)
-    # The child committed (or found) it; read it back here without logging a second line.
-    found = EngineStore(store.root).find(spec, backend, options, quiet=True)
-    if found is None:
-        raise RuntimeError(f"the {backend} artefact built by the build process is not current "
-                           f"in {store.root}; another process may have changed it meanwhile")
-    return dataclasses.replace(found, reused=reused, reason=reason)

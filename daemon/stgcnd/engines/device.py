@@ -11,7 +11,6 @@ missing or limited), else nvidia-smi.
 
 from __future__ import annotations
 
-import ctypes
 import platform
 import re
 import shutil
@@ -21,9 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-# CUdevice_attribute values from cuda.h (stable since CUDA 2.x).
-_CU_ATTR_CC_MAJOR = 75
-_CU_ATTR_CC_MINOR = 76
+from stgcnd.runtimes.cuda import device_properties
 
 
 def parse_tegra_release(text: str) -> str | None:
@@ -138,28 +135,6 @@ def _gpu_from_torch() -> dict[str, Any] | None:
         return None
 
 
-def _gpu_from_driver() -> dict[str, Any] | None:
-    for lib in ("libcuda.so.1", "libcuda.so"):
-        try:
-            cuda = ctypes.CDLL(lib)
-            break
-        except OSError:
-            continue
-    else:
-        return None
-    dev = ctypes.c_int()
-    if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), 0) != 0:
-        return None
-    name = ctypes.create_string_buffer(256)
-    major, minor = ctypes.c_int(), ctypes.c_int()
-    if (cuda.cuDeviceGetName(name, 256, dev) != 0
-            or cuda.cuDeviceGetAttribute(ctypes.byref(major), _CU_ATTR_CC_MAJOR, dev) != 0
-            or cuda.cuDeviceGetAttribute(ctypes.byref(minor), _CU_ATTR_CC_MINOR, dev) != 0):
-        return None
-    return {"name": name.value.decode(errors="replace"),
-            "compute_capability": f"{major.value}.{minor.value}"}
-
-
 def parse_nvidia_smi(text: str) -> dict[str, Any] | None:
     """First line of `nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader`."""
     line = text.strip().splitlines()[0] if text.strip() else ""
@@ -184,7 +159,7 @@ def _gpu_from_nvidia_smi() -> dict[str, Any] | None:
 @lru_cache(maxsize=1)
 def gpu_identity() -> dict[str, Any] | None:
     """GPU 0's name and compute capability, or None without a usable GPU."""
-    return _gpu_from_torch() or _gpu_from_driver() or _gpu_from_nvidia_smi()
+    return _gpu_from_torch() or device_properties() or _gpu_from_nvidia_smi()
 
 
 def device_identity(device: str) -> dict[str, Any]:

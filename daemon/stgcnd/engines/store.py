@@ -1,7 +1,7 @@
 """The engine store: build once per (model, backend, precision, device), reuse on every start.
 
-Layout under the root ($STGCND_ENGINE_DIR, else the daemon's default: systemd's
-StateDirectory/engines, `engines/` in a checkout, else ~/.cache/stgcnd/engines):
+Layout under the root (the caller says where: the daemon's `engines_dir`, a command's
+--engines, else $STGCND_ENGINE_DIR or the default in server/config.py):
 
     <model-id>/model.json                       what the model is (for `stgcnd engines list`)
     <model-id>/onnx/model-b1.onnx (+ .json)     exported fp32 ONNX, static batch 1
@@ -26,22 +26,39 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
-import importlib.util
 import os
 import re
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stgcnd.engines.builders import BuildContext, Builder, get_builder
+from stgcnd.engines.calibration import calibration_windows, refuse_without_calibration
+from stgcnd.engines.child_build import run_in_child
+from stgcnd.engines.device import device_identity, runtime_identity
 from stgcnd.engines.keys import describe_key_change, key_digest, make_key_parts
 from stgcnd.engines.lock import READ_ONLY_ERRNOS, build_lock
 from stgcnd.engines.options import BACKENDS, BuildOptions
-from stgcnd.errors import StoreReadOnly, UserError, ValidationError
+from stgcnd.engines.quantize import quantize_qdq
+from stgcnd.engines.validate import validate_backend, validate_export
+from stgcnd.errors import (
+    BackendUnavailable,
+    BuildCancelled,
+    StoreReadOnly,
+    UserError,
+    ValidationError,
+)
+from stgcnd.export.demo_onnx import demo_onnx_bytes
+from stgcnd.export.onnx_export import export_model
 from stgcnd.fsutil import atomic_write_json, file_sha256
 from stgcnd.log import get_logger
+from stgcnd.model.reference import export_module, load_for_inference
+from stgcnd.runtimes import importable
+from stgcnd.versions import tool_versions
+import json
 
 log = get_logger(__name__)
 
@@ -52,25 +69,6 @@ EXPORT_VARIANT = "optimized"
 # without torch, so that every machine makes the same demo ONNX; its own variant keeps it apart
 # from the PyTorch export of the same weights in the export key.
 DEMO_EXPORT_VARIANT = "numpy-demo"
-# Test hook: seconds to sleep after the artefact's temp file is written and before it is
-# committed, so tests can kill a build half-way. Never set in production.
-PAUSE_ENV = "STGCND_TEST_PAUSE_BUILD"
-
-
-def default_root() -> Path:
-    """$STGCND_ENGINE_DIR, else the daemon's default (systemd StateDirectory, ./engines in a
-    checkout, else the user cache), so that commands and the daemon share one store."""
-    env = os.environ.get("STGCND_ENGINE_DIR")
-    if env:
-        return Path(env)
-    try:
-        from stgcnd.server.config import default_engines_dir
-    except ImportError:
-        return Path("engines")
-    return default_engines_dir()
-
-
-DEFAULT_ROOT = default_root()
 
 
 @dataclass
@@ -122,7 +120,6 @@ def _sidecar(onnx_path: Path) -> Path:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    import json
 
     try:
         data = json.loads(path.read_text())
@@ -148,10 +145,10 @@ def _first_line(text: str, limit: int = 300) -> str:
 
 
 class EngineStore:
-    def __init__(self, root: Path | str | None = None, cancel: Any = None) -> None:
-        """`cancel` (a threading.Event): builds run in a child process that is killed, and
-        its partial files removed, as soon as the event is set (`BuildCancelled`)."""
-        self.root = Path(root) if root is not None else DEFAULT_ROOT
+    def __init__(self, root: Path | str, cancel: threading.Event | None = None) -> None:
+        """`cancel`: builds run in a child process that is killed, and its partial files
+        removed, as soon as the event is set (`BuildCancelled`; engines/child_build.py)."""
+        self.root = Path(root)
         self.cancel = cancel
 
     # --- paths ---------------------------------------------------------------------------
@@ -188,9 +185,7 @@ class EngineStore:
         builder.check(options)
         spec = model.spec if _is_loaded_model(model) else model
         if self.cancel is not None:
-            from stgcnd.engines.child_build import prepare_cancellable
-
-            return prepare_cancellable(self, spec, backend, options, rebuild, validate)
+            return self._prepare_in_child(spec, backend, options, rebuild, validate)
         mdir = self.model_dir(spec)
         device = builder.device_kind(options)
         stem = self.artifact_stem(backend, options, device)
@@ -221,6 +216,27 @@ class EngineStore:
                 reason = f"{reason}; {why}" if reason.startswith("ONNX") else why
             return self._build(loaded, builder, options, env, parts, mdir, stem, onnx_path,
                                reason or "missing", validate)
+
+    def _prepare_in_child(self, spec: Any, backend: str, options: BuildOptions,
+                          rebuild: str | None, validate: bool) -> Artifact:
+        """`prepare` for a store with a cancel event: nothing is spawned when the artefact is
+        current; otherwise the child builds it and this process reads it back."""
+        assert self.cancel is not None
+        if self.cancel.is_set():
+            raise BuildCancelled("cancelled before the engine store was asked")
+        if rebuild is None:
+            found = self.find(spec, backend, options)
+            if found is not None:
+                return found
+        reused, reason = run_in_child(type(self), self.root, spec, backend, options, rebuild,
+                                      validate, self.cancel)
+        # The child committed (or found) it; read it back here without logging a second line.
+        found = EngineStore(self.root).find(spec, backend, options, quiet=True)
+        if found is None:
+            raise RuntimeError(f"the {backend} artefact built by the build process is not "
+                               f"current in {self.root}; another process may have changed it "
+                               "meanwhile")
+        return dataclasses.replace(found, reused=reused, reason=reason)
 
     def find(self, spec: Any, backend: str, options: BuildOptions | None = None,
              quiet: bool = False) -> Artifact | None:
@@ -316,8 +332,6 @@ class EngineStore:
             if not options.allow_synthetic_calibration:
                 # Also when a synthetically calibrated artefact is stored: reusing it must be
                 # asked for as explicitly as building it.
-                from stgcnd.engines.calibration import refuse_without_calibration
-
                 refuse_without_calibration()
             return options
         path = Path(options.calibration)
@@ -329,8 +343,6 @@ class EngineStore:
 
     @staticmethod
     def _load(spec: Any) -> Any:
-        from stgcnd.model.reference import load_for_inference
-
         return load_for_inference(spec)  # the demo without torch: its numpy stand-in
 
     def _checkpoint_sha(self, model: Any, spec: Any) -> str | None:
@@ -369,24 +381,21 @@ class EngineStore:
                 return path
             if not writable:
                 raise self._read_only(f"{mdir.name}/{path.relative_to(mdir)}", reason)
-            from stgcnd.export.onnx_export import export_model
-
             log.info("onnx_export_needed", path=str(path), reason=reason)
             # Without onnxruntime (a TensorRT-only Jetson) the export is checked by onnx only;
             # the built engine is validated against PyTorch anyway.
-            check = importlib.util.find_spec("onnxruntime") is not None
+            check = None
+            if importable("onnxruntime"):
+                def check(data: bytes) -> dict[str, Any]:
+                    return validate_export(model, data, dynamic_batch)
             try:
                 if model.spec.is_demo:
-                    from stgcnd.export.demo_onnx import demo_onnx_bytes
-
                     res = export_model(model, path, dynamic_batch=dynamic_batch, validate=check,
                                        variant=DEMO_EXPORT_VARIANT,
                                        data=demo_onnx_bytes(model.spec, dynamic_batch))
                 else:
-                    from stgcnd.model.optimized import optimize_for_export
-
                     res = export_model(model, path, dynamic_batch=dynamic_batch,
-                                       validate=check, module=optimize_for_export(model),
+                                       validate=check, module=export_module(model),
                                        variant=EXPORT_VARIANT)
                 sidecar = {**res.sidecar,
                            "store_export_key": export_key(model.spec, model.checkpoint_sha256,
@@ -469,9 +478,6 @@ class EngineStore:
     def _ensure_qdq(self, model: Any, options: BuildOptions, onnx_path: Path
                     ) -> tuple[Path, Any, dict[str, Any]]:
         """The Q/DQ INT8 ONNX for this calibration data (made once, shared by backends)."""
-        from stgcnd.engines.calibration import calibration_windows
-        from stgcnd.engines.quantize import quantize_qdq
-
         windows, info = calibration_windows(options, model.spec)
         calib = options.extra.get("calibration_sha256") or "synthetic"
         source_sha = self._onnx_sha(onnx_path)
@@ -512,8 +518,6 @@ class EngineStore:
         if builder.needs_qdq(options):
             qdq_path, windows, calib_info = self._ensure_qdq(model, options, onnx_path)
         elif options.precision == "int8":
-            from stgcnd.engines.calibration import calibration_windows
-
             windows, calib_info = calibration_windows(options, model.spec)
         ctx = BuildContext(model, options, onnx_path, qdq_path, mdir, self.root, windows,
                            calib_info)
@@ -530,7 +534,6 @@ class EngineStore:
             if final is not None:
                 with open(tmp, "rb+") as f:
                     os.fsync(f.fileno())
-            self._test_pause(tmp)
             manifest = self._manifest(model, builder, options, env, parts, stem, onnx_path,
                                       qdq_path, calib_info, extra, build_seconds,
                                       tmp if final is not None else None)
@@ -556,19 +559,10 @@ class EngineStore:
         return Artifact(builder.name, options.precision, final, onnx_path, manifest, False,
                         reason, manifest_path)
 
-    @staticmethod
-    def _test_pause(tmp: Path) -> None:
-        pause = os.environ.get(PAUSE_ENV)
-        if pause:
-            log.warning("build_test_pause", path=str(tmp), seconds=float(pause))
-            time.sleep(float(pause))
-
     def _manifest(self, model: Any, builder: Builder, options: BuildOptions,
                   env: dict[str, Any], parts: dict[str, Any], stem: str, onnx_path: Path,
                   qdq_path: Path | None, calib_info: dict[str, Any], extra: dict[str, Any],
                   build_seconds: float, artefact: Path | None) -> dict[str, Any]:
-        from stgcnd.versions import tool_versions
-
         mdir = onnx_path.parent.parent
         return {
             "format": MANIFEST_FORMAT, "backend": builder.name, "precision": options.precision,
@@ -591,9 +585,6 @@ class EngineStore:
 
     def _validate(self, builder: Builder, ctx: BuildContext, draft: Artifact
                   ) -> dict[str, Any]:
-        from stgcnd.engines.validate import validate_backend
-        from stgcnd.errors import BackendUnavailable
-
         try:
             backend = builder.open_for_validation(ctx, draft)
         except (BackendUnavailable, ImportError) as exc:
@@ -630,8 +621,6 @@ class EngineStore:
             version = builder.version()
         except UserError as exc:
             return f"unknown: {exc}"
-        from stgcnd.engines.device import device_identity, runtime_identity
-
         parts = m.get("key_parts") or {}
         if parts.get("backend_version") != version:
             return (f"stale: built with {m.get('backend')} {parts.get('backend_version')}, "

@@ -1,24 +1,31 @@
 """Does an artefact compute what the fp32 PyTorch reference computes? Numbers, not opinions.
 
-`validate_backend` runs any Backend (the runtime contract in stgcnd.backends.base) on windows
-and compares its logits with `reference_logits`: the largest and mean absolute difference, and
-top-1 agreement (the fraction of windows whose argmax class is the same), which is what a user
-of a classifier sees.
+`validate_backend` runs any runtime (the contract in runtimes/base.py) through a runner on
+windows and compares its logits with `reference_logits`: the largest and mean absolute
+difference, and top-1 agreement (the fraction of windows whose argmax class is the same),
+which is what a user of a classifier sees. `validate_export` checks a fresh ONNX export the
+same way with ONNX Runtime, before the store keeps it.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from stgcnd.errors import ValidationError
 from stgcnd.log import get_logger
+from stgcnd.model.reference import reference_logits
+from stgcnd.model.synthetic import synthetic_windows
+from stgcnd.runtimes import import_onnxruntime
 
 log = get_logger(__name__)
 
 DEFAULT_VALIDATION_WINDOWS = 8
 VALIDATION_SEED = 4242
+EXPORT_TOLERANCE = 1e-4
+INPUT_NAME, OUTPUT_NAME = "input", "output"
 
 
 def compare_logits(ref: np.ndarray, got: np.ndarray) -> dict[str, Any]:
@@ -37,28 +44,25 @@ def compare_logits(ref: np.ndarray, got: np.ndarray) -> dict[str, Any]:
             "finite": finite}
 
 
-def backend_logits(backend: Any, windows: np.ndarray) -> np.ndarray:
-    """Logits of `windows` through sessions of `backend`, in chunks of its max batch."""
-    step = max(1, int(backend.info.max_batch))
-    outs = []
-    with backend.open_session() as session:
-        for i in range(0, len(windows), step):
-            outs.append(np.asarray(session.infer(np.ascontiguousarray(windows[i:i + step])),
-                                   dtype=np.float32))
-    return np.concatenate(outs)
+def backend_logits(runtime: Any, windows: np.ndarray) -> np.ndarray:
+    """Logits of `windows` through a runner of `runtime` (the path the daemon serves with),
+    in chunks of its max batch."""
+    step = max(1, int(runtime.info.max_batch))
+    runner = runtime.open_runner((step,), 0)
+    try:
+        return np.concatenate([runner.run(list(windows[i:i + step]))
+                               for i in range(0, len(windows), step)])
+    finally:
+        runner.close()
 
 
 def default_windows(spec: Any, n: int = DEFAULT_VALIDATION_WINDOWS) -> np.ndarray:
-    from stgcnd.model.synthetic import synthetic_windows
-
     return synthetic_windows(n, spec.frames, spec.persons, spec.num_node, seed=VALIDATION_SEED)
 
 
 def validate_backend(model: Any, backend: Any, windows: np.ndarray | None = None
                      ) -> dict[str, Any]:
-    """Compare a Backend with the fp32 PyTorch reference of `model` (a LoadedModel)."""
-    from stgcnd.model.reference import reference_logits
-
+    """Compare a runtime with the fp32 PyTorch reference of `model` (a LoadedModel)."""
     windows = default_windows(model.spec) if windows is None else windows
     ref = reference_logits(model, windows)
     got = backend_logits(backend, windows)
@@ -67,3 +71,41 @@ def validate_backend(model: Any, backend: Any, windows: np.ndarray | None = None
                   device=backend.info.device)
     log.info("engine_validated", **result)
     return result
+
+
+def ort_session(path_or_bytes: Path | bytes, threads: int = 0) -> Any:
+    """A CPU InferenceSession of an ONNX file or graph (for export checks and INT8 recipes)."""
+    ort = import_onnxruntime()
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.log_severity_level = 3
+    src = str(path_or_bytes) if isinstance(path_or_bytes, Path) else path_or_bytes
+    return ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
+
+
+def validate_export(model: Any, onnx_data: bytes, dynamic_batch: bool,
+                    windows: np.ndarray | None = None, tolerance: float = EXPORT_TOLERANCE
+                    ) -> dict[str, Any]:
+    """Max |ONNX Runtime - PyTorch| of an exported graph; ValidationError beyond tolerance."""
+    spec = model.spec
+    if windows is None:
+        # Realistic skeletons plus a window with empty person slots and one of uniform noise.
+        windows = np.concatenate([
+            synthetic_windows(3, spec.frames, spec.persons, spec.num_node, seed=1),
+            synthetic_windows(1, spec.frames, spec.persons, spec.num_node, present=1, seed=2),
+            np.random.default_rng(3).random((1, *spec.input_shape), dtype=np.float32),
+        ])
+    ref = reference_logits(model, windows)
+    sess = ort_session(onnx_data)
+    if dynamic_batch:
+        got = sess.run([OUTPUT_NAME], {INPUT_NAME: windows})[0]
+    else:
+        got = np.concatenate([sess.run([OUTPUT_NAME], {INPUT_NAME: w[None]})[0]
+                              for w in windows])
+    diff = float(np.max(np.abs(got - ref)))
+    if not np.isfinite(diff) or diff > tolerance:
+        raise ValidationError(
+            f"ONNX Runtime output differs from the reference by {diff:.3g} (> {tolerance:g}) on "
+            f"{len(windows)} windows; the exported graph is not the same function. Report this "
+            "with `stgcnd doctor` output; try --graph-op einsum.")
+    return {"runtime": "onnxruntime-cpu", "max_abs_diff": diff, "tolerance": tolerance}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -105,7 +106,6 @@ def load_model(spec: ModelSpec) -> LoadedModel:
 
 def reference_logits(model: LoadedModel, windows: Any, batch: int = 16) -> Any:
     """fp32 PyTorch logits on the CPU for windows (N, 3, T, V, M): the reference of every check."""
-    import numpy as np
 
     x = np.ascontiguousarray(windows, dtype=np.float32)
     outs = []

@@ -10,9 +10,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from stgcnd import versions
 from stgcnd.errors import BackendUnavailable
-
-TORCH_EXTRA = 'pip install -e ".[torch]" (or pip install "stgcnd[torch]")'
 
 
 def torch_installed() -> bool:
@@ -24,7 +23,7 @@ def torch_installed() -> bool:
 
 def torch_missing(what: str) -> BackendUnavailable:
     """The error for a feature that needs torch when it is not installed."""
-    return BackendUnavailable(f"{what} needs PyTorch, which is not installed: {TORCH_EXTRA}")
+    return BackendUnavailable(versions.torch_missing(what))
 
 
 def load_for_inference(spec: Any) -> Any:
@@ -50,3 +49,22 @@ def reference_logits(model: Any, windows: Any, batch: int = 16) -> Any:
     from stgcnd.model.loader import reference_logits as torch_reference
 
     return torch_reference(model, windows, batch)
+
+
+def export_module(model: Any) -> Any:
+    """The network to export to ONNX: inference-optimized (BatchNorm folded), torch."""
+    from stgcnd.model.optimized import optimize_for_export
+
+    return optimize_for_export(model)
+
+
+def checkpoint_num_class(spec: Any) -> int | None:
+    """The checkpoint's class count (one state_dict read, no network built), or None when
+    there is no checkpoint or no torch to read it. A checkpoint that cannot be read is an
+    error (CheckpointError says why)."""
+    if spec.checkpoint is None or not torch_installed():
+        return None
+    from stgcnd.model.checkpoint import inspect_state_dict, read_state_dict
+
+    state = read_state_dict(spec.checkpoint)
+    return int(inspect_state_dict(state, str(spec.checkpoint)).num_class)

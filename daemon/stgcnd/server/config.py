@@ -1,35 +1,224 @@
-"""Daemon configuration: TOML file, then `STGCND_*` environment variables, then flags.
+"""Daemon configuration: the TOML file, then `STGCND_*` environment variables, then flags.
 
-Plain values, checked once at load; unknown keys are errors (a typo must not silently fall back
-to a default), and so are unknown `STGCND_*` variables. Every error names where the bad value
-came from: the TOML file and key, the environment variable, or the flag.
+One declared schema: every key's type, range and one-line doc live in the structs below
+(msgspec checks them: an int key refuses 33.3, a float key refuses `true`), and the annotated
+example (`stgcnd config example`, systemd/stgcnd.toml) and the README's list of keys are
+made from it. Unknown keys are errors (a typo must not silently fall back to a default), and
+so are unknown `STGCND_*` variables. Every error names where the bad value came from: the
+TOML file and key, the environment variable, or the flag.
+
+A model's keys are of two kinds (`ENGINE`): what its engine and runners are built from, and
+its serving policy. A reload that changes only policy keeps the model's runners as they are.
 
 The demo model (random weights) is served only when asked for: `demo = true` in a [[models]]
 entry, or no configuration file at all (the built-in default, what `stgcnd demo` relies on).
-A [[models]] entry needs a `checkpoint` otherwise.
 """
 
+# msgspec evaluates the structs' annotations at run time: on Python 3.8 they must be written
+# Optional[...] and Tuple[...], not `X | None` and `tuple[...]`.
+# ruff: noqa: UP006, UP045
 from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
-from dataclasses import dataclass, field, fields, replace
+import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, Optional, Tuple
+
+import msgspec
+from msgspec import Meta
 
 from stgcnd.errors import UserError
+from stgcnd.model.graph import LAYOUTS
+from stgcnd.model.spec import MOTION_FORMULAS
 
 if sys.version_info >= (3, 11):
     import tomllib
-else:  # pragma: no cover - Python 3.10 (JetPack 6)
+else:  # pragma: no cover - Python 3.8 (JetPack 5) and 3.10 (JetPack 6)
     import tomli as tomllib
+if sys.version_info >= (3, 9):
+    from typing import Annotated, Literal  # novermin (3.8 takes them below)
+else:  # pragma: no cover - Python 3.8
+    from typing_extensions import Annotated, Literal
 
 DEFAULT_CONFIG_PATH = Path("/etc/stgcnd/stgcnd.toml")
 BACKENDS = ("auto", "tensorrt", "torch", "onnxruntime", "noop")
-PRECISIONS = ("fp32", "fp16", "int8")
-DEVICES = ("auto", "cpu", "cuda")
-DISPATCH = ("auto", "loop", "thread")
+# Keys of earlier releases, and what to do about them (a clear error, not "unknown key").
+REMOVED_KEYS = {
+    "dispatch": "the I/O loop drives every model now (a runtime that computes on the CPU "
+                "gets a worker thread of its own): delete the line",
+    "gc_freeze": "measured not to pay (frozen daemons had the worse tails): delete the line",
+}
+# STGCND_* variables stgcnd reads that are not [server] keys; any other STGCND_* is a typo.
+NON_CONFIG_ENV = ("STGCND_CONFIG", "STGCND_ENGINE_DIR")
+
+
+def key(doc: str, rule: str = "", engine: bool = False, **bounds: float) -> Meta:
+    """A key's one-line doc; `rule` says its range in words (for errors); `engine`: part of
+    what a model's engine and runners are built from."""
+    return Meta(description=doc, extra={"rule": rule, "engine": engine}, **bounds)
+
+
+class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    endpoint: Annotated[str, key(
+        "ipc:///path/to/socket or tcp://HOST:PORT; empty: stgcnd.sock in the runtime "
+        "directory (systemd's RuntimeDirectory, else $XDG_RUNTIME_DIR/stgcnd)")] = ""
+    engines_dir: Annotated[Optional[str], key(
+        "engine store: exported ONNX and one artefact per runtime/precision/device; unset: "
+        "systemd's StateDirectory/engines, else ./engines in a checkout, else the user "
+        "cache")] = None
+    stats_interval: Annotated[float, key(
+        "seconds between the latency and system log events", "must be > 0 seconds",
+        gt=0)] = 10.0
+    socket_mode: Annotated[int, key(
+        "permissions of the ipc socket file (0o660: camera processes in the daemon's group)",
+        "must be a file mode from 0 to 0o777", ge=0, le=0o777)] = 0o660
+    queue_size: Annotated[int, key(
+        "requests queued per camera before `busy` replies", "must be >= 1", ge=1)] = 8
+    idle_timeout: Annotated[float, key(
+        "seconds after which an idle camera is forgotten (its push window and lane freed)",
+        "must be > 0 seconds", gt=0)] = 300.0
+    max_cameras: Annotated[int, key(
+        "cameras served at once; when all are taken, slots are shared by client process or "
+        "address (docs/hardening.md)", "must be >= 1", ge=1)] = 64
+    max_connections: Annotated[int, key(
+        "connections kept at most; 0: 3/4 of the free file descriptors, at most 4096",
+        "must be >= 0 (0 = auto)", ge=0)] = 0
+    max_rss_mb: Annotated[int, key(
+        "resident memory (MB) above which connections that send nothing are closed; 0: the "
+        "size at READY + 512 MB", "must be >= 0 (0 = auto)", ge=0)] = 0
+    drain_timeout: Annotated[float, key(
+        "on SIGTERM, seconds for in-flight work; keep below the unit's TimeoutStopSec (15)",
+        "must be > 0 seconds", gt=0)] = 10.0
+    stall_timeout: Annotated[float, key(
+        "a batch running this long stops the watchdog pings (systemd then restarts us)",
+        "must be > 0 seconds", gt=0)] = 30.0
+    max_message_bytes: Annotated[int, key(
+        "largest request in bytes (a 150-frame window of 5 persons is 0.3 MB)",
+        "must be >= 1024", ge=1024)] = 4 * 1024 * 1024
+    sndhwm: Annotated[int, key(
+        "unread replies queued per client before further ones are dropped", "must be >= 1",
+        ge=1)] = 1000
+    rcvhwm: Annotated[int, key(
+        "requests queued per connection before its sender is held back", "must be >= 1",
+        ge=1)] = 1000
+    warmup_runs: Annotated[int, key(
+        "warm-up runs of every batch shape before READY", "must be >= 0", ge=0)] = 3
+    tegrastats: Annotated[Optional[str], key(
+        "path of tegrastats; unset: look on PATH (Jetson only)")] = None
+    system_stats: Annotated[bool, key(
+        "sample CPU, memory, GPU, power and temperatures into `system` log events")] = True
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], key(
+        "log level of the daemon's JSON log")] = "info"
+
+
+class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    name: Annotated[str, key("the model's name in requests (nil: the first model)",
+                             "must be a non-empty name", min_length=1)] = "demo"
+    checkpoint: Annotated[Optional[str], key(
+        "the st-gcn checkpoint (.pt state_dict), or its exported .onnx", engine=True)] = None
+    demo: Annotated[bool, key(
+        "serve the demo model (random weights: its predictions mean nothing)",
+        engine=True)] = False
+    layout: Annotated[str, key("skeleton layout: mediapipe (33 keypoints), openpose, ntu",
+                               "must be one of " + ", ".join(sorted(LAYOUTS)),
+                               engine=True)] = "mediapipe"
+    persons: Annotated[int, key("person slots M", "must be >= 1", engine=True, ge=1)] = 1
+    frames: Annotated[int, key("window length T in frames (150: 6 s at 25 fps)",
+                               "must be >= 3", engine=True, ge=3)] = 150
+    motion: Annotated[str, key(
+        "the motion stream's formula the model was trained with (the original st-gcn "
+        "two-stream uses second-difference)", "must be one of " + ", ".join(MOTION_FORMULAS),
+        engine=True)] = "first-difference"
+    labels: Annotated[Tuple[str, ...], key("class names, in class order")] = ()
+    backend: Annotated[str, key(
+        "tensorrt, torch, onnxruntime, or auto (tensorrt, else torch on CUDA, else the "
+        "fastest CPU runtime); noop: zero logits, to measure the daemon itself",
+        "must be one of " + ", ".join(BACKENDS) + " (noop: zero logits, for measuring the "
+        "daemon itself)", engine=True)] = "auto"
+    device: Annotated[Literal["auto", "cpu", "cuda"], key(
+        "for a named backend: cuda when it can use the GPU, else cpu", engine=True)] = "auto"
+    precision: Annotated[Literal["fp32", "fp16", "int8"], key(
+        "fp32, fp16 (GPU) or int8 (needs calibration)", engine=True)] = "fp32"
+    stride: Annotated[int, key("push mode: one prediction every `stride` frames",
+                               "must be >= 1", ge=1)] = 1
+    max_batch: Annotated[int, key(
+        "largest batch across cameras; 0: 64 on a GPU, 8 on a Jetson, 16 on a CPU",
+        "must be >= 0 (0 = auto)", engine=True, ge=0)] = 0
+    buckets: Annotated[Tuple[int, ...], key(
+        "batch shapes prepared before READY (a batch runs in the smallest that holds it)",
+        "must be batch sizes >= 1, e.g. [1, 2, 4, 8]", engine=True,
+        min_length=1)] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+    max_queue_delay_us: Annotated[int, key(
+        "how long a batch may wait to fill while the device is idle (0: never)",
+        "must be in 0..1000000", ge=0, le=1_000_000)] = 0
+    instances: Annotated[int, key(
+        "runners sharing the model's queue (each its own streams and graphs)",
+        "must be >= 1", engine=True, ge=1)] = 1
+    client_streams: Annotated[bool, key(
+        "one CUDA stream per camera for its copies (false: one copy each way per batch)",
+        engine=True)] = True
+    cuda_graph: Annotated[bool, key(
+        "on CUDA: one graph per bucket, captured before READY", engine=True)] = True
+    threads: Annotated[int, key(
+        "CPU runtimes' intra-op threads (0: all cores; leave some to the cameras on a Jetson)",
+        "must be >= 0", engine=True, ge=0)] = 0
+    calibration: Annotated[Optional[str], key(
+        "int8: .npz/.npy of recorded windows (N, 3, T, V, M)", engine=True)] = None
+    allow_synthetic_calibration: Annotated[bool, key(
+        "int8: calibrate on generated skeletons when no calibration file is given",
+        engine=True)] = False
+    noop_compute_us: Annotated[int, key(
+        "backend noop only: each batch finishes this long after it starts",
+        "must be in 0..1000000 and is for backend = \"noop\" only", engine=True, ge=0,
+        le=1_000_000)] = 0
+
+    @property
+    def engine(self) -> tuple[object, ...]:
+        """What the model's engine and runners are built from (ENGINE keys)."""
+        return tuple(getattr(self, k) for k in ENGINE)
+
+    @property
+    def checkpoint_path(self) -> Path | None:
+        return Path(self.checkpoint) if self.checkpoint else None
+
+    @property
+    def calibration_path(self) -> Path | None:
+        return Path(self.calibration) if self.calibration else None
+
+
+class Config(msgspec.Struct, frozen=True, kw_only=True):
+    server: ServerConfig = msgspec.field(default_factory=ServerConfig)
+    models: Tuple[ModelConfig, ...] = (ModelConfig(demo=True),)
+    source: str = "built-in defaults (demo model)"
+
+    @property
+    def endpoint(self) -> str:
+        return self.server.endpoint or f"ipc://{default_runtime_dir() / 'stgcnd.sock'}"
+
+    @property
+    def engines_dir(self) -> Path:
+        return Path(self.server.engines_dir) if self.server.engines_dir else \
+            default_engines_dir()
+
+    def model(self, name: str | None) -> ModelConfig | None:
+        if name is None:
+            return self.models[0]
+        return next((m for m in self.models if m.name == name), None)
+
+
+def _meta(annotation: Any) -> Meta:
+    return next(a for a in getattr(annotation, "__metadata__", ()) if isinstance(a, Meta))
+
+
+def schema(cls: type[msgspec.Struct]) -> list[tuple[str, Any, Meta]]:
+    """(key, default, its Meta) of every key of a config table, in declaration order."""
+    return [(f.name, f.default, _meta(f.type)) for f in msgspec.structs.fields(cls)]
+
+
+ENGINE = tuple(name for name, _, meta in schema(ModelConfig) if meta.extra["engine"])
 
 
 def default_runtime_dir() -> Path:
@@ -49,221 +238,110 @@ def default_engines_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stgcnd" / "engines"
 
 
-@dataclass(frozen=True)
-class ModelConfig:
-    name: str = "demo"
-    checkpoint: Path | None = None
-    demo: bool = False         # serve the demo model (random weights) instead of a checkpoint
-    layout: str = "mediapipe"
-    persons: int = 1
-    frames: int = 150
-    motion: str = "first-difference"
-    labels: tuple[str, ...] = ()
-    backend: str = "auto"
-    device: str = "auto"       # auto: the GPU when the backend can use one, else the CPU
-    precision: str = "fp32"
-    stride: int = 1            # push mode: one prediction every `stride` frames once full
-    # Batching across cameras: the largest batch (0 = auto: 64 on a GPU, 16 on a CPU), the
-    # batch shapes prepared before READY (a batch runs in the smallest bucket that holds it),
-    # how long a batch may wait to fill (0: never wait while the device is idle) and how many
-    # executors (each with its own runner, streams and graphs) share the model's queue.
-    # 24 and 48 besides the powers of two: a batch of 40 padded to 64 computes as 64, and
-    # under open-loop load the longer cycle gathers bigger batches again; on the H100, 128
-    # cameras x 25 Hz ran at p50 23.6 ms with powers of two and 8.6 ms with these
-    # (docs/benchmarks.md). A TensorRT engine maps them onto the profiles it was built with.
-    max_batch: int = 0
-    buckets: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-    max_queue_delay_us: int = 0
-    instances: int = 1
-    # One CUDA stream per camera for its window's upload and its result's download, ordered
-    # against the batch by events; false moves a batch in one copy each way (docs/benchmarks.md
-    # compares the two).
-    client_streams: bool = True
-    # Who drives the model's runners: "loop" (the I/O loop launches each batch and checks for
-    # its end on a timer: no thread hand-off on a request's path), "thread" (an executor
-    # thread per instance runs whole batches) or "auto" (loop for runners that only enqueue
-    # device work, i.e. CUDA graphs and noop; thread for CPU runtimes, whose compute would
-    # hold up every camera).
-    dispatch: str = "auto"
-    noop_compute_us: int = 0   # backend noop only: each batch finishes this long after start
-    calibration: Path | None = None
-    allow_synthetic_calibration: bool = False
-    cuda_graph: bool = True    # on CUDA: one graph per bucket, captured before READY
-    threads: int = 0           # CPU intra-op threads (0: the library's default, all cores)
+def engines_root(flag: Path | None = None) -> Path:
+    """The engine store of a command: --engines, else $STGCND_ENGINE_DIR, else the daemon's
+    default, so that commands and the daemon share one store."""
+    if flag is not None:
+        return flag
+    env = os.environ.get("STGCND_ENGINE_DIR")
+    return Path(env) if env else default_engines_dir()
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    endpoint: str = ""                 # "" = ipc socket in the runtime directory
-    engines_dir: Path | None = None    # None = default_engines_dir()
-    stats_interval: float = 10.0       # seconds between latency / system log events
-    socket_mode: int = 0o660
-    queue_size: int = 8                # per camera; a full queue answers busy at once
-    idle_timeout: float = 300.0        # camera state idle this long is reclaimed
-    max_cameras: int = 64              # cameras served at once (each: a lane per executor)
-    max_connections: int = 0           # 0 = auto: 3/4 of the free fds, at most 4096
-    max_rss_mb: int = 0                # over it, quiet peers are closed; 0 = READY's + 512
-    drain_timeout: float = 10.0        # SIGTERM: finish in-flight work within this
-    stall_timeout: float = 30.0        # an executor busy this long in one batch stops the watchdog
-    max_message_bytes: int = 4 * 1024 * 1024
-    sndhwm: int = 1000
-    rcvhwm: int = 1000
-    warmup_runs: int = 3
-    tegrastats: str | None = None      # path; None = look on PATH
-    system_stats: bool = True
-    gc_freeze: bool = False            # see server/gcpause.py
-    log_level: str = "info"
+# --- decoding, with errors that name where the bad value came from ---------------------------
+
+_EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false",
+             "str": "a string", "array": "a list"}
+_AT = re.compile(r" - at `\$\.?([A-Za-z_0-9]*)")
 
 
-@dataclass(frozen=True)
-class Config:
-    server: ServerConfig = field(default_factory=ServerConfig)
-    models: tuple[ModelConfig, ...] = (ModelConfig(demo=True),)
-    source: str = "built-in defaults (demo model)"
-
-    @property
-    def endpoint(self) -> str:
-        return self.server.endpoint or f"ipc://{default_runtime_dir() / 'stgcnd.sock'}"
-
-    @property
-    def engines_dir(self) -> Path:
-        return self.server.engines_dir or default_engines_dir()
-
-    def model(self, name: str | None) -> ModelConfig | None:
-        if name is None:
-            return self.models[0]
-        return next((m for m in self.models if m.name == name), None)
-
-
-# STGCND_* variables stgcnd reads that are not [server] keys; any other STGCND_* is a typo.
-NON_CONFIG_ENV = (
-    "STGCND_CONFIG",            # the configuration file
-    "STGCND_ENGINE_DIR",        # the engine store of the build/engines commands
-    "STGCND_TEST_PAUSE_BUILD",  # tests: hold an engine build to test its lock
-    "STGCND_TRT_STUB_CACHE",    # tests: where the TensorRT API stubs are unpacked
-    "STGCND_TRT_STUB_DIR",
-    "STGCND_FUZZ_CASES",        # tests: protocol fuzzing and soak knobs
-    "STGCND_FUZZ_LONG",
-    "STGCND_FUZZ_LONG_CASES",
-    "STGCND_FUZZ_SEED",
-    "STGCND_NET_TESTS",         # tests: enable tests that need the network
-)
-
-
-def _coerce(cls: type, where: str, raw: dict[str, Any],
-            sources: dict[str, str] | None = None) -> Any:
-    known = {f.name: f for f in fields(cls)}
+def _decode(cls: type[msgspec.Struct], raw: dict[str, Any], where: str,
+            sources: dict[str, str], strict_keys: frozenset[str] = frozenset()) -> Any:
+    """msgspec's checks, its errors said the way users read them. Values from the
+    environment or flags (`sources` says which) arrive as text: those are parsed."""
+    removed = sorted(set(raw) & set(REMOVED_KEYS))
+    if removed:
+        raise UserError(f"{where}: {removed[0]} was removed in stgcnd 0.2: "
+                        f"{REMOVED_KEYS[removed[0]]}")
+    known = [name for name, _, _ in schema(cls)]
     unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}; known keys: "
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}; {hint}known keys: "
                         f"{', '.join(known)}")
-    values: dict[str, Any] = {}
-    defaults = cls()
-    for key, value in raw.items():
-        default = getattr(defaults, key)
-        ftype = str(known[key].type)
-        try:
-            if "Path" in ftype:
-                value = None if value in (None, "") else Path(value)
-            elif "tuple" in ftype:
-                if isinstance(value, str):
-                    value = [v.strip() for v in value.split(",") if v.strip()]
-                if not isinstance(value, (list, tuple)):
-                    raise TypeError("expected a list")
-                if "int" in ftype:
-                    if any(isinstance(v, bool) for v in value):
-                        raise TypeError("expected integers")
-                    value = tuple(int(v) for v in value)
-                else:
-                    value = tuple(str(v) for v in value)
-            elif isinstance(default, bool):
-                if isinstance(value, str):
-                    if value.lower() not in ("1", "0", "true", "false", "yes", "no"):
-                        raise ValueError(value)
-                    value = value.lower() in ("1", "true", "yes")
-                elif not isinstance(value, bool):
-                    raise TypeError("expected true or false")
-            elif isinstance(default, int):
-                if isinstance(value, bool):
-                    raise TypeError("expected an integer")
-                value = int(value, 0) if isinstance(value, str) else int(value)
-            elif isinstance(default, float):
-                value = float(value)
-            elif value is not None:
-                value = str(value)
-        except (TypeError, ValueError) as exc:
-            source = (sources or {}).get(key, f"{where}.{key}")
-            raise UserError(f"{source}: invalid value {value!r} ({_expected(default, exc)})"
-                            ) from None
-        values[key] = value
-    return cls(**values)
+    values = dict(raw)
+    for name in set(raw) - strict_keys:  # text from the environment or a flag
+        values[name] = _parse(cls, name, raw[name], sources.get(name, f"{where} {name}"))
+    try:
+        return msgspec.convert(values, cls)
+    except msgspec.ValidationError as exc:
+        raise _said(cls, str(exc), values, where, sources) from None
+
+
+def _parse(cls: type[msgspec.Struct], name: str, value: Any, source: str) -> Any:
+    field_type = next(f.type for f in msgspec.structs.fields(cls) if f.name == name)
+    try:
+        return msgspec.convert(value, field_type.__origin__ if hasattr(field_type, "__metadata__")
+                               else field_type, strict=False)
+    except msgspec.ValidationError as exc:
+        raise _said(cls, f"{exc} - at `$.{name}`", {name: value}, source,
+                    {name: source}) from None
+
+
+def _said(cls: type[msgspec.Struct], message: str, values: dict[str, Any], where: str,
+          sources: dict[str, str]) -> UserError:
+    at = _AT.search(message)
+    name = at.group(1) if at else ""
+    source = sources.get(name, f"{where} {name}".strip())
+    value = values.get(name)
+    meta = next((m for n, _, m in schema(cls) if n == name), None)
+    expected = re.match(r"Expected `(\w+)`, got", message)
+    if expected:
+        want = _EXPECTED.get(expected.group(1), f"a {expected.group(1)}")
+        if expected.group(1) == "array":
+            item = "integers" if "int" in str(next(f.type for f in msgspec.structs.fields(cls)
+                                                   if f.name == name)) else "strings"
+            want = f"a list of {item}"
+        return UserError(f"{source}: invalid value {value!r} (expected {want})")
+    if meta is not None and meta.extra.get("rule"):
+        return UserError(f"{source}: {name} {meta.extra['rule']}, got {value!r}")
+    choices = re.match(r"Invalid enum value", message)
+    if choices:
+        return UserError(f"{source}: invalid value {value!r} ({message.split(' - ')[0]})")
+    return UserError(f"{source}: invalid value {value!r} ({message.split(' - ')[0]})")
 
 
 def _check(config: Config) -> Config:
-    from stgcnd.model.graph import LAYOUTS
-
+    """What one key alone cannot say: the models together, and keys that go together."""
     names = [m.name for m in config.models]
-    if not names:
-        raise UserError(f"{config.source}: no [[models]] configured; add at least one")
     if len(set(names)) != len(names):
         raise UserError(f"{config.source}: model names must be unique, got {names}")
     for m in config.models:
         where = f"{config.source}: model {m.name!r}"
-        _check_demo(m, where)
-        if m.backend not in BACKENDS:
-            raise UserError(f"{where}: backend must be one of {', '.join(BACKENDS)} "
-                            "(noop: zero logits, for measuring the daemon itself)")
-        if m.device not in DEVICES:
-            raise UserError(f"{where}: device must be one of {', '.join(DEVICES)}")
-        if m.precision not in PRECISIONS:
-            raise UserError(f"{where}: precision must be one of {', '.join(PRECISIONS)}")
-        if m.dispatch not in DISPATCH:
-            raise UserError(f"{where}: dispatch must be one of {', '.join(DISPATCH)}")
-        if m.noop_compute_us and (m.backend != "noop" or not 0 <= m.noop_compute_us
-                                  <= 1_000_000):
-            raise UserError(f"{where}: noop_compute_us (0..1000000) is for backend = \"noop\" "
-                            "only; remove it")
-        if m.layout not in LAYOUTS:
-            raise UserError(f"{where}: layout must be one of {', '.join(LAYOUTS)}")
-        if m.persons < 1 or m.frames < 3 or m.stride < 1 or m.max_batch < 0 or m.threads < 0:
-            raise UserError(f"{where}: persons and stride must be >= 1, frames >= 3, max_batch "
-                            "(0 = auto) and threads >= 0")
-        if not m.buckets or any(b < 1 for b in m.buckets) or m.instances < 1 \
-                or not 0 <= m.max_queue_delay_us <= 1_000_000:
-            raise UserError(f"{where}: buckets must be batch sizes >= 1 (e.g. [1, 2, 4, 8]), "
-                            "instances >= 1, max_queue_delay_us in 0..1000000")
-    s = config.server
-    if s.stats_interval <= 0 or s.queue_size < 1 or s.drain_timeout <= 0 or s.max_cameras < 1:
-        raise UserError(f"{config.source}: stats_interval and drain_timeout must be > 0, "
-                        "queue_size and max_cameras >= 1")
+        # A named model silently answering with random weights looks real ("shoplifting",
+        # 0.99): the demo model must be asked for.
+        if m.demo and m.checkpoint is not None:
+            raise UserError(f"{where}: has both demo = true and a checkpoint; remove demo = "
+                            "true to serve the checkpoint")
+        if not m.demo and m.checkpoint is None:
+            raise UserError(f"{where}: no checkpoint; add checkpoint = \"/path/to/model.pt\" "
+                            "to serve your model, or demo = true to serve the demo model "
+                            "(random weights: its predictions mean nothing)")
+        rules = (("backend", m.backend in BACKENDS), ("layout", m.layout in LAYOUTS),
+                 ("motion", m.motion in MOTION_FORMULAS),
+                 ("buckets", all(b >= 1 for b in m.buckets)),
+                 ("noop_compute_us", not m.noop_compute_us or m.backend == "noop"))
+        for name, ok in rules:
+            if not ok:
+                meta = next(meta for n, _, meta in schema(ModelConfig) if n == name)
+                raise UserError(f"{where}: {name} {meta.extra['rule']}, got "
+                                f"{getattr(m, name)!r}")
     return config
-
-
-def _expected(default: Any, exc: Exception) -> str:
-    if isinstance(default, bool):
-        return "expected true or false"
-    if isinstance(default, int):
-        return "expected an integer"
-    if isinstance(default, float):
-        return "expected a number"
-    return str(exc)
-
-
-def _check_demo(m: ModelConfig, where: str) -> None:
-    # A named model silently answering with random weights looks real ("shoplifting", 0.99):
-    # the demo model must be asked for.
-    if m.demo and m.checkpoint is not None:
-        raise UserError(f"{where}: has both demo = true and a checkpoint; remove demo = true "
-                        "to serve the checkpoint")
-    if not m.demo and m.checkpoint is None:
-        raise UserError(f"{where}: no checkpoint; add checkpoint = \"/path/to/model.pt\" to "
-                        "serve your model, or demo = true to serve the demo model (random "
-                        "weights: its predictions mean nothing)")
 
 
 def _env_overrides(env: dict[str, str]) -> dict[str, tuple[str, str]]:
     """[server] key -> (variable, value) from STGCND_<KEY>; an unknown STGCND_* is an error."""
-    by_name = {f"STGCND_{f.name.upper()}": f.name for f in fields(ServerConfig)}
+    by_name = {f"STGCND_{name.upper()}": name for name, _, _ in schema(ServerConfig)}
     found = {}
     for name, value in env.items():
         if not name.startswith("STGCND_") or name in NON_CONFIG_ENV:
@@ -273,22 +351,9 @@ def _env_overrides(env: dict[str, str]) -> dict[str, tuple[str, str]]:
             hint = f"did you mean {close[0]}? " if close else ""
             raise UserError(f"environment variable {name} is not one stgcnd knows; {hint}"
                             f"[server] keys: {', '.join(sorted(by_name))}; others: "
-                            f"{', '.join(NON_CONFIG_ENV[:2])}. Unset it or fix its name.")
+                            f"{', '.join(NON_CONFIG_ENV)}. Unset it or fix its name.")
         found[by_name[name]] = (name, value)
     return found
-
-
-def _check_server(s: ServerConfig, where: dict[str, str]) -> None:
-    """Ranges of [server] values, each error naming the value's source."""
-    rules = (("stats_interval", s.stats_interval > 0, "must be > 0 seconds"),
-             ("drain_timeout", s.drain_timeout > 0, "must be > 0 seconds"),
-             ("queue_size", s.queue_size >= 1, "must be >= 1"),
-             ("max_cameras", s.max_cameras >= 1, "must be >= 1"),
-             ("max_connections", s.max_connections >= 0, "must be >= 0 (0 = auto)"),
-             ("max_rss_mb", s.max_rss_mb >= 0, "must be >= 0 (0 = auto)"))
-    for key, ok, rule in rules:
-        if not ok:
-            raise UserError(f"{where[key]}: {key} {rule}, got {getattr(s, key)!r}")
 
 
 def load_config(path: Path | None = None, env: dict[str, str] | None = None,
@@ -318,20 +383,21 @@ def load_config(path: Path | None = None, env: dict[str, str] | None = None,
     if unknown:
         raise UserError(f"{source}: unknown section(s) {', '.join(unknown)}; use [server] and "
                         "[[models]]")
-    server_raw = dict(raw.get("server", {}))
+    server_raw: Dict[str, Any] = dict(raw.get("server", {}))
     # Where each value came from, so that an error points at the right place to fix it.
-    where = {f.name: f"{source} [server] {f.name}" for f in fields(ServerConfig)}
-    # STGCND_<KEY> overrides [server] keys, e.g. STGCND_ENDPOINT, STGCND_STATS_INTERVAL.
-    for key, (name, value) in _env_overrides(env).items():
-        server_raw[key] = value
-        where[key] = f"environment variable {name}"
-    for key, value in (overrides or {}).items():
+    where = {name: f"{source} [server] {name}" for name, _, _ in schema(ServerConfig)}
+    from_file = frozenset(server_raw)
+    for name, (variable, value) in _env_overrides(env).items():
+        server_raw[name] = value
+        where[name] = f"environment variable {variable}"
+    for name, value in (overrides or {}).items():
         if value is not None:
-            server_raw[key] = value
-            flag = (flag_names or {}).get(key, "--" + key.replace("_", "-"))
-            where[key] = f"flag {flag}"
-    server = _coerce(ServerConfig, f"{source} [server]", server_raw, where)
-    _check_server(server, where)
+            server_raw[name] = value if isinstance(value, str) else str(value)
+            flag = (flag_names or {}).get(name, "--" + name.replace("_", "-"))
+            where[name] = f"flag {flag}"
+    overridden = {n for n, w in where.items() if not w.startswith(source)}
+    server = _decode(ServerConfig, server_raw, f"{source} [server]", where,
+                     strict_keys=from_file - overridden)
     models_raw = raw.get("models")
     if models_raw is None and path is not None:
         raise UserError(f"{source}: no [[models]] entry; add one with name and "
@@ -339,13 +405,76 @@ def load_config(path: Path | None = None, env: dict[str, str] | None = None,
                         "model)")
     if models_raw is None:
         models: tuple[ModelConfig, ...] = (ModelConfig(demo=True),)
-    elif not isinstance(models_raw, list):
+    elif not isinstance(models_raw, list) or not models_raw:
         raise UserError(f"{source}: models must be an array of tables: [[models]]")
     else:
-        models = tuple(_coerce(ModelConfig, f"{source} [[models]] #{i + 1}", m)
-                       for i, m in enumerate(models_raw))
+        models = tuple(
+            _decode(ModelConfig, m, f"{source} [[models]] #{i + 1}",
+                    {k: f"{source} [[models]] #{i + 1} {k}" for k in m},
+                    strict_keys=frozenset(m))
+            for i, m in enumerate(models_raw))
     return _check(Config(server=server, models=models, source=source))
 
 
 def with_server(config: Config, **changes: Any) -> Config:
-    return replace(config, server=replace(config.server, **changes))
+    return msgspec.structs.replace(config, server=msgspec.structs.replace(config.server,
+                                                                          **changes))
+
+
+# --- the annotated example, made from the schema ----------------------------------------------
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def _comment(text: str) -> list[str]:
+    return textwrap.wrap(text, 92, initial_indent="# ", subsequent_indent="# ")
+
+
+def example() -> str:
+    """The annotated configuration: every key with its doc and default (the defaults of the
+    example's own values where it sets them: a systemd deployment serving a checkpoint)."""
+    shown = {"endpoint": "ipc:///run/stgcnd/stgcnd.sock",
+             "engines_dir": "/var/lib/stgcnd/engines", "socket_mode": 0o660}
+    model = {"name": "single", "checkpoint": "/var/lib/stgcnd/models/epoch60_model.pt",
+             "labels": ("normal", "shoplifting"), "precision": "fp16", "stride": 25}
+    out = ["# /etc/stgcnd/stgcnd.toml - stgcnd daemon configuration (annotated example; "
+           "`stgcnd config",
+           "# example` prints it). Every [server] key can be overridden by an environment",
+           "# variable STGCND_<KEY> (e.g. STGCND_STATS_INTERVAL=5). Unknown keys, and unknown",
+           "# STGCND_* variables, are errors. Keys marked (engine) are what a model's engine is",
+           "# built from; a reload that changes only the others keeps its runners.", "",
+           "[server]"]
+    for name, default, meta in schema(ServerConfig):
+        out += _comment(meta.description)
+        value = shown.get(name, default)
+        if value is None:
+            out.append(f"# {name} = ")
+        elif name == "socket_mode":
+            out.append(f"{name} = 0o{value:o}")
+        else:
+            out.append(f"{name} = {_toml_value(value)}")
+    out += ["", "[[models]]"]
+    for name, default, meta in schema(ModelConfig):
+        tag = " (engine)" if meta.extra["engine"] else ""
+        out += _comment(meta.description + tag)
+        value = model.get(name, default)
+        out.append(f"# {name} = " if value is None else f"{name} = {_toml_value(value)}")
+    return "\n".join(out) + "\n"
+
+
+def key_table() -> str:
+    """The README's list of keys, as a markdown table made from the schema."""
+    rows = ["| key | default | what |", "| --- | --- | --- |"]
+    for section, cls in (("server", ServerConfig), ("models", ModelConfig)):
+        for name, default, meta in schema(cls):
+            shown = "unset" if default is None else _toml_value(default)
+            tag = " *engine*" if meta.extra["engine"] else ""
+            rows.append(f"| `[{section}] {name}` | `{shown}` | {meta.description}{tag} |")
+    return "\n".join(rows) + "\n"

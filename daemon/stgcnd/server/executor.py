@@ -1,93 +1,203 @@
-"""Executors: what runs a model's batches (Triton's model instances).
+"""An executor: one runner of a model, driven by the I/O loop (Triton's model instance).
 
-`ExecutorBase` is what every executor does with a batch: refuse jobs that cannot finish in
-time (`expired`, judged by the warmed-up compute time of the bucket the batch runs in, never by
-set-up), run the rest, keep the compute estimate, and turn logits into one reply per job.
+Every model is served the same way. The loop takes a batch from the model's scheduler when
+the executor is free, refuses the jobs that cannot finish in time (`expired`, judged by the
+warmed-up compute time of the bucket the batch runs in, never by set-up), launches the rest
+and goes back to serving other cameras. It finishes the batch on a later pass, when the
+runner says it is done, and turns its logits into one reply per job.
 
-Two kinds drive it (the model's `dispatch`):
-- `Executor` here: a thread that owns one BatchRunner. It makes the runner (CUDA streams,
-  graphs per bucket, client lanes), warms every bucket and only then reports ready: the daemon
-  says READY=1 after all executors did. From then on it takes a batch from the model's
-  scheduler whenever it is free, runs it to the end and hands the replies to the I/O loop. For
-  CPU runtimes, whose compute would otherwise stall the loop. The runner is closed by the same
-  thread at the end.
-- `stgcnd.server.loop_executor.LoopExecutor`: driven by the I/O loop itself, for runners that
-  only enqueue device work (CUDA graphs): no thread hand-off on a request's path.
+When to look: a runner whose compute runs on its own worker thread (runtimes.base.InWorker)
+wakes the loop itself when a batch is done. A runner that only enqueues device work (CUDA
+graphs, noop) is looked at on the loop's timer: each bucket has an estimate of launch-to-done
+time, seeded by the warm-up and then tracking the 90th percentile of where its batches finish
+(a batch done at the first look pulls it earlier by a little, one that needed another look
+pushes it later by nine times as much, so that about one batch in ten needs a second look). A
+look costs the loop a wake-up; looking late adds latency. Further looks follow every few
+percent of the estimate (25..200 us).
 
-Liveness (gunicorn's arbiter): `heartbeat` is a monotonic timestamp refreshed on every pass of
-the executor's loop; `busy_since` is set while a batch runs. The watchdog trusts only these.
+Liveness (gunicorn's arbiter): `busy_since` is a monotonic timestamp set while a batch runs;
+the watchdog trusts it alone.
 """
 
 from __future__ import annotations
 
-import threading
+import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from stgcnd.log import get_logger
-from stgcnd.server.outbox import Outbox, Reply
+from stgcnd.runtimes.base import Runner, Runtime
+from stgcnd.runtimes.cuda import CudaError
 from stgcnd.server.scheduler import Job, Scheduler
-from stgcnd.threadname import name_os_thread
 from stgcnd_client.protocol import ErrorCode, encode_reply
 
 log = get_logger(__name__)
 
-TAKE_TIMEOUT_S = 0.5
-EWMA = 0.2
+EWMA = 0.2               # compute estimate per bucket: weight of the newest batch
+RECHECK_FRACTION = 0.04
+RECHECK_MIN_S = 25e-6
+RECHECK_MAX_S = 200e-6
+EARLIER = 0.995          # a batch done at the first look: look 0.5 % sooner next time
+LATER = 1.045            # one that was not: 4.5 % later (equilibrium: 90 % done at first look)
+INLINE_S = 20e-6         # batches expected within this are looked at again at once
+MAX_LOOK_S = 5.0         # never plan a first look further out than this
+BLOCKED_RETRY_S = 1e-3   # the runner cannot launch right now (another thread captures a graph)
 
 
-def is_fatal(exc: BaseException) -> bool:
-    """The GPU is in an unrecoverable state: the process must exit and be restarted."""
-    mod = type(exc).__module__ or ""
-    text = str(exc)
-    return (mod.startswith("pycuda") or "CUDA error" in text or "cudaError" in text
-            or "illegal memory access" in text)
+@dataclass
+class Reply:
+    job: Job
+    frames: list[bytes]
+    outcome: str                # "ok", "error", "expired", "shutting-down"
+    timings: dict[str, float] = field(default_factory=dict)
 
 
-class ExecutorBase:
-    """What every executor does with a batch, whichever thread drives it: refuse what cannot
-    finish in time, run the rest, keep the compute estimate, turn logits into replies."""
+def error_reply(job: Job, code: ErrorCode, message: str, outcome: str) -> Reply:
+    return Reply(job, encode_reply(job.req_id, error=(code.value, message)), outcome)
 
-    def __init__(self, model: Any, index: int, scheduler: Scheduler, buckets: Sequence[int],
-                 lanes: int, warmup_runs: int,
-                 on_fatal: Callable[[BaseException], None]) -> None:
-        self.model = model                 # stgcnd.server.models.ServedModel
-        self._index = index
-        self.scheduler = scheduler
-        self._bucket_sizes = tuple(buckets)
-        self._lanes = lanes
-        self._warmup_runs = warmup_runs
+
+def replies_for(jobs: Sequence[Job], logits: np.ndarray, labels: Sequence[str], model: str,
+                started: float, timings: dict[str, float]) -> list[Reply]:
+    """One reply per job from its row of the batch's logits. Plain floats, row by row: with
+    a handful of classes numpy's per-call overhead cost more than this loop, which runs on
+    the I/O loop for every reply. Softmax in double precision."""
+    out = []
+    done = time.monotonic()
+    for job, row in zip(jobs, logits.tolist()):
+        t = {**timings, "queue_ms": round((started - job.received) * 1e3, 3),
+             "total_ms": round((done - job.received) * 1e3, 3)}
+        if not all(map(math.isfinite, row)):
+            # Inputs of huge magnitude overflow float32 (or float16 engines) inside the
+            # network: a NaN prediction must never reach a client as if it were one.
+            out.append(Reply(job, encode_reply(job.req_id, error=(
+                ErrorCode.NON_FINITE.value,
+                "the model produced non-finite logits for this window (values too large for "
+                "the network's precision); send normalized keypoints (x, y in 0..1 or "
+                "pixels, visibility in 0..1)")), "error", t))
+            continue
+        top = max(row)
+        exps = [math.exp(v - top) for v in row]
+        total = sum(exps)
+        label = row.index(top)  # the first of equal maxima, as numpy's argmax
+        result = {**job.extra, "model": model, "logits": row,
+                  "probs": [e / total for e in exps], "label": label,
+                  "label_name": labels[label], "timings": t}
+        out.append(Reply(job, encode_reply(job.req_id, result), "ok", t))
+    return out
+
+
+class Executor:
+    def __init__(self, model: str, labels: Sequence[str], index: int, scheduler: Scheduler,
+                 runner: Runner, on_fatal: Callable[[BaseException], None]) -> None:
+        self.model = model
         self._on_fatal = on_fatal
-        self.error: BaseException | None = None
-        self.heartbeat = time.monotonic()
+        self.labels = tuple(labels)
+        self.name = f"executor-{model}-{index}"
+        self.scheduler = scheduler
+        self.runner = runner
+        self.buckets = runner.buckets
+        self.compute_ms = dict(runner.compute_ms)   # bucket -> compute estimate (ms)
+        self.wall_s = {b: ms / 1e3 for b, ms in runner.wall_ms.items()}
+        self.polled = not runner.wakes_loop  # else the runner wakes the loop when done
         self.busy_since: float | None = None
         self.drain_deadline: float | None = None   # set at shutdown
-        self.compute_ms: dict[int, float] = {}     # bucket -> warmed compute estimate
-        self.buckets: tuple[int, ...] = ()
         self.batches = 0
         self.windows = 0
+        self.next_look: float | None = None
+        self._attached = False
+        self._closed = False
+        self._jobs: list[Job] | None = None    # the batch in flight
+        self._bucket = 0
+        self._started = 0.0                    # monotonic, when it was launched
+        self._looks = 0
 
-    def _prepare_runner(self) -> Any:
-        """Make this executor's runner and warm every bucket (set-up never on a request's
-        path); the runner is closed again if warming fails."""
-        runner = self.model.backend.open_runner(self._bucket_sizes, self._lanes)
+    @classmethod
+    def prepare(cls, runtime: Runtime, model: str, labels: Sequence[str], index: int,
+                scheduler: Scheduler, buckets: Sequence[int], lanes: int, warmup_runs: int,
+                wake: Callable[[], None], on_fatal: Callable[[BaseException], None]
+                ) -> Executor:
+        """Make and warm a runner (every bucket, before READY; never on a request's path)."""
+        runner = runtime.open_runner(buckets, lanes, name=f"exec{index}-{model}")
         try:
-            self.compute_ms = dict(runner.warm_up(self._warmup_runs))
-            self.buckets = runner.buckets
+            runner.warm_up(warmup_runs)
         except BaseException:
             runner.close()
             raise
-        return runner
+        runner.set_waker(wake)
+        return cls(model, labels, index, scheduler, runner, on_fatal)
+
+    # -- what the server asks --------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return not self._closed
 
     def estimate_ms(self, n: int) -> float:
         """Expected compute time of a batch of n (its bucket's warmed-up estimate)."""
         for b in self.buckets:
             if b >= n:
                 return self.compute_ms.get(b, 0.0)
-        return self.compute_ms.get(self.buckets[-1], 0.0) if self.buckets else 0.0
+        return self.compute_ms.get(self.buckets[-1], 0.0)
+
+    def close(self) -> None:
+        """Free the runner (waiting for a batch still running); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._jobs is not None:
+            self.runner.wait()
+            self._jobs = None
+        self.runner.close()
+
+    def close_quietly(self) -> None:
+        """Out of service without touching the runner (the device may be unusable)."""
+        self._closed = True
+
+    def abandon(self, exc: BaseException, queued: Sequence[Job] = ()) -> list[Reply]:
+        """After an error outside any batch (the daemon is then stopping): error replies for
+        the batch in flight and `queued` (what the model's scheduler still held, when no
+        other executor of the model is left). The runner is not closed: the device may be
+        unusable."""
+        self._closed = True
+        jobs, self._jobs = [*(self._jobs or []), *queued], None
+        self.busy_since = None
+        message = (f"the executor failed ({type(exc).__name__}: {exc}); the daemon is "
+                   "restarting, retry shortly")
+        return [error_reply(j, ErrorCode.INTERNAL, message, "error") for j in jobs]
+
+    # -- one turn of the I/O loop ----------------------------------------------------------
+    def drive(self, now: float) -> tuple[list[Reply], float | None]:
+        """Finish the batch in flight if it is done, then launch the next. Returns the
+        replies to send and when to look again (monotonic seconds; None: not before new
+        work arrives or the runner wakes the loop)."""
+        replies: list[Reply] = []
+        if self._closed:
+            return replies, None
+        if not self._attached:
+            self.runner.attach()
+            self._attached = True
+        while True:
+            if self._jobs is not None:
+                if not self._finish_if_done(now, replies):
+                    return replies, self.next_look
+                now = time.monotonic()
+            if not self.runner.can_launch():
+                return replies, now + BLOCKED_RETRY_S
+            jobs, wait_until = self.scheduler.take(self.runner.max_batch, now)
+            if jobs is None:  # closed and drained
+                self.close()
+                return replies, None
+            if not jobs:
+                return replies, wait_until
+            early, runnable = self._sort(jobs, now)
+            replies.extend(early)
+            if runnable:
+                self._launch(runnable, now, replies)
+                if self._jobs is not None and (self.next_look is None
+                                               or self.next_look - now > INLINE_S):
+                    return replies, self.next_look
 
     def _sort(self, jobs: list[Job], now: float) -> tuple[list[Reply], list[Job]]:
         """(replies for jobs that must not run, the jobs to run)."""
@@ -108,105 +218,79 @@ class ExecutorBase:
                 runnable.append(job)
         return replies, runnable
 
+    def _launch(self, jobs: list[Job], now: float, replies: list[Reply]) -> None:
+        self.busy_since = now
+        try:
+            self.runner.launch([j.window for j in jobs], [j.lane for j in jobs])
+        except Exception as exc:
+            self.busy_since = None
+            replies.extend(self._failed(jobs, exc))
+            return
+        self._jobs = jobs
+        self._started = now
+        self._bucket = bucket = self.runner.bucket_for(len(jobs))
+        self._looks = 0
+        self.next_look = now + self.wall_s.get(bucket, 0.0) if self.polled else None
+
+    def _finish_if_done(self, now: float, replies: list[Reply]) -> bool:
+        jobs = self._jobs
+        assert jobs is not None
+        runner = self.runner
+        try:
+            if not runner.done():
+                # Passes of the loop for other reasons (requests, replies) look too, for free;
+                # only the planned look that finds it running counts as a miss.
+                if self.next_look is not None and now >= self.next_look:
+                    self._looks += 1
+                    est = self.wall_s.get(self._bucket, 0.0)
+                    step = min(max(est * RECHECK_FRACTION, RECHECK_MIN_S), RECHECK_MAX_S)
+                    self.next_look = now + step
+                return False
+            logits = runner.collect()
+        except Exception as exc:
+            replies.extend(self._failed(jobs, exc))
+        else:
+            if self.polled:
+                self._learn(now)
+            replies.extend(self._finished(jobs, logits))
+        self._jobs = None
+        self.busy_since = None
+        self.next_look = None
+        return True
+
+    def _learn(self, seen_done: float) -> None:
+        """Keep the bucket's first look at about the 90th percentile of its finish times."""
+        bucket = self._bucket
+        est = self.wall_s.get(bucket, 0.0)
+        if self._looks == 0:
+            self.wall_s[bucket] = est * EARLIER
+        else:
+            # Far off (a seed from a cold warm-up, a slower device clock): jump half way to
+            # what was seen instead of creeping up 4.5 % per batch.
+            seen = seen_done - self._started
+            self.wall_s[bucket] = min(max(est * LATER, (est + seen) / 2 if seen > 2 * est
+                                          else 0), MAX_LOOK_S)
+
     def _failed(self, jobs: list[Job], exc: Exception) -> list[Reply]:
-        log.error("batch_failed", model=self.model.name, batch=len(jobs),
+        log.error("batch_failed", model=self.model, batch=len(jobs),
                   error=f"{type(exc).__name__}: {exc}")
-        if is_fatal(exc):
-            self._on_fatal(exc)
+        if isinstance(exc, CudaError):
+            self._on_fatal(exc)  # the device may be unusable: stop, exit 1, systemd restarts
         message = f"inference failed: {type(exc).__name__}: {exc}"
         return [error_reply(j, ErrorCode.INTERNAL, message, "error") for j in jobs]
 
-    def _finished(self, runner: Any, jobs: list[Job], logits: np.ndarray, started: float
-                  ) -> list[Reply]:
-        t = runner.last_timings
+    def _finished(self, jobs: list[Job], logits: np.ndarray) -> list[Reply]:
+        t = self.runner.last_timings
         compute_ms = float(t.get("compute_ms", t.get("total_ms", 0.0)))
-        bucket = runner.bucket_for(len(jobs))
+        bucket = self._bucket
         old = self.compute_ms.get(bucket)
-        self.compute_ms[bucket] = compute_ms if old is None else (1 - EWMA) * old + EWMA * \
-            compute_ms
+        self.compute_ms[bucket] = compute_ms if old is None else \
+            (1 - EWMA) * old + EWMA * compute_ms
         self.batches += 1
         self.windows += len(jobs)
-        stages = {k: round(float(v), 3) for k, v in t.items()
-                  if k in ("h2d_ms", "d2h_ms", "upload_ms", "download_ms")}
-        return self.model.replies(jobs, logits, started, compute_ms, len(jobs), bucket, stages)
+        timings = {"compute_ms": round(compute_ms, 3), "batch": len(jobs), "bucket": bucket}
+        return replies_for(jobs, logits, self.labels, self.model, self._started, timings)
 
-
-class Executor(ExecutorBase, threading.Thread):
-    """An executor thread: takes a batch whenever it is free and runs it to the end."""
-
-    def __init__(self, model: Any, index: int, scheduler: Scheduler, outbox: Outbox,
-                 buckets: Sequence[int], lanes: int, warmup_runs: int,
-                 on_fatal: Callable[[BaseException], None], prepared: Any = None) -> None:
-        """prepared: (runner, compute_ms, buckets) already made and warmed (LoopExecutor.
-        hand_over), served as it is; None: this thread makes its own."""
-        ExecutorBase.__init__(self, model, index, scheduler, buckets, lanes, warmup_runs,
-                              on_fatal)
-        threading.Thread.__init__(self, name=f"executor-{model.name}-{index}", daemon=True)
-        self.outbox = outbox
-        self.ready = threading.Event()
-        self._prepared = prepared
-
-    # -- start-up, in this thread ----------------------------------------------------------
-    def _take_runner(self) -> Any:
-        if self._prepared is None:
-            return self._prepare_runner()
-        runner, compute_ms, buckets = self._prepared
-        self._prepared = None
-        self.compute_ms, self.buckets = dict(compute_ms), tuple(buckets)
-        return runner
-
-    def run(self) -> None:
-        name_os_thread(f"exec{self._index}-{self.model.name}")
-        try:
-            runner = self._take_runner()
-        except BaseException as exc:
-            self.error = exc
-            self.ready.set()
-            return
-        try:
-            writer = self.outbox.writer()
-        except BaseException as exc:
-            self.error = exc
-            self.ready.set()
-            runner.close()
-            return
-        self.ready.set()
-        try:
-            self._serve(runner, writer)
-        finally:
-            writer.close(0)
-            runner.close()
-
-    # -- the loop --------------------------------------------------------------------------
-    def _serve(self, runner: Any, writer: Any) -> None:
-        while True:
-            self.heartbeat = time.monotonic()
-            jobs = self.scheduler.take(runner.max_batch, TAKE_TIMEOUT_S)
-            if jobs is None:
-                return
-            if not jobs:
-                continue
-            replies = self._answer(runner, jobs)
-            self.outbox.put(replies, writer)
-
-    def _answer(self, runner: Any, jobs: list[Job]) -> list[Reply]:
-        replies, runnable = self._sort(jobs, time.monotonic())
-        if runnable:
-            replies.extend(self._run(runner, runnable))
-        return replies
-
-    def _run(self, runner: Any, jobs: list[Job]) -> list[Reply]:
-        started = time.monotonic()
-        self.busy_since = started
-        try:
-            logits = runner.run([j.window for j in jobs], [j.lane for j in jobs])
-        except Exception as exc:
-            return self._failed(jobs, exc)
-        finally:
-            self.busy_since = None
-            self.heartbeat = time.monotonic()
-        return self._finished(runner, jobs, logits, started)
-
-
-def error_reply(job: Job, code: ErrorCode, message: str, outcome: str) -> Reply:
-    return Reply(job, encode_reply(job.req_id, error=(code.value, message)), outcome)
+    def stats(self) -> dict[str, object]:
+        return {"alive": self.alive, "batches": self.batches, "windows": self.windows,
+                "compute_ms": {str(b): round(v, 3) for b, v in sorted(self.compute_ms.items())}}

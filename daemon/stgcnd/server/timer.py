@@ -45,22 +45,15 @@ def _libc() -> Any:
         return None
 
 
-LATE_EWMA = 0.05
 MAX_ARM_S = 3600.0
 
 
 class WakeTimer:
-    """One-shot timer at an absolute monotonic time; `fd` becomes readable when it fires.
-
-    A sleeping thread is back in Python some tens of microseconds after its timer expires
-    (the kernel's wake-up, the scheduler, the return through poll; ~90 us on a small VM).
-    The timer learns that lateness from its own firings and fires that much early, so that
-    the loop looks when it meant to."""
+    """One-shot timer at an absolute monotonic time; `fd` becomes readable when it fires."""
 
     def __init__(self) -> None:
         self.fd: int | None = None
         self.armed_at: float | None = None   # when the caller wants to be woken
-        self.late_s = 0.0                    # how late wake-ups come back (EWMA)
         self._spec = _Itimerspec()
         self._libc = _libc()
         if self._libc is not None:
@@ -72,17 +65,10 @@ class WakeTimer:
         """Fire at monotonic time `when` (seconds), replacing any earlier arming."""
         if self.fd is None or when == self.armed_at:
             return
-        # Early by the learned lateness, unless that is already past (then at the time
-        # itself: never a busy loop until it). 0 means "disarm" to timerfd_settime; a time
-        # already passed still fires at once.
-        now = time.monotonic()
-        target = when - self.late_s
-        if target <= now:
-            target = when
         # Never beyond an hour: a runaway estimate must not overflow timespec (that once
-        # took the daemon down with EINVAL); the loop then just looks again early.
-        target = min(target, now + MAX_ARM_S)
-        ns = max(int(target * 1e9), 1)
+        # took the daemon down with EINVAL); the loop then just looks again early. 0 means
+        # "disarm" to timerfd_settime; a time already passed still fires at once.
+        ns = max(int(min(when, time.monotonic() + MAX_ARM_S) * 1e9), 1)
         value = self._spec.it_value
         value.tv_sec, value.tv_nsec = divmod(ns, 1_000_000_000)
         self._settime()
@@ -95,16 +81,6 @@ class WakeTimer:
         value.tv_sec = value.tv_nsec = 0
         self._settime()
         self.armed_at = None
-
-    def fired(self) -> None:
-        """Poll reported the fd readable: learn how late this wake-up came, and clear it."""
-        if self.armed_at is not None:
-            # The error against the wanted time corrects the lead: early wake-ups shrink it.
-            # Far off means the loop was busy, not asleep: that says nothing of wake-ups.
-            error = time.monotonic() - self.armed_at
-            if -0.001 < error < 0.001:
-                self.late_s = max(self.late_s + LATE_EWMA * error, 0.0)
-        self.clear()
 
     def clear(self) -> None:
         """Consume a firing (after poll reported the fd readable)."""

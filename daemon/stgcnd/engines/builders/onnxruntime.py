@@ -15,12 +15,12 @@ from typing import Any
 from stgcnd.engines.builders.base import BuildContext, Builder
 from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import BackendUnavailable, UserError
-from stgcnd.runtimes import import_onnxruntime
+from stgcnd.runtimes import import_onnxruntime, runtime_module
+import os
 
 
 def _probe_space(path: Path, nbytes: int) -> None:
     """Raise the OSError (ENOSPC, EFBIG, EACCES...) that writing `nbytes` to `path` meets."""
-    import os
 
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
@@ -71,7 +71,8 @@ class OnnxRuntimeBuilder(Builder):
         return {"graph": "ort-extended", "providers": self._providers(ctx.options)}
 
     def open_for_validation(self, ctx: BuildContext, artifact: Any) -> Any:
-        from stgcnd.backends.onnxruntime_backend import OnnxRuntimeBackend
-
-        return OnnxRuntimeBackend.from_artifact(artifact, threads=ctx.options.threads,
-                                                device=ctx.options.device)
+        m = artifact.manifest
+        path = artifact.path if artifact.path is not None else artifact.onnx_path
+        return runtime_module("onnxruntime").OnnxRuntimeRuntime(
+            path, tuple(m["input_shape"]), int(m["num_class"]), int(m.get("max_batch", 1)),
+            artifact.precision, ctx.options.threads, ctx.options.device)

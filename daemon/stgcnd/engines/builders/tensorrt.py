@@ -21,16 +21,22 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stgcnd.engines.builders.base import BuildContext, Builder
 from stgcnd.engines.options import BuildOptions
-from stgcnd.errors import BackendUnavailable, UserError
+from stgcnd.errors import UserError
 from stgcnd.fsutil import atomic_write_bytes, file_sha256
 from stgcnd.log import get_logger
-from stgcnd.runtimes import import_tensorrt, tensorrt_logger
+from stgcnd.runtimes import import_tensorrt, runtime_module
+from stgcnd.runtimes.cuda import DriverMemory, make_current
+from stgcnd.runtimes.tensorrt_runtime import tensorrt_logger
+import numpy as np
+from stgcnd.engines.device import device_identity, device_slug
+from stgcnd.engines.lock import build_lock
 
 log = get_logger(__name__)
 
@@ -216,7 +222,7 @@ def capabilities(trt: Any) -> dict[str, Any]:
 # --- callbacks: logger, progress, calibrator -------------------------------------------------
 
 def make_logger(trt: Any) -> Any:
-    """The process's one TensorRT logger (stgcnd.runtimes.tensorrt_logger), for builds too:
+    """The process's one TensorRT logger (runtimes.tensorrt_runtime.tensorrt_logger), for builds:
     TensorRT keeps a single logger pointer, so builder and runtime must share it."""
     return tensorrt_logger(trt)
 
@@ -274,39 +280,24 @@ def make_progress_monitor(trt: Any, sink: ProgressSink) -> Any:
     return Monitor()
 
 
-def _device_buffer(nbytes: int) -> tuple[int, Any]:
-    """(device pointer, an object to write host arrays into it) via pycuda, else torch."""
-    try:
-        import pycuda.driver as cuda
-    except ImportError:
-        cuda = None
-    if cuda is not None:
-        from stgcnd.backends.cuda import pycuda_current
+def _device_buffer(nbytes: int) -> tuple[int, Callable[[Any], None]]:
+    """(device pointer, a function writing a host array into it), through the driver layer.
+    TensorRT calls the calibrator in the building thread: the primary context is made
+    current there for each call. The buffer lives as long as the build (its own process)."""
+    make_current()
+    memory = DriverMemory()
+    address = memory.device_zeros(nbytes, 0)
 
-        # TensorRT calls the calibrator in the building thread: make the primary context
-        # current there for each call (pycuda.autoprimaryctx would push it only in the thread
-        # that first imports it).
-        with pycuda_current():
-            mem = cuda.mem_alloc(nbytes)
+    def write(host: Any) -> None:
+        make_current()
+        memory.upload(address, host)
 
-        def write(host: Any) -> None:
-            with pycuda_current():
-                cuda.memcpy_htod(mem, host)
-
-        return int(mem), write
-    try:
-        import torch
-    except ImportError:
-        raise BackendUnavailable("implicit INT8 calibration needs pycuda (or torch with CUDA) "
-                                 "to feed windows to the GPU; pip install pycuda") from None
-    buf = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda")
-    return int(buf.data_ptr()), lambda host: buf.copy_(torch.from_numpy(host.reshape(-1)))
+    return address, write
 
 
 def make_entropy_calibrator(trt: Any, windows: Any, batch: int, cache_path: Path) -> Any:
     """An IInt8EntropyCalibrator2 over `windows`, `batch` at a time (see
     calibration_batching), with its cache at `cache_path` (TensorRT <= 10)."""
-    import numpy as np
 
     base = trt.IInt8EntropyCalibrator2
 
@@ -366,8 +357,6 @@ class TensorRTBuilder(Builder):
         return options.precision == "int8" and options.int8_mode == "qdq"
 
     def build(self, ctx: BuildContext, out: Path) -> dict[str, Any]:
-        from stgcnd.engines.device import device_identity, device_slug
-        from stgcnd.engines.lock import build_lock
 
         trt = import_tensorrt()
         o = ctx.options
@@ -515,6 +504,7 @@ class TensorRTBuilder(Builder):
         return os.path.relpath(path, ctx.model_dir)
 
     def open_for_validation(self, ctx: BuildContext, artifact: Any) -> Any:
-        from stgcnd.backends.tensorrt_backend import TensorRTBackend
-
-        return TensorRTBackend.from_artifact(artifact)
+        m = artifact.manifest
+        return runtime_module("tensorrt").TensorRTRuntime(
+            artifact.path, tuple(m["input_shape"]), int(m["num_class"]),
+            int(m.get("max_batch", 1)), artifact.precision)

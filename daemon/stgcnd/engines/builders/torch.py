@@ -13,7 +13,8 @@ from typing import Any
 from stgcnd.engines.builders.base import BuildContext, Builder
 from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import BackendUnavailable, UserError
-from stgcnd.versions import TORCH_FIX, module_version, torch_unusable
+from stgcnd.runtimes import runtime_module
+from stgcnd.versions import module_version, torch_missing, torch_unusable
 
 
 class TorchBuilder(Builder):
@@ -23,7 +24,7 @@ class TorchBuilder(Builder):
     def version(self) -> str | None:
         v = module_version("torch")
         if v is None:
-            raise BackendUnavailable(f"torch is not installed: {TORCH_FIX}")
+            raise BackendUnavailable(torch_missing("building for the torch runtime"))
         too_old = torch_unusable(v)
         if too_old:
             raise BackendUnavailable(too_old)
@@ -41,8 +42,6 @@ class TorchBuilder(Builder):
         return {"graph": "bn-folded at load"}
 
     def open_for_validation(self, ctx: BuildContext, artifact: Any) -> Any:
-        from stgcnd.backends.torch_backend import TorchBackend
-
         o = ctx.options
-        return TorchBackend(ctx.model, o.precision, o.device, max_batch=o.max_batch,
-                            threads=o.threads)
+        return runtime_module("torch").TorchRuntime(ctx.model, o.precision, o.device,
+                                                   max_batch=o.max_batch, threads=o.threads)

@@ -1,0 +1,53 @@
+"""`stgcnd config example|check|keys`: the configuration schema, for people and for review.
+
+`check` reads a file (with the environment's STGCND_* overrides, as the daemon would) and
+prints the resolved configuration, or the same error the daemon would give, without loading
+any model: an edit can be checked before `systemctl reload stgcnd`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from stgcnd.server.config import example, key_table, load_config
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "config", help="print the annotated example configuration, or check a file",
+        description="The daemon's configuration: an annotated example made from its schema, "
+                    "the list of keys, or a check of a file.")
+    sub = parser.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    sub.add_parser("example", help="the annotated example (what systemd/stgcnd.toml holds)",
+                   ).set_defaults(func=lambda args: _print(example()))
+    sub.add_parser("keys", help="every key, its default and meaning, as a markdown table",
+                   ).set_defaults(func=lambda args: _print(key_table()))
+    check = sub.add_parser(
+        "check", help="check a configuration file as the daemon would read it",
+        description="Read FILE (default: $STGCND_CONFIG, else /etc/stgcnd/stgcnd.toml, else "
+                    "the built-in defaults), apply STGCND_* variables, and print the "
+                    "resolved configuration as JSON. Exit status 2 with the daemon's error "
+                    "when it would refuse it.")
+    check.add_argument("file", nargs="?", type=Path, metavar="FILE",
+                       help="the file to check (default: where the daemon would look)")
+    check.set_defaults(func=run_check)
+
+
+def _print(text: str) -> int:
+    sys.stdout.write(text)
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    config = load_config(args.file)
+    resolved = msgspec.to_builtins(config)
+    resolved["endpoint"] = config.endpoint
+    resolved["engines_dir"] = str(config.engines_dir)
+    print(json.dumps(resolved, indent=2))
+    return 0

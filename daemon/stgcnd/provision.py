@@ -1,0 +1,306 @@
+"""Provisioning a served model: which runtime runs it, its artefact built or reused, loaded.
+
+This stands above the engine store (which builds or finds artefacts) and the runtimes (which
+load them): `open_runtime(spec, "auto", options, store)` is what the daemon, `stgcnd build`,
+`validate` and `bench` call.
+
+"auto" resolves to: tensorrt when TensorRT imports and a GPU answers the driver; else torch
+on CUDA; else whichever CPU runtime (torch or onnxruntime) runs this model faster on this
+machine, timed through the runners the daemon serves with, interleaved over several rounds,
+and remembered in the store (`auto-backend.json`, keyed by model and machine). "noop" (zero
+logits, for measuring the daemon itself) runs only when named.
+
+The TensorRT path never imports torch when its engine is already built (a spec in, no
+loaded model needed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any, Union
+
+from stgcnd.engines.builders.tensorrt import precision_plan
+from stgcnd.engines.keys import key_digest
+from stgcnd.engines.options import BuildOptions
+from stgcnd.engines.store import Artifact, EngineStore
+from stgcnd.errors import BackendUnavailable, UserError
+from stgcnd.fsutil import atomic_write_json
+from stgcnd.log import get_logger
+from stgcnd.model.reference import load_for_inference
+from stgcnd.model.spec import ModelSpec
+from stgcnd.model.synthetic import synthetic_windows
+from stgcnd.runtimes import (
+    NAMES,
+    available,
+    import_onnxruntime,
+    import_tensorrt,
+    runtime_module,
+    torch_cuda_available,
+)
+from stgcnd.runtimes.base import Runner, Runtime
+from stgcnd.versions import module_version
+
+log = get_logger(__name__)
+
+AUTO_CACHE_NAME = "auto-backend.json"
+AUTO_ROUNDS = 5   # interleaved rounds of the CPU choice; each runtime's fastest round counts
+
+# A model as the caller has it: a ModelSpec, or a loaded model (torch or the numpy demo).
+ModelLike = Union[ModelSpec, Any]
+
+
+def _is_loaded(model: ModelLike) -> bool:
+    return hasattr(model, "spec") and hasattr(model, "num_class")
+
+
+def spec_of(model: ModelLike) -> ModelSpec:
+    return model.spec if _is_loaded(model) else model  # type: ignore[no-any-return]
+
+
+def loaded(model: ModelLike) -> Any:
+    return model if _is_loaded(model) else load_for_inference(model)
+
+
+def default_device(backend: str) -> str:
+    """Where an explicitly named runtime runs when the user did not say: the GPU if it can."""
+    if backend == "tensorrt":
+        return "cuda"
+    if backend == "torch":
+        return "cuda" if torch_cuda_available() else "cpu"
+    if backend == "onnxruntime" and available()["onnxruntime"] is None:
+        providers = import_onnxruntime().get_available_providers()
+        return "cuda" if "CUDAExecutionProvider" in providers else "cpu"
+    return "cpu"
+
+
+def serving_options(options: BuildOptions) -> BuildOptions:
+    """The TensorRT options the daemon serves with here. A configuration written for
+    JetPack 6 says fp16; TensorRT 11 builds strongly typed networks and has no FP16 flag,
+    so that precision cannot be built from stgcnd's fp32 ONNX: the daemon serves fp32 and
+    says so once (`precision_fallback`), rather than refusing to start."""
+    if options.precision != "fp16":
+        return options
+    trt = import_tensorrt()
+    try:
+        precision_plan(trt, "fp16")
+    except UserError as exc:
+        log.warning("precision_fallback", backend="tensorrt", asked="fp16", using="fp32",
+                    tensorrt=str(getattr(trt, "__version__", "?")), reason=str(exc))
+        return dataclasses.replace(options, precision="fp32")
+    return options
+
+
+# --- loading -------------------------------------------------------------------------------
+
+def _first_line(text: str, limit: int = 300) -> str:
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _runtime_from(backend: str, artifact: Artifact, options: BuildOptions) -> Runtime:
+    m = artifact.manifest
+    shape, classes = tuple(m["input_shape"]), int(m["num_class"])
+    max_batch = int(m.get("max_batch", 1))
+    if backend == "tensorrt":
+        if artifact.path is None:
+            raise UserError("the TensorRT artefact has no engine file; rebuild it with "
+                            "`stgcnd build --backend tensorrt --rebuild`")
+        return runtime_module("tensorrt").TensorRTRuntime(  # type: ignore[no-any-return]
+            artifact.path, shape, classes, max_batch, artifact.precision, options.cuda_graph)
+    path = artifact.path if artifact.path is not None else artifact.onnx_path
+    return runtime_module("onnxruntime").OnnxRuntimeRuntime(  # type: ignore[no-any-return]
+        path, shape, classes, max_batch, artifact.precision, options.threads, options.device)
+
+
+def _load_artifact(model: ModelLike, backend: str, options: BuildOptions,
+                   store: EngineStore) -> Runtime:
+    """The stored artefact, loaded; one that fails to load is rebuilt once.
+
+    A file can match its manifest and still not load: a TensorRT engine after a driver or
+    library change that the key did not see, an ONNX that this runtime rejects. Rebuilding is
+    the fix the user would apply, so the store does it, with the reason in `engine_rebuilt`;
+    a rebuilt artefact that fails too is one clear error, not a traceback.
+    """
+    artifact = (store.find(spec_of(model), backend, options)
+                if backend == "tensorrt" and not _is_loaded(model) else None)
+    if artifact is None:  # the store loads the model (torch) only if it must export or build
+        artifact = store.prepare(model, backend, options)
+    try:
+        return _runtime_from(backend, artifact, options)
+    except BackendUnavailable:
+        raise  # the runtime is missing or lacks the device: a rebuild cannot help
+    except Exception as exc:
+        if not artifact.reused:
+            raise _load_failure(backend, artifact, exc) from None
+        reason = f"failed to load: {_first_line(str(exc)) or type(exc).__name__}"
+        log.warning("engine_load_failed", backend=backend, path=str(artifact.path),
+                    error=_first_line(str(exc)), action="rebuilding it once")
+    artifact = store.prepare(model, backend, options, rebuild=reason)
+    try:
+        return _runtime_from(backend, artifact, options)
+    except BackendUnavailable:
+        raise
+    except Exception as exc:
+        raise _load_failure(backend, artifact, exc) from None
+
+
+def _load_failure(backend: str, artifact: Artifact, exc: BaseException) -> UserError:
+    return UserError(f"the {backend} {artifact.precision} artefact {artifact.path} fails to "
+                     f"load just after it was built: {_first_line(str(exc)) or type(exc).__name__}"
+                     "; check the runtime install with `stgcnd doctor`, or try another "
+                     "backend/precision")
+
+
+def load_runtime(model: ModelLike, backend: str, options: BuildOptions,
+                 store: EngineStore, noop_compute_us: int = 0) -> Runtime:
+    """Load `model` into the named runtime (no "auto"), building its artefact if needed."""
+    reason = available().get(backend, f"unknown backend {backend!r}")
+    if reason is not None:
+        raise BackendUnavailable(f"backend {backend} cannot run here: {reason}")
+    if backend == "tensorrt":
+        # A clear error before any export/build work; fp16 on TensorRT 11 serves fp32.
+        return _load_artifact(model, backend, serving_options(options), store)
+    if backend == "onnxruntime":
+        return _load_artifact(model, backend, options, store)
+    if backend == "noop":
+        # No artefact and no store: the spec's shape is all it needs (runtimes/noop.py).
+        return runtime_module("noop").NoopRuntime.from_spec(  # type: ignore[no-any-return]
+            spec_of(model), max_batch=options.max_batch, precision=options.precision,
+            compute_us=noop_compute_us)
+    if backend == "torch":
+        if options.precision == "int8":
+            raise BackendUnavailable("the torch backend has no int8; use onnxruntime or "
+                                     "tensorrt for int8")
+        model = loaded(model)
+        store.prepare(model, backend, options)  # manifest: key + validation record
+        return runtime_module("torch").TorchRuntime(  # type: ignore[no-any-return]
+            model, options.precision, options.device, cuda_graph=options.cuda_graph,
+            max_batch=options.max_batch, threads=options.threads)
+    raise UserError(f"unknown backend {backend!r}; choose auto, {', '.join(NAMES)}")
+
+
+def open_runtime(model: ModelLike, backend: str, options: BuildOptions,
+                 store: EngineStore, noop_compute_us: int = 0) -> Runtime:
+    """Prepare (export/build or reuse) the artefact and load it; runners come from it."""
+    if backend == "auto":
+        backend, options = resolve_auto(model, options, store)
+        log.info("auto_backend", backend=backend, device=options.device,
+                 precision=options.precision)
+    elif backend == "tensorrt" and options.device != "cuda":
+        options = dataclasses.replace(options, device="cuda")
+    return load_runtime(model, backend, options, store, noop_compute_us)
+
+
+# --- auto ----------------------------------------------------------------------------------
+
+def machine_key() -> dict[str, Any]:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"machine": platform.machine(), "cpu": cpu or platform.processor(),
+            "cpus": os.cpu_count(), "torch": module_version("torch"),
+            "onnxruntime": module_version("onnxruntime")}
+
+
+def model_key(model: Any) -> dict[str, Any]:
+    spec = model.spec
+    return {"checkpoint_sha256": model.checkpoint_sha256, "demo_seed":
+            spec.seed if spec.is_demo else None, "input_shape": list(spec.input_shape),
+            "motion": spec.motion, "layout": spec.layout}
+
+
+def time_runtimes(runtimes: dict[str, Runtime], rounds: int = AUTO_ROUNDS) -> dict[str, float]:
+    """Batch-1 milliseconds of each runtime through its runner, the fastest of `rounds`
+    interleaved rounds: a busy machine slows every candidate alike within a round, and the
+    fastest round is the least disturbed (`stgcnd bench` measures the same way)."""
+    runners: dict[str, Runner] = {}
+    try:
+        for name, rt in runtimes.items():
+            runners[name] = rt.open_runner((1,), 0)
+        _c, t, v, m = next(iter(runtimes.values())).info.input_shape
+        x = synthetic_windows(1, t, m, v, seed=5)[0]
+        for runner in runners.values():
+            runner.run([x])  # the first run pays one-off allocations
+        best = {name: float("inf") for name in runners}
+        for _ in range(rounds):
+            for name, runner in runners.items():
+                t0 = time.perf_counter()
+                runner.run([x])
+                best[name] = min(best[name], (time.perf_counter() - t0) * 1e3)
+        return best
+    finally:
+        for runner in runners.values():
+            runner.close()
+
+
+def fastest_cpu_runtime(model: Any, options: BuildOptions, store: EngineStore) -> str:
+    """torch or onnxruntime, whichever runs this model faster here; measured once, cached."""
+    if options.precision == "int8":
+        return "onnxruntime"  # the only CPU runtime with INT8
+    cache_path = store.root / AUTO_CACHE_NAME
+    key = key_digest({"model": model_key(model), "machine": machine_key(),
+                      "precision": options.precision, "threads": options.threads})
+    try:
+        cache = json.loads(cache_path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if key in cache:
+        log.info("auto_backend_cached", backend=cache[key]["backend"], key=key[:12])
+        return str(cache[key]["backend"])
+    candidates: dict[str, Runtime] = {}
+    unavailable = available()
+    try:
+        for name in ("torch", "onnxruntime"):
+            if unavailable[name] is not None:  # torch is optional: auto runs without it
+                log.info("auto_backend_skipped", backend=name, reason=unavailable[name])
+                continue
+            try:
+                candidates[name] = load_runtime(model, name, options, store)
+            except BackendUnavailable as exc:
+                log.info("auto_backend_skipped", backend=name, reason=str(exc))
+        if not candidates:
+            raise BackendUnavailable("no CPU runtime can run here; pip install onnxruntime")
+        timings = time_runtimes(candidates)
+    finally:
+        for runtime in candidates.values():
+            runtime.close()
+    best = min(timings, key=timings.__getitem__)
+    cache[key] = {"backend": best, "fastest_ms": timings, "machine": machine_key(),
+                  "model": model_key(model), "precision": options.precision,
+                  "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    try:
+        atomic_write_json(cache_path, cache)
+    except OSError as exc:  # a read-only store: measure again next start, serve now
+        log.warning("auto_backend_not_cached", path=str(cache_path), error=exc.strerror)
+    log.info("auto_backend_measured", backend=best, rounds=AUTO_ROUNDS,
+             **{f"{k}_ms": round(v, 2) for k, v in timings.items()})
+    return best
+
+
+def resolve_auto(model: ModelLike, options: BuildOptions, store: EngineStore
+                 ) -> tuple[str, BuildOptions]:
+    """(runtime, options with the device it runs on) for backend "auto"."""
+    if available()["tensorrt"] is None:
+        return "tensorrt", dataclasses.replace(options, device="cuda")
+    if torch_cuda_available():
+        precision = "fp16" if options.precision == "int8" else options.precision
+        if precision != options.precision:
+            log.warning("precision_fallback", backend="torch", asked=options.precision,
+                        using=precision)
+        return "torch", dataclasses.replace(options, device="cuda", precision=precision)
+    cpu_options = dataclasses.replace(options, device="cpu", cuda_graph=False)
+    if cpu_options.precision == "fp16":
+        log.warning("precision_fallback", backend="cpu", asked="fp16", using="fp32",
+                    reason="no GPU; CPU runtimes run fp32 (or int8 with onnxruntime)")
+        cpu_options = dataclasses.replace(cpu_options, precision="fp32")
+    return fastest_cpu_runtime(loaded(model), cpu_options, store), cpu_options

@@ -1,0 +1,283 @@
+"""PyTorch: the inference-optimized network (BatchNorm folded, channels-last) on CPU or CUDA.
+
+On a CPU a runner computes on a host batch (`HostRunner`, run by a worker thread). On CUDA a
+runner prepares one CUDA graph per bucket on its own stream (`CudaGraphRunner`): the I/O loop
+launches a batch and is back serving in microseconds. Where a graph cannot be captured, or
+`cuda_graph = false`, the runner computes eagerly on its worker thread instead.
+
+Precision: fp32 everywhere; fp16 on CUDA only. fp16 on the CPU is refused rather than silently
+run as bf16 (another number format: ~1e-1 logit differences on the demo model); bf16 is offered
+explicitly on the CPU, for machines with AMX or AVX512-BF16.
+
+`optimized=False` runs the plain network as the user trained it, with the host I/O the seeds'
+benchmark uses (`torch.from_numpy(x).to(device)` ... `.cpu().numpy()`): the eager baseline.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+
+import numpy as np
+import torch
+
+from stgcnd.errors import BackendUnavailable
+from stgcnd.log import get_logger
+from stgcnd.model.loader import LoadedModel
+from stgcnd.model.optimized import optimize
+from stgcnd.model.stgcn import motion
+from stgcnd.runtimes.base import HostRunner, Runner, Runtime, RuntimeInfo
+from stgcnd.runtimes.cuda import CAPTURE_LOCK, GraphsUnavailable
+from stgcnd.runtimes.cuda_batch import LanedBatch
+
+log = get_logger(__name__)
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# How a graph capture treats other threads' CUDA calls. torch 2.1+ captures "thread_local":
+# only the capturing thread is restricted. torch 2.0 (JetPack 5's NVIDIA wheel) takes no mode
+# and captures in CUDA's "global" mode, where a potentially unsafe call from any other thread
+# fails (and spoils the capture): there a serving runner makes no CUDA call at all while
+# another thread captures (CudaGraphRunner). Passing the keyword to torch 2.0 raised TypeError.
+_TAKES_CAPTURE_MODE = "capture_error_mode" in inspect.signature(
+    torch.cuda.graph.__init__).parameters
+CAPTURE_MODE = "thread_local" if _TAKES_CAPTURE_MODE else "global"
+
+
+def _graph_capture(graph: torch.cuda.CUDAGraph, pool: object, stream: torch.cuda.Stream
+                   ) -> AbstractContextManager[object]:
+    mode = {"capture_error_mode": CAPTURE_MODE} if _TAKES_CAPTURE_MODE else {}
+    return torch.cuda.graph(graph, pool=pool, stream=stream, **mode)
+
+
+def cuda_device() -> torch.device:
+    if not torch.cuda.is_available():
+        raise BackendUnavailable("CUDA is not available to torch; use device = \"cpu\", or "
+                                 "install a CUDA build of torch and check the driver")
+    torch.cuda.init()
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+class TorchRuntime(Runtime):
+    def __init__(self, model: LoadedModel, precision: str = "fp32", device: str = "cpu",
+                 cuda_graph: bool = False, max_batch: int = 64, optimized: bool = True,
+                 threads: int = 0, form: str = "channels_last") -> None:
+        if precision not in PRECISIONS:
+            raise BackendUnavailable(f"the torch runtime runs fp32, fp16 (CUDA) or bf16 (CPU), "
+                                     f"not {precision!r}; use tensorrt or onnxruntime for int8")
+        self.device = torch.device(device)
+        if self.device.type == "cpu" and precision == "fp16":
+            raise BackendUnavailable("fp16 needs CUDA with the torch runtime; on the CPU use "
+                                     "fp32, or bf16 explicitly on a CPU with AMX/AVX512-BF16 "
+                                     "(faster, less exact)")
+        if self.device.type == "cuda" and precision == "bf16":
+            raise BackendUnavailable("use fp16 on CUDA (bf16 is offered for CPUs only)")
+        if self.device.type == "cuda":
+            self.device = cuda_device() if self.device.index is None else self.device
+            # Fixed shapes: let cuDNN pick the fastest kernels once. fp32 must stay fp32 (TF32
+            # convolutions differ from the CPU reference by ~1e-3, beyond the 1e-4 contract).
+            torch.backends.cudnn.benchmark = True
+            if precision == "fp32":
+                torch.backends.cudnn.allow_tf32 = False
+                torch.backends.cuda.matmul.allow_tf32 = False
+        elif threads > 0:
+            torch.set_num_threads(threads)
+        self.dtype = _DTYPES[precision]
+        self.optimized = optimized
+        self.cuda_graph = cuda_graph and self.device.type == "cuda"
+        if optimized:
+            module = optimize(model.module, form)
+        elif self.device.type == "cpu" and precision == "fp32":
+            module = model.module  # shared, unchanged: the reference network itself
+        else:
+            module = copy.deepcopy(model.module)  # never move the caller's network
+        self.module = module.to(self.device, self.dtype).eval()
+        for p in self.module.parameters():
+            p.requires_grad_(False)
+        # The two streams of a two-stream model are independent until their logits are
+        # summed: on CUDA the motion stream runs on a second CUDA stream, so that (inside a
+        # graph, as two parallel branches) their small kernels overlap.
+        self.parallel_streams = (optimized and self.device.type == "cuda"
+                                 and hasattr(self.module, "motion")
+                                 and hasattr(self.module, "origin"))
+        variant = ("optimized" if optimized else "eager") + ("+cudagraph" if self.cuda_graph
+                                                              else "")
+        self.info = RuntimeInfo(
+            name="torch", precision=precision, device=str(self.device),
+            input_shape=tuple(model.spec.input_shape), num_class=int(model.num_class),
+            max_batch=int(max_batch), artifact=None,
+            details={"variant": variant, "torch": torch.__version__,
+                     "graph_op": model.spec.graph_op, **({"form": form} if optimized else {})})
+        log.info("backend_loaded", backend="torch", precision=precision, device=str(self.device),
+                 variant=variant, max_batch=max_batch)
+
+    def forward(self, x: torch.Tensor, side: torch.cuda.Stream | None = None) -> torch.Tensor:
+        if side is None or not self.parallel_streams:
+            return self.module(x.to(self.dtype)).float()
+        main = torch.cuda.current_stream(self.device)
+        x = x.to(self.dtype)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            y_motion = self.module.motion(motion(x, self.module.motion_formula))
+        y = self.module.origin(x)
+        main.wait_stream(side)
+        return (y + y_motion).float()
+
+    def _open_runner(self, buckets: Sequence[int], lanes: int) -> Runner:
+        if self.device.type == "cpu":
+            return HostRunner(self.info, self._compute_cpu, buckets, lanes)
+        if self.optimized and self.cuda_graph:
+            try:
+                return CudaGraphRunner(self, buckets, lanes)
+            except GraphsUnavailable as exc:
+                log.warning("cuda_graph_unavailable", error=str(exc),
+                            action="computing each batch on a worker thread, without graphs")
+        return HostRunner(self.info, self._compute_cuda, buckets, lanes)
+
+    def _compute_cpu(self, batch: np.ndarray) -> tuple[np.ndarray, float]:
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.forward(torch.from_numpy(batch)).numpy()
+        return out, (time.perf_counter() - t0) * 1e3
+
+    def _compute_cuda(self, batch: np.ndarray) -> tuple[np.ndarray, float]:
+        """A batch the seeds' way: pageable host copies, a synchronous `.cpu()`."""
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            x = torch.from_numpy(batch).to(self.device)
+            out = self.forward(x).cpu().numpy()
+        return out, (time.perf_counter() - t0) * 1e3
+
+    def close(self) -> None:
+        self.module = None  # type: ignore[assignment]
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+class CudaGraphRunner(Runner):
+    """One executor's CUDA resources: a compute stream, a static device batch, one CUDA graph
+    per bucket captured here (before READY, never on a request's path), and per-client lanes.
+
+    A lane is a client's own CUDA stream. A batch's windows are uploaded each on its client's
+    stream into its row of the static device input; the compute stream waits for those uploads
+    (events), replays the bucket's graph, and each client's stream waits for the result and
+    downloads its row (`cuda_batch.LanedBatch`, shared with TensorRT, in plain driver calls).
+    With lanes=0 the batch moves in one copy each way on the compute stream.
+
+    Capture and replay hold cuda.CAPTURE_LOCK: torch refuses a replay while any thread
+    captures ("Cannot prepare for replay during capturing stage"), which a reload's new runners
+    would otherwise do while the old ones serve; a replay holds it for microseconds, and the
+    loop retries a launch while another thread captures (`can_launch`). Where captures are
+    global (torch 2.0), every CUDA call of this runner holds it: the launch, the completion
+    query (which gives up at once while another thread captures), the wait and the timing.
+    """
+
+    def __init__(self, runtime: TorchRuntime, buckets: Sequence[int], lanes: int) -> None:
+        super().__init__(runtime.info, buckets, lanes)
+        self.runtime = runtime
+        guard_all = CAPTURE_MODE == "global"
+        self._guard_all = guard_all
+        # What a launch holds, chosen once: the lock around every CUDA call with global
+        # captures, else around the replay only.
+        free: AbstractContextManager[object] = nullcontext()
+        self._all_calls, self._replay = (CAPTURE_LOCK, free) if guard_all else (free,
+                                                                              CAPTURE_LOCK)
+        self._collected: tuple[np.ndarray, float] | None = None
+        info, dev = runtime.info, runtime.device
+        self.stream = torch.cuda.Stream(device=dev)
+        self.side = torch.cuda.Stream(device=dev) if runtime.parallel_streams else None
+        shape = (self.max_batch, *info.input_shape)
+        self.host_in = torch.empty(shape, dtype=torch.float32, pin_memory=True)
+        self.host_out = torch.empty((self.max_batch, info.num_class), dtype=torch.float32,
+                                    pin_memory=True)
+        with torch.cuda.stream(self.stream):
+            self.dev_in = torch.zeros(shape, dtype=torch.float32, device=dev)
+        self.lane_streams = [torch.cuda.Stream(device=dev) for _ in range(self.lanes)]
+        self.batch = LanedBatch(self.host_in.numpy(), self.host_out.numpy(),
+                                self.dev_in.data_ptr(), self.stream.cuda_stream,
+                                [s.cuda_stream for s in self.lane_streams])
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        try:
+            for b in self.buckets:
+                self._capture(b)
+        except BaseException:
+            self.close()
+            raise
+
+    def _capture(self, b: int) -> None:
+        x = self.dev_in[:b]
+        with torch.inference_mode(), torch.cuda.stream(self.stream):
+            for _ in range(2):  # cuDNN autotuning and allocator warm-up happen outside a graph
+                self.runtime.forward(x, self.side)
+        self.stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with CAPTURE_LOCK, torch.inference_mode(), \
+                    _graph_capture(graph, self.pool, self.stream):
+                out = self.runtime.forward(x, self.side)
+        except Exception as exc:  # as trtexec does: no graph, say so once
+            torch.cuda.synchronize(self.runtime.device)
+            raise GraphsUnavailable(f"batch {b}: {type(exc).__name__}: {exc}") from exc
+        self.graphs[b], self.outputs[b] = graph, out
+
+    def attach(self) -> None:
+        # The driver calls use the calling thread's current context: a runtime call makes the
+        # device's primary context current in this thread (also on CUDA 11).
+        torch.cuda.set_device(self.runtime.device)
+        self.stream.query()
+        self.batch.poll_only()
+
+    def _launch(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
+                ) -> None:
+        with self._all_calls:
+            batch = self.batch
+            batch.stage(windows)
+            bad = batch.upload(lanes) | batch.start()
+            with torch.cuda.stream(self.stream), self._replay:
+                self.graphs[bucket].replay()
+            batch.finish(int(self.outputs[bucket].data_ptr()), lanes, bad)
+
+    def can_launch(self) -> bool:
+        # A replay waits for the capture lock, which another thread holds for a whole
+        # capture (a reload preparing its buckets): the I/O loop retries instead.
+        return not CAPTURE_LOCK.locked()
+
+    def done(self) -> bool:
+        if not self._guard_all:
+            return self.batch.done()
+        if not CAPTURE_LOCK.acquire(blocking=False):
+            return False  # another thread captures (global mode): look again later
+        try:
+            if not self.batch.done():
+                return False
+            self._collected = self.batch.collect()  # its timing query, under the lock too
+            return True
+        finally:
+            CAPTURE_LOCK.release()
+
+    def wait(self) -> None:
+        with self._all_calls:
+            self.batch.wait()
+            if self._guard_all:
+                self._collected = self.batch.collect()
+
+    def _collect(self) -> np.ndarray:
+        collected, self._collected = self._collected, None
+        logits, compute_ms = collected if collected is not None else self.batch.collect()
+        self.last_timings = {"compute_ms": compute_ms}
+        return logits
+
+    def close(self) -> None:
+        with self._all_calls:
+            self.stream.synchronize()
+        self.graphs.clear()
+        self.outputs.clear()
+        self.batch.destroy()
+        self.lane_streams = []
+        # Device and pinned memory go now, not whenever the runner is collected.
+        self.dev_in = self.host_in = self.host_out = None  # type: ignore[assignment]

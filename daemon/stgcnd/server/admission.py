@@ -1,0 +1,67 @@
+"""Admission: every reason a decoded `infer` or `push` is refused before it is queued.
+
+One step between decoding and queueing, so that each rule lives in one place and is tested on
+its own: the model must exist, the array must fit it, the camera must get a slot in the
+table (server/cameras.py says who gives way to whom), and its queue must have room (for a
+push, once its frame made a prediction due: `check_queue`). A refusal
+is a ProtocolError carrying the request's id; an admitted request comes back with what
+serving it needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from stgcnd.server.cameras import CameraState, CameraTable, Eviction
+from stgcnd.server.models import ServedModel
+from stgcnd_client.protocol import ErrorCode, ProtocolError, Request, check_frame, check_window
+
+
+@dataclass
+class Admitted:
+    model: ServedModel
+    camera: CameraState
+    evicted: Eviction | None     # a camera that gave its slot to this one
+
+
+def model_for(req: Request, models: Mapping[str, ServedModel]) -> ServedModel:
+    """The request's model (nil: the first configured), or unknown-model."""
+    if req.model is None:
+        return next(iter(models.values()))
+    model = models.get(req.model)
+    if model is None:
+        raise ProtocolError(ErrorCode.UNKNOWN_MODEL, f"no model named {req.model!r}; this "
+                            f"daemon serves {', '.join(models)}", req.id)
+    return model
+
+
+def admit(req: Request, peer: str, received: float, models: Mapping[str, ServedModel],
+          cameras: CameraTable, queue_size: int) -> Admitted:
+    """Admit an infer or push request, or raise the ProtocolError its client gets."""
+    model = model_for(req, models)
+    check = check_window if req.op == "infer" else check_frame
+    try:
+        check(req.arrays[0], model.input_shape)
+    except ProtocolError as exc:  # the checks do not know the request id
+        raise ProtocolError(exc.code, exc.message, req.id) from None
+    cam, evicted = cameras.get(req.camera, received, peer)
+    if cam is None:
+        # Each camera holds a lane on every executor: a client inventing camera ids must not
+        # exhaust them.
+        raise ProtocolError(ErrorCode.BUSY, (
+            f"this daemon already serves max_cameras={cameras.max_cameras} cameras and none "
+            "of them can give way yet; retry in a few seconds or raise [server] max_cameras"),
+            req.id)
+    if req.op == "infer":
+        check_queue(req, model, cam.name, queue_size)
+    return Admitted(model, cam, evicted)
+
+
+def check_queue(req: Request, model: ServedModel, camera: str, queue_size: int) -> None:
+    """Room in the camera's queue for one more prediction (for a push: once its frame made
+    one due; the frame itself is kept either way)."""
+    if model.scheduler.queued(camera) >= queue_size:
+        raise ProtocolError(ErrorCode.BUSY, (
+            f"camera {camera!r} already has {queue_size} requests queued; slow down or "
+            "raise [server] queue_size"), req.id)

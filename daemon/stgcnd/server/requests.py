@@ -1,0 +1,298 @@
+"""The request path, on the I/O loop: read, decode, admit, queue or answer, reply.
+
+It never blocks on a client: replies go out with NOBLOCK, and a client whose queue is full
+(one that sends and never reads) loses its replies, counted and logged rate-limited, while
+everyone else is served. Every request gets exactly one reply: an answer, or an error with a
+stable code (stgcnd_client.protocol.ErrorCode); a daemon bug answers `internal`, never kills.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from stgcnd import __version__
+from stgcnd.log import debug_enabled, get_logger
+from stgcnd.server.admission import admit, check_queue, model_for
+from stgcnd.server.cameras import CameraState, CameraTable, PushRecord
+from stgcnd.server.connections import Connections
+from stgcnd.server.errorlog import ClientErrorLog
+from stgcnd.server.executor import Reply
+from stgcnd.server.models import ServedModel
+from stgcnd.server.receive import BAN_ABOVE_FRAMES, Incoming, Receiver
+from stgcnd.server.scheduler import Job
+from stgcnd.server.transport import NOBLOCK, NOBLOCK_MORE
+from stgcnd.telemetry.latency import LatencyAggregator
+from stgcnd_client.protocol import (
+    ErrorCode,
+    Limits,
+    ProtocolError,
+    Request,
+    decode_request,
+    encode_reply,
+    too_many_frames,
+)
+
+log = get_logger(__name__)
+
+READ_BURST = 256          # requests read per loop pass before replies get their turn
+LATENCY_STAGES = ("queue_ms", "compute_ms")  # a reply's timings kept per camera in `latency`
+
+
+class RequestPath:
+    def __init__(self, router: zmq.Socket, connections: Connections, cameras: CameraTable,
+                 limits: Limits, queue_size: int, stats: Callable[[], dict[str, Any]]) -> None:
+        self.router = router
+        self.receiver = Receiver(router)
+        self.connections = connections
+        self.cameras = cameras
+        self.limits = limits
+        self.queue_size = queue_size
+        self.models: dict[str, ServedModel] = {}   # the server swaps it on reload
+        self.stats = stats
+        self.errors = ClientErrorLog()
+        self.latency = LatencyAggregator()
+        self.counters = {"requests": 0, "errors": 0, "busy": 0, "expired": 0,
+                         "replies_dropped": 0}
+        self.trim_due = False  # abuse left memory behind: give it back at the stats tick
+        # (fd, peer) of an oversized message, banned once the rest of it is dropped
+        self._ban_when_discarded: tuple[int, str] | None = None
+        self._log_requests = debug_enabled()  # per-request events only at --log-level debug
+
+    # -- reading ---------------------------------------------------------------------------
+    def read(self, limit: int = READ_BURST) -> None:
+        """Handle up to `limit` waiting requests (fewer while an oversized one is dropped)."""
+        receiver = self.receiver
+        for _ in range(limit):
+            msg = receiver.read()
+            if msg is None:
+                break
+            if msg.too_many:
+                self._refuse_oversized(msg)
+                break
+            self._handle(msg, time.monotonic())
+        if not receiver.discarding and self._ban_when_discarded is not None:
+            self._ban_oversized_sender(time.monotonic())
+
+    @property
+    def discarding(self) -> bool:
+        return self.receiver.discarding
+
+    def refuse_all(self) -> int:
+        """Shutdown: answer shutting-down to every request waiting; how many there were."""
+        for count in range(READ_BURST):
+            msg = self.receiver.read()
+            if msg is None:
+                return count
+            self.send(msg.identity, encode_reply(
+                request_id(msg.frames[0], self.limits) if msg.frames else None,
+                error=(ErrorCode.SHUTTING_DOWN.value,
+                       "the daemon is shutting down; retry on restart")))
+        return READ_BURST
+
+    def _refuse_oversized(self, msg: Incoming) -> None:
+        """More frames than any request has: one too-large reply, the rest of the message
+        dropped over the next loop passes, then the peer banned if it was huge."""
+        self.counters["requests"] += 1
+        self.counters["errors"] += 1
+        self.trim_due = True
+        message = too_many_frames(self.limits)
+        self.errors.report(ErrorCode.TOO_LARGE.value, message=message)
+        self.send(msg.identity, encode_reply(request_id(msg.frames[0], self.limits),
+                                             error=(ErrorCode.TOO_LARGE.value, message)))
+        self._ban_when_discarded = (msg.fd, msg.peer)
+
+    def _ban_oversized_sender(self, now: float) -> None:
+        assert self._ban_when_discarded is not None
+        fd, peer = self._ban_when_discarded
+        self._ban_when_discarded = None
+        frames = self.receiver.last_oversized_frames
+        if frames > BAN_ABOVE_FRAMES:
+            self.connections.ban(fd, peer, now, reason=f"a message of {frames} frames")
+
+    # -- one request -----------------------------------------------------------------------
+    def _handle(self, msg: Incoming, received: float) -> None:
+        self.counters["requests"] += 1
+        if not self.connections.seen(msg.fd, msg.peer, received):
+            return  # a banned peer's connection, closing: nobody reads an answer there
+        identity = msg.identity
+        req = None
+        try:
+            req = decode_request(msg.frames, self.limits)
+            self._dispatch(identity, req, received, msg.peer)
+        except ProtocolError as exc:
+            self._reject(identity, exc, req)
+        except Exception as exc:  # a daemon bug: answered, logged rate-limited, never fatal
+            self.counters["errors"] += 1
+            self.errors.report("internal", event="request_crashed", camera=getattr(
+                req, "camera", None), error=f"{type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(limit=8))
+            self.send(identity, encode_reply(getattr(req, "id", None), error=(
+                ErrorCode.INTERNAL.value, f"internal error: {type(exc).__name__}: {exc}")))
+
+    def _reject(self, identity: bytes, exc: ProtocolError, req: Request | None) -> None:
+        busy = exc.code == ErrorCode.BUSY
+        self.counters["busy" if busy else "errors"] += 1
+        req_id = exc.req_id if exc.req_id is not None else getattr(req, "id", None)
+        self.errors.report(exc.code.value, camera=getattr(req, "camera", None),
+                           message=exc.message)
+        if req is not None and req.op in ("infer", "push") and req.camera in \
+                self.cameras.cameras:
+            self.latency.record(req.camera, req.model or next(iter(self.models)), 0.0,
+                                "busy" if busy else "error")
+        self.send(identity, encode_reply(req_id, error=(exc.code.value, exc.message)))
+
+    def _dispatch(self, identity: bytes, req: Request, received: float, peer: str) -> None:
+        op = req.op
+        if op == "ping":
+            self.send(identity, encode_reply(req.id, {"pong": True, "server_time": time.time()}))
+            return
+        if op == "hello":
+            default = next(iter(self.models))
+            self.send(identity, encode_reply(req.id, {
+                "server": __version__, "protocol": 1, "camera": req.camera,
+                "models": [m.describe(name == default) for name, m in self.models.items()]}))
+            return
+        if op == "stats":
+            self.send(identity, encode_reply(req.id, self.stats()))
+            return
+        if op == "reset":
+            # No model named: every model's push state of this camera (as protocol.md says).
+            names = [model_for(req, self.models).name] if req.model is not None \
+                else list(self.models)
+            cam = self.cameras.cameras.get(req.camera)
+            if cam is not None:
+                cam.reset(names)
+            self.send(identity, encode_reply(req.id, {"reset": names}))
+            return
+        admitted = admit(req, peer, received, self.models, self.cameras, self.queue_size)
+        cam, model = admitted.camera, admitted.model
+        if admitted.evicted is not None:
+            ev = admitted.evicted
+            self.errors.report("camera-evicted", event="camera_evicted", camera=ev.camera,
+                               peer=ev.peer, idle_s=ev.idle_s, rule=ev.rule, by=req.camera)
+        cam.requests += 1
+        deadline = None if req.timeout_ms is None else received + req.timeout_ms / 1e3
+        if op == "infer":
+            self._submit(identity, req, cam, model, req.arrays[0], {}, received, deadline)
+        else:
+            self._push(identity, req, cam, model, received, deadline)
+
+    def _submit(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
+                window: Any, extra: dict[str, Any], received: float,
+                deadline: float | None) -> None:
+        job = Job(identity, req.id, cam.name, model.name, req.op, window, cam.lane, received,
+                  deadline, extra)
+        if not model.submit(job):  # closed: the model is being replaced or the daemon stops
+            raise ProtocolError(ErrorCode.SHUTTING_DOWN, "this model is being replaced; "
+                                "retry in a moment", req.id)
+        cam.in_flight += 1
+
+    def _push(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
+              received: float, deadline: float | None) -> None:
+        rec = cam.pushes.get(model.name)
+        if rec is not None and rec.req_id == req.id:
+            # A resend (the client timed out or got busy/expired): the frame is in the ring
+            # already and is never appended twice.
+            if rec.reply is not None:
+                self.send(identity, rec.reply)
+            elif rec.window is not None:
+                check_queue(req, model, cam.name, self.queue_size)
+                self._submit(identity, req, cam, model, rec.window, rec.extra, received,
+                             deadline)
+            return
+        ring = cam.ring(model.name, model.input_shape, model.config.stride)
+        due = ring.append(req.arrays[0])
+        extra = {"model": model.name, "ready": due, "frames": ring.buffered,
+                 "seq": ring.received}
+        if not due:
+            reply = encode_reply(req.id, extra)
+            cam.pushes[model.name] = PushRecord(req.id, extra, reply=reply)
+            self.send(identity, reply)
+            return
+        window = ring.window()  # a copy: later frames do not change this prediction
+        cam.pushes[model.name] = PushRecord(req.id, extra, window=window)
+        check_queue(req, model, cam.name, self.queue_size)  # busy keeps the frame: resend
+        self._submit(identity, req, cam, model, window, extra, received, deadline)
+
+    # -- replies ---------------------------------------------------------------------------
+    def complete(self, reply: Reply) -> None:
+        """Settle a finished job's bookkeeping and send its reply."""
+        job = reply.job
+        cam = self.cameras.cameras.get(job.camera)
+        if cam is not None:
+            cam.in_flight -= 1
+            if job.op == "push" and reply.outcome == "ok":
+                rec = cam.pushes.get(job.model)
+                if rec is not None and rec.req_id == job.req_id:
+                    rec.reply = reply.frames
+        self._record(job, reply)
+        self.send(job.identity, reply.frames)
+
+    def _record(self, job: Job, reply: Reply) -> None:
+        outcome = reply.outcome
+        if outcome == "expired":
+            self.counters["expired"] += 1
+        elif outcome != "ok":
+            self.counters["errors"] += 1
+            outcome = "error"
+        t = reply.timings
+        total_ms = t.get("total_ms")
+        if total_ms is None:
+            total_ms = (time.monotonic() - job.received) * 1e3
+        if job.camera in self.cameras.cameras:  # bounded: only cameras in the table
+            self.latency.record(job.camera, job.model, total_ms, outcome, t, LATENCY_STAGES)
+        # Per request, at debug level only (`--log-level debug`): exact percentiles for
+        # `stgcnd logs summarize`; free when the level filters it out.
+        if self._log_requests:
+            log.debug("request", camera=job.camera, model=job.model, request_id=job.req_id,
+                      outcome=outcome, total_ms=round(total_ms, 3),
+                      **{k: v for k, v in t.items() if k != "total_ms"})
+
+    def send(self, identity: bytes, frames: list[bytes]) -> bool:
+        """Send without ever blocking the loop; False when the reply was dropped."""
+        send = self.router.send
+        try:
+            # Frame by frame with plain-int flags: send_multipart combines enum flags per
+            # frame. Only the first frame can be refused (routing); once it is queued the rest
+            # of the message always is.
+            send(identity, NOBLOCK_MORE)
+            last = len(frames) - 1
+            for i, frame in enumerate(frames):
+                send(frame, NOBLOCK if i == last else NOBLOCK_MORE)
+            return True
+        except zmq.Again:
+            # The client's queue is full: it sends and does not read. Blocking here would
+            # freeze every camera; its reply is dropped instead.
+            reason = "client is not reading its replies (its queue is full)"
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the client is gone
+            reason = f"client gone ({exc.strerror})"
+        self.counters["replies_dropped"] += 1
+        self.trim_due = True
+        self.errors.report("reply-dropped", event="reply_dropped", reason=reason)
+        return False
+
+    def camera_stats(self) -> dict[str, dict[str, int]]:
+        return {c: {"requests": s.requests, "in_flight": s.in_flight, "lane": s.lane}
+                for c, s in self.cameras.cameras.items()}
+
+    def process_stats(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "process_cpu_s": round(time.process_time(), 6),
+                "camera_evictions": self.cameras.evictions,
+                "connections": self.connections.stats(),
+                "oversized_messages": self.receiver.oversized_messages}
+
+
+def request_id(header: Any, limits: Limits) -> int | None:
+    """The id of a request whose header may be all that can be read of it."""
+    try:
+        return decode_request([header], limits).id
+    except ProtocolError as exc:
+        return exc.req_id
+    except Exception:
+        return None

@@ -1,0 +1,304 @@
+"""The benchmark engine behind `stgcnd bench`.
+
+For each persons count M and batch size B: the baseline row is PyTorch eager fp32 of the plain
+network (by default written with the original einsum graph step, as users trained it), timed
+like the seeds time it: a host numpy batch in, host logits out, synchronized. Then every asked
+backend x precision is timed the same way through a runner (`Runner.run`: the runner the daemon
+serves with, logits back on the host), on the same windows; its outputs are compared with the
+baseline's.
+
+With several session counts N > 1, N threads each drive their own runner (own CUDA streams)
+at once: the row reports the aggregate windows/s and latency percentiles over all calls, plus
+the worst runner's p99.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stgcnd.engines.options import BuildOptions
+from stgcnd.engines.store import EngineStore
+from stgcnd.errors import BackendUnavailable, UserError
+from stgcnd.log import get_logger
+from stgcnd.model.reference import load_for_inference
+from stgcnd.model.spec import ModelSpec
+from stgcnd.model.synthetic import synthetic_windows
+from stgcnd.provision import load_runtime
+from stgcnd.runtimes import available, runtime_module
+from stgcnd.runtimes.base import Runner, Runtime
+from stgcnd.server.config import engines_root
+from stgcnd.tools.bench.stats import latency_stats
+from stgcnd.tools.profiling import (
+    RunOptions,
+    find_trtexec,
+    load_times,
+    run_trtexec,
+    summarize_times,
+)
+
+log = get_logger(__name__)
+
+BENCH_BACKENDS = ("torch", "torch-cudagraph", "onnxruntime", "tensorrt", "tensorrt-cudagraph")
+BASELINE_NAME = "torch-eager"
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass
+class BenchConfig:
+    checkpoint: Path | None = None
+    layout: str = "mediapipe"
+    motion: str = "first-difference"
+    frames: int = 150
+    persons: tuple[int, ...] = (1,)
+    device: str = "cpu"
+    backends: tuple[str, ...] | None = None     # None: every one that can run on `device`
+    precisions: tuple[str, ...] | None = None   # None: fp32 on cpu, fp32 + fp16 on cuda
+    batches: tuple[int, ...] = (1,)
+    sessions: tuple[int, ...] = (1,)
+    iterations: int | None = None               # None: 20 on cpu, 200 on cuda
+    warmup: int | None = None                   # None: 3 on cpu, 20 on cuda
+    baseline_graph_op: str = "einsum"
+    threads: int = 0
+    store: Path | None = None
+    trtexec: bool = False
+    seed: int = 0
+    progress: Callable[[str], None] = field(default=_stderr)
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise UserError(f"--device must be cpu or cuda, got {self.device!r}")
+        unknown = [b for b in self.backends or () if b not in BENCH_BACKENDS]
+        if unknown:
+            raise UserError(f"unknown backend(s) {', '.join(unknown)}; choose from "
+                            f"{', '.join(BENCH_BACKENDS)} (the eager baseline always runs)")
+        if self.iterations is None:
+            self.iterations = 20 if self.device == "cpu" else 200
+        if self.warmup is None:
+            self.warmup = 3 if self.device == "cpu" else 20
+        if self.iterations < 1 or self.warmup < 0:
+            raise UserError("--iterations must be >= 1 and --warmup >= 0")
+        if min(self.batches) < 1 or min(self.sessions) < 1 or min(self.persons) < 1:
+            raise UserError("--batch, --sessions and --persons take values >= 1")
+
+
+def default_backends(device: str) -> tuple[str, ...]:
+    avail = available()
+    names: list[str] = ["torch"]
+    if device == "cuda":
+        names.append("torch-cudagraph")
+    if avail["onnxruntime"] is None:
+        names.append("onnxruntime")
+    if device == "cuda" and avail["tensorrt"] is None:
+        names += ["tensorrt", "tensorrt-cudagraph"]
+    return tuple(names)
+
+
+def default_precisions(device: str) -> tuple[str, ...]:
+    return ("fp32",) if device == "cpu" else ("fp32", "fp16")
+
+
+class _Loader:
+    """Opens backends for the bench; ONNX Runtime and TensorRT artefacts come from the store."""
+
+    def __init__(self, cfg: BenchConfig) -> None:
+        self.cfg = cfg
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._store: Any = None
+        self.artifacts: dict[str, Any] = {}
+
+    def store(self) -> EngineStore:
+        if self._store is None:
+            self._store = EngineStore(engines_root(self.cfg.store))
+        return self._store
+
+    def open(self, model: Any, name: str, precision: str, batch: int) -> Runtime:
+        cfg = self.cfg
+        graph = name.endswith("-cudagraph")
+        base = name[:-len("-cudagraph")] if graph else name  # str.removesuffix: 3.9+
+        if graph and cfg.device != "cuda":
+            raise BackendUnavailable("CUDA graphs need --device cuda")
+        if base == "torch":
+            return runtime_module("torch").TorchRuntime(  # type: ignore[no-any-return]
+                model, precision, cfg.device, cuda_graph=graph, max_batch=batch,
+                threads=cfg.threads)
+        if precision == "bf16":
+            raise BackendUnavailable("bf16 is offered by the torch backend on the CPU only")
+        options = BuildOptions(precision=precision, max_batch=batch,
+                               device="cuda" if base == "tensorrt" else cfg.device,
+                               threads=cfg.threads, cuda_graph=graph,
+                               allow_synthetic_calibration=True)
+        runtime = load_runtime(model, base, options, self.store())
+        self.artifacts[name] = runtime.info.artifact
+        return runtime
+
+
+def _time_one(runner: Runner, x: np.ndarray, iterations: int, warmup: int
+              ) -> tuple[list[float], np.ndarray, dict[str, float]]:
+    windows = list(x)
+    out = None
+    for _ in range(warmup):
+        runner.run(windows)
+    times: list[float] = []
+    parts: dict[str, list[float]] = {}
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        out = runner.run(windows)
+        times.append((time.perf_counter() - t0) * 1e3)
+        for k in ("compute_ms",):
+            if k in runner.last_timings:
+                parts.setdefault(k, []).append(runner.last_timings[k])
+    assert out is not None
+    return times, out, {k: float(np.median(v)) for k, v in parts.items()}
+
+
+def time_sessions(runtime: Runtime, x: np.ndarray, n: int, iterations: int, warmup: int
+                  ) -> dict[str, Any]:
+    """Drive n runners from n threads at once; latencies per runner, outputs, wall time."""
+    sessions = [runtime.open_runner((len(x),), 0) for _ in range(n)]
+    results: list[Any] = [None] * n
+    errors: list[BaseException] = []
+    start = threading.Barrier(n + 1)
+    done = threading.Barrier(n + 1)
+
+    def worker(i: int) -> None:
+        try:
+            for _ in range(warmup):
+                sessions[i].run(list(x))
+        except BaseException as exc:
+            errors.append(exc)
+        start.wait()
+        try:
+            if not errors:
+                results[i] = _time_one(sessions[i], x, iterations, 0)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            done.wait()
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        start.wait()
+        t0 = time.perf_counter()
+        done.wait()
+        wall = time.perf_counter() - t0
+        for t in threads:
+            t.join()
+    finally:
+        for s in sessions:
+            s.close()
+    if errors:
+        raise errors[0]
+    return {"per_session": [r[0] for r in results], "outputs": [r[1] for r in results],
+            "parts": results[0][2], "wall_s": wall}
+
+
+def _row(name: str, backend: Any, x: np.ndarray, persons: int, frames: int, sessions: int,
+         timed: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
+    all_times = [t for ts in timed["per_session"] for t in ts]
+    stats = latency_stats(all_times)
+    batch = x.shape[0]
+    if sessions == 1:
+        wps = batch * 1e3 / stats["mean_ms"]
+    else:
+        wps = batch * len(all_times) / timed["wall_s"]
+    row: dict[str, Any] = {
+        "backend": name, "precision": backend.info.precision, "device": backend.info.device,
+        "persons": persons, "frames": frames, "batch": batch, "sessions": sessions,
+        **stats, "windows_per_s": wps, "iterations": len(all_times),
+        "p99_worst_session_ms": (max(latency_stats(t)["p99_ms"] for t in timed["per_session"])
+                                 if sessions > 1 else None),
+        **timed["parts"],
+    }
+    return row
+
+
+def _compare(row: dict[str, Any], outputs: list[np.ndarray], ref: np.ndarray,
+             base_row: dict[str, Any]) -> None:
+    diffs = [float(np.max(np.abs(o - ref))) for o in outputs]
+    row["max_abs_diff"] = max(diffs)
+    row["top1_agreement"] = float(np.mean([np.mean(o.argmax(1) == ref.argmax(1))
+                                           for o in outputs]))
+    if row["sessions"] == 1:
+        row["speedup"] = base_row["median_ms"] / row["median_ms"]
+    else:  # throughput of N sessions against the baseline's one
+        row["speedup"] = row["windows_per_s"] / base_row["windows_per_s"]
+
+
+def _trtexec_columns(row: dict[str, Any], engine: str | None, x: np.ndarray,
+                     cfg: BenchConfig, name: str) -> None:
+    if find_trtexec() is None or engine is None:
+        row["note"] = "trtexec not found" if engine else "no engine file"
+        return
+    shape = "x".join(str(d) for d in x.shape)
+    with tempfile.TemporaryDirectory(prefix="stgcnd-bench-trtexec-") as out:
+        result = run_trtexec(RunOptions(engine=Path(engine), shapes=f"input:{shape}",
+                                        cuda_graph=name.endswith("-cudagraph"), profile=False,
+                                        separate_profile_run=False, layer_info=False), out)
+        summary = summarize_times(load_times(result.artefacts["times"]), batch=x.shape[0])
+    row["trtexec_gpu_compute_median_ms"] = summary["gpu_compute_ms"]["median"]
+    row["trtexec_gpu_compute_p99_ms"] = summary["gpu_compute_ms"]["p99"]
+
+
+def run_bench(cfg: BenchConfig) -> list[dict[str, Any]]:
+    backends = cfg.backends or default_backends(cfg.device)
+    precisions = cfg.precisions or default_precisions(cfg.device)
+    loader = _Loader(cfg)
+    rows: list[dict[str, Any]] = []
+    iters, warm = int(cfg.iterations or 1), int(cfg.warmup or 0)
+    for persons in cfg.persons:
+        try:
+            spec = ModelSpec(checkpoint=cfg.checkpoint, layout=cfg.layout, persons=persons,
+                             frames=cfg.frames, motion=cfg.motion,
+                             graph_op=cfg.baseline_graph_op)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        model = load_for_inference(spec)
+        for batch in cfg.batches:
+            x = synthetic_windows(batch, cfg.frames, persons, spec.num_node, seed=cfg.seed)
+            label = f"M={persons} B={batch}"
+            cfg.progress(f"[{label}] {BASELINE_NAME} fp32 ({cfg.baseline_graph_op}) ...")
+            with runtime_module("torch").TorchRuntime(model, "fp32", cfg.device,
+                                                      max_batch=batch, optimized=False) as base:
+                timed = time_sessions(base, x, 1, iters, warm)
+                base_row = _row(BASELINE_NAME, base, x, persons, cfg.frames, 1, timed, cfg)
+            ref = timed["outputs"][0]
+            base_row.update(speedup=1.0, max_abs_diff=0.0, top1_agreement=1.0,
+                            note=f"baseline: plain network, graph_op={cfg.baseline_graph_op}")
+            rows.append(base_row)
+            cfg.progress(f"[{label}] {BASELINE_NAME} fp32: median {base_row['median_ms']:.2f} ms")
+            for name in backends:
+                for precision in precisions:
+                    try:
+                        backend = loader.open(model, name, precision, batch)
+                    except BackendUnavailable as exc:
+                        cfg.progress(f"[{label}] {name} {precision}: skipped ({exc})")
+                        continue
+                    try:
+                        for n in cfg.sessions:
+                            cfg.progress(f"[{label}] {name} {precision} x{n} sessions ...")
+                            timed = time_sessions(backend, x, n, iters, warm)
+                            row = _row(name, backend, x, persons, cfg.frames, n, timed, cfg)
+                            _compare(row, timed["outputs"], ref, base_row)
+                            if cfg.trtexec and name.startswith("tensorrt") and n == 1:
+                                _trtexec_columns(row, backend.info.artifact, x, cfg, name)
+                            rows.append(row)
+                            cfg.progress(f"[{label}] {name} {precision} x{n}: median "
+                                         f"{row['median_ms']:.2f} ms, {row['speedup']:.2f}x, "
+                                         f"max|diff| {row['max_abs_diff']:.1e}")
+                    finally:
+                        backend.close()
+    return rows

@@ -1,0 +1,147 @@
+"""The parent side of a load test: start the processes, start them together, sample the daemon,
+collect every camera's records and hand them to the report.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import time
+from typing import Any
+
+from stgcnd.errors import UserError
+from stgcnd.tools.loadtest import daemon_cpu
+from stgcnd.tools.loadtest.camera import CameraResult, ModelTarget
+from stgcnd.tools.loadtest.plan import LoadPlan
+from stgcnd.tools.loadtest.report import build_report
+from stgcnd.tools.loadtest.worker import READY_TIMEOUT_S, process_main
+from stgcnd_client import Client, ClientError
+
+# Between "everyone is ready" and t = 0: time for the go signal to reach every process.
+START_DELAY_S = 0.3
+# Spawned processes import numpy and pyzmq and build their data before they are ready.
+SPAWN_TIMEOUT_S = 120.0
+# The parent's hello and stats calls: at least this long, even with a short --timeout-ms.
+CONTROL_TIMEOUT_S = 1.0
+
+
+def describe_target(info: Any, model: str | None) -> ModelTarget:
+    try:
+        m = info.model(model)
+    except KeyError:
+        names = ", ".join(x.name for x in info.models)
+        raise UserError(f"the daemon serves no model {model!r}; --model one of: {names}"
+                        ) from None
+    return ModelTarget(m.name, tuple(m.input_shape), m.stride)
+
+
+class _Control:
+    """The parent's own client: hello at the start, then the two stats samples."""
+
+    def __init__(self, plan: LoadPlan, served_pid: int | None) -> None:
+        self.plan = plan
+        self.served_pid = served_pid
+        timeout = max(CONTROL_TIMEOUT_S, plan.timeout_ms / 1e3)
+        self.client = Client(plan.endpoint, camera_id=f"lt-{plan.run_id}-control",
+                             timeout=timeout, retries=1)
+
+    def hello(self) -> tuple[Any, ModelTarget]:
+        try:
+            info = self.client.hello()
+        except ClientError as exc:
+            raise UserError(f"cannot reach the daemon at {self.plan.endpoint}: {exc}; start it "
+                            "(stgcnd serve) or use --serve") from None
+        return info, describe_target(info, self.plan.model)
+
+    def sample(self) -> tuple[float, daemon_cpu.CpuSample]:
+        """(when, the daemon's CPU time) now; a failed stats call gives an empty sample."""
+        try:
+            stats = self.client.stats()
+        except ClientError as exc:
+            return time.monotonic(), daemon_cpu.CpuSample(None, None, None, f"stats: {exc}")
+        return time.monotonic(), daemon_cpu.sample(stats, self.plan.endpoint, self.served_pid)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def run_load(plan: LoadPlan, served_pid: int | None = None,
+             served: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run the plan against its endpoint; returns the report (see stgcnd.tools.loadtest.report)."""
+    control = _Control(plan, served_pid)
+    try:
+        info, target = control.hello()
+        cameras, samples = _run_processes(plan, target, control)
+    finally:
+        control.close()
+    model = info.model(target.name)
+    return build_report(plan, target, cameras, samples, model={
+        "name": model.name, "input_shape": list(model.input_shape), "backend": model.backend,
+        "precision": model.precision, "stride": model.stride, "server": info.server},
+        served=served)
+
+
+def _run_processes(plan: LoadPlan, target: ModelTarget, control: _Control
+                   ) -> tuple[list[CameraResult], dict[str, Any]]:
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    go, stop = ctx.Event(), ctx.Event()
+    start_wall = ctx.Value("d", 0.0)
+    procs = [ctx.Process(target=process_main, name=f"loadtest-{i}", daemon=True,
+                         args=(i, plan, target, results, go, start_wall, stop))
+             for i in range(plan.processes)]
+    for p in procs:
+        p.start()
+    try:
+        _collect(results, procs, "ready", SPAWN_TIMEOUT_S + READY_TIMEOUT_S)
+        start_wall.value = time.time() + START_DELAY_S
+        t0 = time.monotonic() + START_DELAY_S
+        go.set()
+        _sleep_until(t0 + plan.warmup)
+        first_at, first = control.sample()
+        _sleep_until(t0 + plan.end)
+        last_at, last = control.sample()
+        done = _collect(results, procs, "done", plan.timeout_ms / 1e3 + 60.0)
+    except BaseException:
+        stop.set()
+        go.set()
+        raise
+    finally:
+        for p in procs:
+            p.join(10.0)
+            if p.is_alive():  # only our own children, by their handle
+                p.terminate()
+                p.join(5.0)
+    cameras = [c for msg in sorted(done, key=lambda m: m[1]) for c in msg[2]]
+    samples = {"first": first, "last": last, "first_at_s": first_at - t0,
+               "last_at_s": last_at - t0, "load_cpu_s": sum(msg[3] for msg in done)}
+    return cameras, samples
+
+
+def _collect(results: Any, procs: list[Any], kind: str, timeout: float) -> list[tuple]:
+    """One `kind` message from every process; a failure or a dead process is an error."""
+    got: list[tuple] = []
+    end = time.monotonic() + timeout
+    while len(got) < len(procs):
+        try:
+            msg = results.get(timeout=0.5)
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode is not None and p.exitcode != 0]
+            if dead:
+                raise UserError(f"load process {dead[0].name} died (exit code "
+                                f"{dead[0].exitcode})") from None
+            if time.monotonic() > end:
+                raise UserError(f"load processes not {kind} within {timeout:.0f} s") from None
+            continue
+        if msg[0] == "failed":
+            # A traceback's last line says what failed; a plain message is one line anyway.
+            raise UserError(f"load process {msg[1]} failed: {msg[2].strip().splitlines()[-1]}")
+        if msg[0] == kind:
+            got.append(msg)
+    return got
+
+
+def _sleep_until(t: float) -> None:
+    delay = t - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)

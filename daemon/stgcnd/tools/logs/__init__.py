@@ -1,0 +1,1 @@
+"""Turning the daemon's JSON logs into tables and plots (`stgcnd logs`)."""

@@ -1,0 +1,287 @@
+"""Run trtexec on an engine or ONNX model and keep everything it produces in one folder.
+
+A run folder holds: times.json (--exportTimes), profile.json (--exportProfile), layers.json
+(--exportLayerInfo), trtexec.log (the full console output, also echoed live if asked),
+run_config.json (exact command, options, versions, exit code) and engine_metadata.json (path,
+size, sha256, mtime of the engine or ONNX file).
+
+API:
+    options = RunOptions(engine=Path("x.engine"), shapes="input:1x3x150x33x1")
+    command = build_command(Path("/usr/src/tensorrt/bin/trtexec"), options, out_dir)
+    result = run_trtexec(options, out_dir, trtexec=None)   # RunResult; TrtexecFailed on exit != 0
+
+Not verified against a real trtexec in this repository's CI (none can run there): the command
+line follows trtexec's documented flags, and the tests run a stand-in executable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shlex
+import subprocess
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from stgcnd import __version__
+from stgcnd.errors import UserError
+from stgcnd.log import get_logger
+from stgcnd.tools.profiling.locate import require_trtexec
+from stgcnd.tools.profiling.logparse import load_log
+
+log = get_logger(__name__)
+
+ARTEFACT_NAMES = {"times": "times.json", "profile": "profile.json", "layer_info": "layers.json",
+                  "log": "trtexec.log"}
+PRECISION_FLAGS = ("fp16", "bf16", "int8", "fp8", "int4", "best", "stronglyTyped")
+LOG_TAIL_LINES = 15
+
+
+class TrtexecFailed(UserError):
+    """trtexec exited non-zero; the message carries the exit code and the end of its log."""
+
+    def __init__(self, message: str, returncode: int, log_path: Path, tail: list[str]):
+        super().__init__(message)
+        self.returncode = returncode
+        self.log_path = log_path
+        self.tail = tail
+
+
+@dataclass
+class RunOptions:
+    """What to run; None leaves trtexec's default in place."""
+
+    engine: Path | None = None
+    onnx: Path | None = None
+    shapes: str | None = None
+    iterations: int | None = 200
+    warmup_ms: int | None = 500
+    avg_runs: int | None = 50
+    duration_s: float | None = None
+    cuda_graph: bool = True
+    spin_wait: bool = False
+    profile: bool = True
+    separate_profile_run: bool = True
+    layer_info: bool = True
+    precisions: tuple[str, ...] = ()
+    save_engine: Path | None = None
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def model_path(self) -> Path:
+        if (self.engine is None) == (self.onnx is None):
+            raise UserError("give exactly one of --engine PATH or --onnx PATH")
+        return Path(self.engine or self.onnx)  # type: ignore[arg-type]
+
+
+@dataclass
+class RunResult:
+    out_dir: Path
+    command: list[str]
+    returncode: int
+    duration_s: float
+    log_path: Path
+    artefacts: dict[str, Path]
+    tensorrt_version: str | None = None
+    missing: list[str] = field(default_factory=list)
+
+
+def build_command(trtexec: Path, options: RunOptions, out_dir: Path) -> list[str]:
+    """The trtexec argv for `options`, exporting artefacts into `out_dir`."""
+    model = options.model_path()
+    cmd = [str(trtexec)]
+    cmd.append(f"--loadEngine={model}" if options.engine else f"--onnx={model}")
+    if options.save_engine:
+        if not options.onnx:
+            raise UserError("--save-engine only makes sense with --onnx (trtexec builds the "
+                            "engine from the ONNX model)")
+        cmd.append(f"--saveEngine={options.save_engine}")
+    for precision in options.precisions:
+        if precision not in PRECISION_FLAGS:
+            raise UserError(f"unknown precision flag {precision!r}; use one of "
+                            f"{', '.join(PRECISION_FLAGS)}")
+        cmd.append(f"--{precision}")
+    if options.shapes:
+        cmd.append(f"--shapes={options.shapes}")
+    for flag, value in (("--iterations", options.iterations), ("--warmUp", options.warmup_ms),
+                        ("--avgRuns", options.avg_runs), ("--duration", options.duration_s)):
+        if value is not None:
+            if value < 0:
+                raise UserError(f"{flag} must be >= 0, got {value}")
+            cmd.append(f"{flag}={value:g}" if isinstance(value, float) else f"{flag}={value}")
+    if options.cuda_graph:
+        cmd.append("--useCudaGraph")
+    if options.spin_wait:
+        cmd.append("--useSpinWait")
+    cmd.append(f"--exportTimes={out_dir / ARTEFACT_NAMES['times']}")
+    if options.profile:
+        cmd.append(f"--exportProfile={out_dir / ARTEFACT_NAMES['profile']}")
+        if options.separate_profile_run:
+            # Keeps per-layer profiling overhead out of the timed iterations.
+            cmd.append("--separateProfileRun")
+    if options.layer_info:
+        cmd.append(f"--exportLayerInfo={out_dir / ARTEFACT_NAMES['layer_info']}")
+    cmd.append("--profilingVerbosity=detailed")
+    cmd.extend(options.extra_args)
+    return cmd
+
+
+def file_metadata(path: Path) -> dict[str, Any]:
+    """path, size, sha256 and mtime of a model file."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    stat = path.stat()
+    return {
+        "path": str(path.resolve()),
+        "size_bytes": stat.st_size,
+        "sha256": digest.hexdigest(),
+        "mtime": datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc).isoformat(),
+    }
+
+
+def _l4t_release() -> str | None:
+    try:
+        return Path("/etc/nv_tegra_release").read_text(encoding="utf-8").splitlines()[0].strip()
+    except (OSError, IndexError):
+        return None
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _options_dict(options: RunOptions) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+            for k, v in asdict(options).items()}
+
+
+def _stream_output(proc: subprocess.Popen[str], log_path: Path, echo: TextIO | None,
+                   tail: deque[str]) -> None:
+    assert proc.stdout is not None
+    with log_path.open("w", encoding="utf-8") as log_file:
+        for line in proc.stdout:
+            log_file.write(line)
+            log_file.flush()
+            tail.append(line.rstrip("\n"))
+            if echo is not None:
+                echo.write(line)
+                echo.flush()
+
+
+def run_trtexec(options: RunOptions, out_dir: str | Path, *, trtexec: str | Path | None = None,
+                echo: TextIO | None = None, timeout_s: float | None = None) -> RunResult:
+    """Run trtexec, tee its output to out_dir/trtexec.log (and `echo`), record the run.
+
+    Raises UserError when trtexec or the model is missing and TrtexecFailed (a UserError) when
+    trtexec exits non-zero or runs past `timeout_s`.
+    """
+    model = options.model_path()
+    if not model.is_file():
+        raise UserError(f"{model}: no such file; pass the engine (--engine) or ONNX model "
+                        "(--onnx) to profile")
+    binary = require_trtexec(trtexec)
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create output folder {out}: {exc}; pass a writable --out") \
+            from None
+    command = build_command(binary, options, out)
+    log_path = out / ARTEFACT_NAMES["log"]
+    engine_meta = {"stgcnd_engine_metadata": 1, "kind": "engine" if options.engine else "onnx",
+                   **file_metadata(model)}
+    _write_json(out / "engine_metadata.json", engine_meta)
+    config: dict[str, Any] = {
+        "stgcnd_run_config": 1,
+        "command": command,
+        "command_line": shlex.join(command),
+        "trtexec": str(binary),
+        "options": _options_dict(options),
+        "out_dir": str(out.resolve()),
+        "started_at": _now(),
+        "finished_at": None,
+        "exit_code": None,
+        "versions": {"stgcnd": __version__, "python": platform.python_version(),
+                     "platform": platform.platform(), "l4t": _l4t_release(), "tensorrt": None},
+        "host": platform.node(),
+    }
+    _write_json(out / "run_config.json", config)
+    log.info("trtexec_start", command=config["command_line"], out_dir=str(out))
+
+    tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", bufsize=1)
+    except OSError as exc:
+        raise UserError(f"cannot start {binary}: {exc}; check that it is a trtexec built for "
+                        "this machine and that its TensorRT libraries are on LD_LIBRARY_PATH") \
+            from None
+    timed_out = threading.Event()
+
+    def _kill() -> None:
+        timed_out.set()
+        proc.kill()
+
+    timer = threading.Timer(timeout_s, _kill) if timeout_s else None
+    if timer:
+        timer.start()
+    try:
+        _stream_output(proc, log_path, echo, tail)
+        returncode = proc.wait()
+    except KeyboardInterrupt:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        if timer:
+            timer.cancel()
+    duration = time.monotonic() - started
+
+    tensorrt_version = load_log(log_path).tensorrt_version if log_path.exists() else None
+    artefacts = {kind: out / name for kind, name in ARTEFACT_NAMES.items()
+                 if (out / name).is_file()}
+    expected = ["times", "log"] + (["profile"] if options.profile else []) + \
+        (["layer_info"] if options.layer_info else [])
+    missing = [ARTEFACT_NAMES[k] for k in expected if k not in artefacts]
+    config.update(finished_at=_now(), exit_code=returncode, duration_s=round(duration, 3),
+                  timed_out=timed_out.is_set(),
+                  artefacts={k: p.name for k, p in artefacts.items()}, missing=missing)
+    config["versions"]["tensorrt"] = tensorrt_version
+    _write_json(out / "run_config.json", config)
+    if options.save_engine and Path(options.save_engine).is_file():
+        engine_meta["saved_engine"] = file_metadata(Path(options.save_engine))
+        _write_json(out / "engine_metadata.json", engine_meta)
+
+    if returncode != 0 or timed_out.is_set():
+        log.error("trtexec_failed", exit_code=returncode, log=str(log_path))
+        if timed_out.is_set():
+            headline = f"trtexec ran past the {timeout_s:g} s limit and was stopped"
+        elif returncode < 0:
+            headline = f"trtexec was killed by signal {-returncode}"
+        else:
+            headline = f"trtexec failed with exit code {returncode}"
+        shown = "\n".join(f"  | {line}" for line in tail) or "  | (no output)"
+        raise TrtexecFailed(f"{headline}; full log: {log_path}; last lines:\n{shown}",
+                            returncode, log_path, list(tail))
+    if missing:
+        log.warning("trtexec_artefacts_missing", missing=missing, out_dir=str(out))
+    log.info("trtexec_done", duration_s=round(duration, 3), tensorrt_version=tensorrt_version,
+             artefacts=sorted(artefacts))
+    return RunResult(out_dir=out, command=command, returncode=returncode, duration_s=duration,
+                     log_path=log_path, artefacts=artefacts, tensorrt_version=tensorrt_version,
+                     missing=missing)

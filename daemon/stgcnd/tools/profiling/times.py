@@ -1,0 +1,195 @@
+"""Per-iteration timings from `trtexec --exportTimes` and their summary.
+
+The file is a JSON array with one object per timed inference. TensorRT 8.x-11.x write
+`startEnqMs, endEnqMs, startH2dMs, endH2dMs, startComputeMs, endComputeMs, startD2hMs, endD2hMs,
+h2dMs, computeMs, d2hMs, latencyMs`; TensorRT 7 wrote `startInMs/endInMs/inMs` and
+`startOutMs/endOutMs/outMs` instead of the H2D/D2H names and had no enqueue times. Timestamps
+are milliseconds since trtexec started. Since 8.5 the warm-up iterations are left out.
+
+API:
+    records = load_times(path)                  # list[TimingRecord]
+    summary = summarize_times(records, batch=1)  # dict, see summarize_times
+    write_times_outputs(records, out_dir, batch) # summary.json/.csv, latency_series.csv, ...
+
+`summarize_times` returns, for `gpu_compute_ms`, `latency_ms` (H2D + compute + D2H, trtexec's
+"Latency"), `enqueue_ms`, `h2d_ms` and `d2h_ms`, a dict with min/mean/median/p90/p95/p99/max/std
+in milliseconds (numpy linear-interpolation percentiles), plus `throughput` (qps = records /
+the trace's walltime, from the earliest start of any stage to the latest end of any stage;
+windows/s = qps x batch; GPU-bound qps = 1000 / mean compute) and `jitter_ms`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from stgcnd.errors import UserError
+from stgcnd.tools.profiling.stats import STAT_KEYS, describe
+
+# Series in the order they appear in tables and CSVs; values are TimingRecord attributes.
+SERIES = ("gpu_compute_ms", "latency_ms", "enqueue_ms", "h2d_ms", "d2h_ms")
+SERIES_LABELS = {
+    "gpu_compute_ms": "GPU compute",
+    "latency_ms": "Latency (H2D+compute+D2H)",
+    "enqueue_ms": "Enqueue",
+    "h2d_ms": "H2D copy",
+    "d2h_ms": "D2H copy",
+}
+REPORT_PERCENTILES = (*range(0, 100), 99.5, 99.9, 100)
+
+
+@dataclass(frozen=True)
+class TimingRecord:
+    """One timed inference; durations in ms, `None` where this TensorRT version has no field."""
+
+    start_ms: float
+    end_ms: float
+    enqueue_ms: float | None
+    h2d_ms: float | None
+    gpu_compute_ms: float
+    d2h_ms: float | None
+    latency_ms: float
+
+
+def _first(raw: Mapping[str, Any], *keys: str) -> float | None:
+    for key in keys:
+        if key in raw and raw[key] is not None:
+            return float(raw[key])
+    return None
+
+
+def record_from_json(raw: Mapping[str, Any]) -> TimingRecord:
+    """Normalise one exportTimes object of any supported TensorRT version."""
+    compute = _first(raw, "computeMs")
+    if compute is None:
+        raise ValueError(f"timing record without computeMs: {sorted(raw)}")
+    h2d = _first(raw, "h2dMs", "inMs")
+    d2h = _first(raw, "d2hMs", "outMs")
+    latency = _first(raw, "latencyMs")
+    if latency is None:
+        latency = compute + (h2d or 0.0) + (d2h or 0.0)
+    start_enq, end_enq = _first(raw, "startEnqMs"), _first(raw, "endEnqMs")
+    enqueue = end_enq - start_enq if start_enq is not None and end_enq is not None else None
+    starts = [v for v in (start_enq, _first(raw, "startH2dMs", "startInMs"),
+                          _first(raw, "startComputeMs")) if v is not None]
+    ends = [v for v in (_first(raw, "endD2hMs", "endOutMs"), _first(raw, "endComputeMs"),
+                        end_enq) if v is not None]
+    start = min(starts) if starts else 0.0
+    end = max(ends) if ends else start + latency
+    return TimingRecord(start_ms=start, end_ms=end, enqueue_ms=enqueue, h2d_ms=h2d,
+                        gpu_compute_ms=compute, d2h_ms=d2h, latency_ms=latency)
+
+
+def parse_times(data: Any) -> list[TimingRecord]:
+    if not isinstance(data, list):
+        raise ValueError("exportTimes JSON must be an array of per-iteration objects")
+    return [record_from_json(item) for item in data if isinstance(item, dict)]
+
+
+def load_times(path: str | Path) -> list[TimingRecord]:
+    """Read an `--exportTimes` file; UserError if it is not one."""
+    path = Path(path)
+    try:
+        return parse_times(json.loads(path.read_text(encoding="utf-8", errors="replace")))
+    except (ValueError, OSError) as exc:
+        raise UserError(f"cannot read trtexec timings from {path}: {exc}; pass the file written "
+                        "by `trtexec --exportTimes=FILE`") from None
+
+
+def _as_records(records: Iterable[TimingRecord | Mapping[str, Any]]) -> list[TimingRecord]:
+    return [r if isinstance(r, TimingRecord) else record_from_json(r) for r in records]
+
+
+def series(records: Sequence[TimingRecord], name: str) -> np.ndarray:
+    """One column (a SERIES name) as float64, records without that field left out."""
+    return np.asarray([getattr(r, name) for r in records if getattr(r, name) is not None],
+                      dtype=np.float64)
+
+
+def _jitter(values: np.ndarray) -> dict[str, float]:
+    if values.size == 0:
+        return {}
+    diffs = np.abs(np.diff(values)) if values.size > 1 else np.zeros(1)
+    return {
+        "p99_minus_median": float(np.percentile(values, 99) - np.percentile(values, 50)),
+        "max_minus_min": float(values.max() - values.min()),
+        "mean_abs_successive_diff": float(diffs.mean()),
+    }
+
+
+def summarize_times(records: Iterable[TimingRecord | Mapping[str, Any]],
+                    batch: int = 1) -> dict[str, Any]:
+    """Summary of per-iteration timings; `batch` = windows per inference, for windows/s."""
+    recs = _as_records(records)
+    if not recs:
+        raise UserError("the trtexec timing file has no records; run trtexec with more "
+                        "--iterations or a longer --duration")
+    if batch < 1:
+        raise UserError(f"batch must be >= 1, got {batch}")
+    out: dict[str, Any] = {"iterations": len(recs), "batch": batch}
+    for name in SERIES:
+        stats = describe(series(recs, name))
+        if stats:
+            out[name] = stats
+    walltime_ms = max(r.end_ms for r in recs) - min(r.start_ms for r in recs)
+    qps = len(recs) / (walltime_ms / 1000.0) if walltime_ms > 0 else None
+    mean_compute = out["gpu_compute_ms"]["mean"]
+    out["throughput"] = {
+        "walltime_s": walltime_ms / 1000.0,
+        "qps": qps,
+        "windows_per_s": qps * batch if qps is not None else None,
+        "gpu_bound_qps": 1000.0 / mean_compute if mean_compute > 0 else None,
+        "gpu_bound_windows_per_s": 1000.0 * batch / mean_compute if mean_compute > 0 else None,
+    }
+    out["jitter_ms"] = {
+        "gpu_compute": _jitter(series(recs, "gpu_compute_ms")),
+        "latency": _jitter(series(recs, "latency_ms")),
+    }
+    return out
+
+
+def percentile_table(records: Sequence[TimingRecord],
+                     percentiles: Iterable[float] = REPORT_PERCENTILES) -> list[dict[str, float]]:
+    """Rows {percentile, gpu_compute_ms, latency_ms} for a percentile curve."""
+    qs = [float(q) for q in percentiles]
+    compute = np.percentile(series(records, "gpu_compute_ms"), qs)
+    latency = np.percentile(series(records, "latency_ms"), qs)
+    return [{"percentile": q, "gpu_compute_ms": float(c), "latency_ms": float(lat)}
+            for q, c, lat in zip(qs, compute, latency)]
+
+
+def write_times_outputs(records: Sequence[TimingRecord], out_dir: str | Path,
+                        batch: int = 1) -> dict[str, Path]:
+    """Write summary.json, summary.csv, latency_series.csv and latency_percentiles.csv."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summarize_times(records, batch)
+    paths = {name: out / name for name in ("summary.json", "summary.csv",
+                                           "latency_series.csv", "latency_percentiles.csv")}
+    paths["summary.json"].write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    with paths["summary.csv"].open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["metric", *STAT_KEYS])
+        for name in SERIES:
+            if name in summary:
+                writer.writerow([name, *(summary[name][k] for k in STAT_KEYS)])
+    t0 = min(r.start_ms for r in records)
+    with paths["latency_series.csv"].open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["iteration", "start_ms", *SERIES])
+        for i, rec in enumerate(records):
+            row = asdict(rec)
+            writer.writerow([i, rec.start_ms - t0,
+                             *("" if row[name] is None else row[name] for name in SERIES)])
+    with paths["latency_percentiles.csv"].open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["percentile", "gpu_compute_ms", "latency_ms"])
+        for row in percentile_table(records):
+            writer.writerow([row["percentile"], row["gpu_compute_ms"], row["latency_ms"]])
+    return paths

@@ -1,0 +1,26 @@
+"""An EngineStore that holds each written artefact before committing it, so that tests can
+kill or cancel a build half-way. The pause (seconds) is read from $PAUSE_BUILD_S in the
+process that builds, which may be a spawned build child: the environment reaches it."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from stgcnd.engines.store import EngineStore
+from stgcnd.log import get_logger
+
+PAUSE_VAR = "PAUSE_BUILD_S"
+log = get_logger(__name__)
+
+
+class PausingStore(EngineStore):
+    def _manifest(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        # _manifest runs after the temp artefact is written and before it is validated and
+        # renamed into place: the window a crash or a cancel must leave clean.
+        pause = float(os.environ.get(PAUSE_VAR) or 0)
+        if pause:
+            log.warning("build_test_pause", seconds=pause)
+            time.sleep(pause)
+        return super()._manifest(*args, **kwargs)

@@ -1,0 +1,82 @@
+"""`auto` on a machine without a GPU: the faster CPU runtime, measured once through the
+runners the daemon serves with and remembered; and `time_runtimes`, the measurement itself."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")  # an optional extra: pip install -e ".[torch]"
+
+from stgcnd.engines.options import BuildOptions
+from stgcnd.engines.store import EngineStore
+from stgcnd.model import ModelSpec, load_model, reference_logits
+from stgcnd.model.synthetic import synthetic_windows
+from stgcnd.provision import AUTO_CACHE_NAME, open_runtime, resolve_auto, time_runtimes
+from stgcnd.runtimes import available
+from stgcnd.runtimes.noop import NoopRuntime
+from stgcnd.runtimes.torch_runtime import TorchRuntime
+from tests.runtimes.conftest import opened
+
+no_gpu = pytest.mark.skipif(torch.cuda.is_available() or available()["tensorrt"] is None,
+                            reason="with a GPU, auto picks a GPU runtime")
+
+
+@no_gpu
+def test_auto_measures_both_cpu_runtimes_and_remembers(tmp_path):
+    model = load_model(ModelSpec(frames=30))
+    store = EngineStore(tmp_path / "engines")
+    runtime = open_runtime(model, "auto", BuildOptions(), store)
+    try:
+        assert runtime.info.name in ("torch", "onnxruntime") and runtime.info.device == "cpu"
+        x = synthetic_windows(2, 30, 1, seed=4)
+        with opened(runtime) as runner:
+            got = np.concatenate([runner.run([w]) for w in x])  # max_batch 1 by default
+        np.testing.assert_allclose(got, reference_logits(model, x), atol=1e-4)
+    finally:
+        runtime.close()
+    cache_path = tmp_path / "engines" / AUTO_CACHE_NAME
+    (entry,) = json.loads(cache_path.read_text()).values()
+    timings = entry["fastest_ms"]
+    assert set(timings) == {"torch", "onnxruntime"} and all(v > 0 for v in timings.values())
+    assert entry["backend"] == min(timings, key=timings.__getitem__)
+    assert entry["precision"] == "fp32" and entry["machine"]["cpus"] >= 1
+
+    # The decision is read back, not re-measured: flip it on disk and it is honoured.
+    other = "torch" if entry["backend"] == "onnxruntime" else "onnxruntime"
+    cache = json.loads(cache_path.read_text())
+    next(iter(cache.values()))["backend"] = other
+    cache_path.write_text(json.dumps(cache))
+    again = open_runtime(model, "auto", BuildOptions(), store)
+    try:
+        assert again.info.name == other
+    finally:
+        again.close()
+
+    # Without a GPU, fp16 runs as fp32 on the CPU (same cache entry), and int8 only has
+    # ONNX Runtime (nothing to measure); CUDA graphs are for GPUs.
+    name, options = resolve_auto(model, BuildOptions(precision="fp16", cuda_graph=True), store)
+    assert (name, options.device, options.precision, options.cuda_graph) == \
+        (other, "cpu", "fp32", False)
+    name, options = resolve_auto(model, BuildOptions(precision="int8"), store)
+    assert (name, options.device, options.precision) == ("onnxruntime", "cpu", "int8")
+    assert len(json.loads(cache_path.read_text())) == 1
+
+
+def test_time_runtimes_measures_each_through_a_runner_and_closes_them(small_model):
+    """The fastest batch-1 round of each runtime, through the runners the daemon serves with;
+    every runner is closed afterwards (a CPU runner's worker thread too)."""
+    shape = small_model.spec.input_shape
+    with TorchRuntime(small_model, "fp32", "cpu") as torch_rt:
+        runtimes = {"slow": NoopRuntime(shape, 2, compute_us=20_000),
+                    "fast": NoopRuntime(shape, 2),
+                    "torch": torch_rt}
+        threads = threading.active_count()
+        times = time_runtimes(runtimes, rounds=2)
+        assert threading.active_count() == threads
+    assert set(times) == {"slow", "fast", "torch"}
+    assert times["slow"] >= 20.0 > times["fast"] >= 0
+    assert times["torch"] > 0

@@ -1,0 +1,121 @@
+"""The report from hand-made camera records: what is counted, where, and the table."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from stgcnd.tools.loadtest.camera import COLUMNS, CameraResult, ModelTarget, empty_columns
+from stgcnd.tools.loadtest.daemon_cpu import CpuSample, per_request, sample
+from stgcnd.tools.loadtest.plan import LoadPlan
+from stgcnd.tools.loadtest.report import build_report, format_table, has_failures
+
+NAN = float("nan")
+PLAN = LoadPlan("ipc:///tmp/x.sock", cameras=1, rate_hz=10.0, warmup=1.0, duration=2.0,
+                join=1, join_at=0.5, join_window=1.0, run_id="t")
+TARGET = ModelTarget("m", (3, 20, 33, 1))
+
+
+def columns(rows: list[tuple]) -> dict[str, np.ndarray]:
+    cols = empty_columns()
+    for j, name in enumerate(COLUMNS):
+        cols[name] = np.array([r[j] for r in rows], dtype=cols[name].dtype)
+    return cols
+
+
+def cameras() -> list[CameraResult]:
+    #        t    lag  rtt   send  pred   queue compute total code
+    running = CameraResult("a", joining=False, start=0.0, dropped=2, columns=columns([
+        (0.5, 0.0, 100., 100., True, 0.1, 0.5, 0.8, ""),     # warm-up: not counted
+        (1.0, 0.5, 2.0, 1.5, True, 0.1, 0.5, 0.8, ""),
+        (1.6, 0.2, 0.3, 0.1, False, NAN, NAN, NAN, "busy"),   # inside the join window
+        (2.6, 0.1, 5000., 5000., False, NAN, NAN, NAN, "timeout"),
+        (2.9, 1.5, 4.0, 3.0, True, 0.2, 1.0, 1.5, ""),        # a late send
+        (3.0, 0.0, 2.0, 2.0, True, 0.1, 0.5, 0.8, ""),        # past the end: not counted
+    ]))
+    joiner = CameraResult("b", joining=True, start=1.5, first_reply_ms=10.0,
+                          first_prediction_ms=10.0, columns=columns([
+                              (1.5, 0.0, 10.0, 10.0, True, 5.0, 2.0, 8.0, ""),
+                              (1.6, 0.3, 3.0, 2.5, True, 0.1, 0.5, 0.9, ""),
+                          ]))
+    return [running, joiner]
+
+
+def samples(first: float | None, last: float | None) -> dict:
+    return {"first": CpuSample(first, "stats" if first is not None else None, 7),
+            "last": CpuSample(last, "stats" if last is not None else None, 7),
+            "first_at_s": 1.0, "last_at_s": 3.0, "load_cpu_s": 0.8}
+
+
+def test_counts_rates_and_latency_over_the_measured_interval():
+    r = build_report(PLAN, TARGET, cameras(), samples(10.0, 10.5))
+    assert (r["requests"], r["replies"], r["lost_replies"], r["predictions"]) == (6, 5, 1, 4)
+    assert r["errors"] == {"busy": 1} and r["error_replies"] == 1
+    assert r["windows_per_s"] == 2.0 and r["requests_per_s"] == 2.5
+    rt = r["round_trip_ms"]  # successful replies only: 2, 4, 10, 3
+    assert rt["count"] == 4 and rt["p50"] == 3.5 and rt["max"] == 10.0
+    assert r["round_trip_from_send_ms"]["p50"] == 2.75  # 1.5, 3, 10, 2.5
+    # Overhead = round trip from the send minus compute: 1.0, 2.0, 8.0, 2.0.
+    assert r["overhead_ms"]["p50"] == 2.0 and r["overhead_ms"]["max"] == 8.0
+    assert r["server_ms"]["queue"]["max"] == 5.0 and r["server_ms"]["compute"]["count"] == 4
+    assert r["open_loop"]["late_sends"] == 1 and r["open_loop"]["dropped_sends"] == 2
+    # 0.5 s of daemon CPU over 5 replies.
+    assert r["daemon_cpu"]["us_per_request"] == pytest.approx(1e5)
+    assert r["daemon_cpu"]["source"] == "stats" and r["daemon_cpu"]["sampled_s"] == [0.0, 2.0]
+    # The load processes' CPU over all 8 requests they sent, warm-up and tail included.
+    assert r["load_cpu"]["requests"] == 8 and r["load_cpu"]["us_per_request"] == pytest.approx(1e5)
+    assert has_failures(r)
+    json.dumps(r, allow_nan=False)  # what --json writes must be strict JSON
+
+
+def test_join_is_reported_apart():
+    j = build_report(PLAN, TARGET, cameras(), samples(1.0, 2.0))["join"]
+    assert j["cameras"] == 1 and j["at_s"] == 0.5 and j["window_s"] == 1.0
+    assert j["first_reply_ms"]["per_camera"] == {"b": 10.0} and j["never_replied"] == 0
+    # Only the running camera's requests due in [1.5, 2.5) s: the busy one, not the lost one.
+    assert j["running_cameras"]["errors"] == {"busy": 1}
+    assert j["running_cameras"]["lost_replies"] == 0
+    assert j["joining_cameras"]["replies"] == 2 and j["joining_cameras"]["errors"] == {}
+
+
+def test_per_camera_rows_and_table():
+    r = build_report(PLAN, TARGET, cameras(), samples(None, None))
+    rows = {row["camera"]: row for row in r["cameras"]}
+    assert rows["a"]["requests"] == 4 and rows["a"]["dropped_sends"] == 2
+    assert rows["b"]["start_s"] == 1.5 and rows["b"]["first_reply_ms"] == 10.0
+    assert r["daemon_cpu"]["us_per_request"] is None
+    table = format_table(r)
+    for text in ("windows/s 2.0", "busy 1, lost 1", "1 late sends", "2 dropped",
+                 "join: 1 camera(s) at 0.5 s", "daemon CPU per request: n/a"):
+        assert text in table, text
+
+
+def test_a_clean_run_has_no_failures():
+    good = CameraResult("c", joining=False, start=0.0, columns=columns([
+        (1.2, 0.0, 1.0, 1.0, True, 0.1, 0.2, 0.3, "")]))
+    plan = LoadPlan("ipc:///tmp/x.sock", rate_hz=None, warmup=1.0, duration=1.0)
+    r = build_report(plan, TARGET, [good], samples(1.0, 1.001))
+    assert not has_failures(r) and r["open_loop"] is None and r["join"] is None
+    assert r["daemon_cpu"]["us_per_request"] == pytest.approx(1000.0)
+
+
+def test_cpu_sources_in_order():
+    mine = os.getpid()
+    from_stats = sample({"process_cpu_s": 12.5, "pid": 1}, "tcp://10.0.0.9:5555")
+    assert (from_stats.cpu_s, from_stats.source) == (12.5, "stats")
+    # No process_cpu_s: psutil on the pid, when the daemon is on this machine.
+    local = sample({"pid": mine}, "ipc:///run/stgcnd/stgcnd.sock")
+    assert local.source == "psutil" and local.cpu_s is not None and local.cpu_s > 0
+    remote = sample({"pid": mine}, "tcp://10.0.0.9:5555")
+    assert remote.cpu_s is None and "not on this machine" in remote.note
+    served = sample({}, "tcp://10.0.0.9:5555", served_pid=mine)  # a daemon we started
+    assert served.source == "psutil"
+    assert sample({}, "ipc:///x").cpu_s is None
+    gone = per_request(CpuSample(1.0, "stats", 1), CpuSample(None, None, 1, "stats: timeout"),
+                       10)
+    assert gone["us_per_request"] is None and gone["note"] == "stats: timeout"
+    mixed = per_request(CpuSample(1.0, "stats", 1), CpuSample(2.0, "psutil", 1), 10)
+    assert mixed["us_per_request"] is None

@@ -1,0 +1,168 @@
+"""`stgcnd logs summarize` and `stgcnd tegrastats parse` on logs written by the real logger."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stgcnd.log import configure_logging, get_logger
+from stgcnd.telemetry.latency import LatencyAggregator
+from stgcnd.telemetry.sampler import SystemSampler
+from stgcnd.tools.logs.summarize import scan, summarize
+from tests.telemetry.conftest import DATA, make_tegrastats  # noqa: F401 - a fixture
+
+FOREIGN = ["Traceback (most recent call last):", "some other program says hi",
+           '{"no_event_field": 1}', "[1, 2, 3]"]
+
+
+def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stgcnd", *args], input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def daemon_log(tmp_path, make_tegrastats) -> Path:  # noqa: F811 - the fixture
+    """A log as the daemon writes it: latency events from the aggregator, system events from
+    the sampler reading a tegrastats child, plus lines from other programs."""
+    path = tmp_path / "stgcnd.log"
+    with path.open("w") as stream:
+        configure_logging("info", "json", stream=stream)
+        log = get_logger("stgcnd.daemon")
+        stream.write(FOREIGN[0] + "\n")
+        script = make_tegrastats(DATA / "thor_jp7_r39_2.txt")
+        sampler = SystemSampler(0.05, lambda s: None, tegrastats_path=str(script))
+        sampler.start()
+        agg = LatencyAggregator()
+        try:
+            for interval in range(3):
+                for i in range(20):
+                    agg.record("cam1", "fp16", 10.0 + i, timings={"queue_ms": 1.0})
+                for i in range(10):
+                    agg.record("cam3", "fp16", 40.0 + i)
+                agg.record("cam3", "fp16", 0.2, outcome="busy")
+                if interval == 2:
+                    agg.record("cam3", "fp16", 1.0, outcome="error")
+                    agg.record("cam3", "fp16", 1.0, outcome="expired")
+                for rec in agg.drain(interval_s=1.0):
+                    log.info("latency", **rec)
+                deadline = time.monotonic() + 20
+                while sampler.sample_once()["tegrastats_age_s"] is None:
+                    assert time.monotonic() < deadline, "no tegrastats line arrived"
+                    time.sleep(0.01)
+                log.info("system", **sampler.sample_once())
+                stream.write(FOREIGN[1 + interval] + "\n")
+        finally:
+            sampler.stop(5.0)
+        log.info("shutdown_complete")
+    configure_logging("info", "json")
+    return path
+
+
+def test_daemon_log_summary_counts(daemon_log):
+    result = run_cli("logs", "summarize", str(daemon_log), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["lines"]["skipped_not_ours"] == len(FOREIGN)
+    assert summary["events"] == {"latency": 6, "system": 3, "shutdown_complete": 1}
+    streams = {(s["camera"], s["model"]): s for s in summary["streams"]}
+    cam1, cam3 = streams[("cam1", "fp16")], streams[("cam3", "fp16")]
+    assert (cam1["requests"], cam1["ok"], cam1["errors"], cam1["intervals"]) == (60, 60, 0, 3)
+    assert (cam3["requests"], cam3["ok"], cam3["busy"], cam3["errors"], cam3["expired"]) == \
+        (35, 30, 3, 1, 1)
+    assert cam3["busy_rate"] == pytest.approx(3 / 35, abs=1e-4)
+    # Every interval of cam3 held 40..49 ms: p50 by the lower rank is 44 (within 1%).
+    assert cam3["latency"]["p50_ms"] == pytest.approx(44.0, rel=0.01)
+    assert cam3["latency"]["max_ms"] == 49.0
+    assert cam3["latency"]["method"].startswith("approximate")
+    # The system fields joined to each interval come from the Thor lines.
+    row = cam3["per_interval"][0]
+    assert row["gpu_freq_mhz"] == 314 and row["gpu_temp_c"] == 35.906
+    assert summary["system"]["samples"] == 3
+    assert summary["system"]["gpu_freq_mhz"] == {"min": 314, "mean": 314.0, "max": 314}
+    assert summary["system"]["power_total_mw"]["max"] in (4925 + 8710 + 6767, 4925 + 7953 + 6667)
+
+
+def test_camera_filter_text_output_and_plot(daemon_log, tmp_path):
+    out = tmp_path / "cam3.png"
+    result = run_cli("logs", "summarize", "--camera", "cam3", "--plot", str(out),
+                     stdin=daemon_log.read_text())
+    assert result.returncode == 0, result.stderr
+    assert "camera cam3" in result.stdout and "camera cam1" not in result.stdout
+    assert "requests 35 (ok 30, errors 1" in result.stdout
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_since_until_filter(daemon_log):
+    future = run_cli("logs", "summarize", str(daemon_log), "--json", "--since",
+                     "2999-01-01T00:00:00Z")
+    assert json.loads(future.stdout)["streams"] == []
+    recent = run_cli("logs", "summarize", str(daemon_log), "--json", "--since", "1h")
+    assert len(json.loads(recent.stdout)["streams"]) == 2
+    bad = run_cli("logs", "summarize", str(daemon_log), "--since", "yesterday-ish")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "--since" in bad.stderr
+
+
+def test_missing_file_is_a_one_line_user_error(tmp_path):
+    result = run_cli("logs", "summarize", str(tmp_path / "missing.log"))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and "cannot read" in result.stderr
+
+
+def test_request_events_give_exact_percentiles():
+    rng = np.random.default_rng(3)
+    totals = rng.gamma(3.0, 5.0, 500)
+    lines = [json.dumps({"event": "request", "timestamp": f"2025-06-01T14:02:{i % 60:02d}Z",
+                         "camera": "cam3", "model": "m", "total_ms": float(v), "outcome": "ok"})
+             for i, v in enumerate(totals)]
+    lines.append(json.dumps({"event": "request", "timestamp": "2025-06-01T14:02:59Z",
+                             "camera": "cam3", "model": "m", "outcome": "busy"}))
+    (stream,) = summarize(scan(lines))["streams"]
+    assert stream["requests"] == 501 and stream["busy"] == 1
+    for p in (50, 90, 99):
+        assert stream["latency"][f"p{p}_ms"] == float(np.percentile(totals, p, method="lower"))
+    assert stream["latency"]["method"].startswith("exact")
+
+
+def test_interval_combination_is_count_weighted():
+    # Two intervals: 90 requests around 10 ms, 10 requests around 100 ms.
+    lines = [json.dumps({"event": "latency", "timestamp": "2025-06-01T14:00:00Z", "camera": "c",
+                         "model": "m", "count": 90, "ok": 90, "p50_ms": 10.0, "p99_ms": 12.0,
+                         "max_ms": 13.0, "errors": 0, "busy": 0, "expired": 0}),
+             json.dumps({"event": "latency", "timestamp": "2025-06-01T14:00:10Z", "camera": "c",
+                         "model": "m", "count": 10, "ok": 10, "p50_ms": 100.0, "p99_ms": 150.0,
+                         "max_ms": 160.0, "errors": 0, "busy": 0, "expired": 0}),
+             "journal: not ours"]
+    summary = summarize(scan(lines))
+    lat = summary["streams"][0]["latency"]
+    assert lat["p50_ms"] == 10.0  # 90 of 100 requests sit in the 10 ms interval
+    assert lat["p99_ms"] == 150.0 and lat["worst_interval_p99_ms"] == 150.0
+    assert lat["max_ms"] == 160.0
+    assert summary["lines"]["skipped_not_ours"] == 1
+
+
+def test_syslog_prefixed_lines_are_read():
+    line = ('Jun 01 14:02:03 orin stgcnd[812]: {"event": "latency", "timestamp": '
+            '"2025-06-01T14:02:03Z", "camera": "cam3", "model": "m", "count": 5, "errors": 1}')
+    summary = summarize(scan([line]))
+    assert summary["streams"][0]["requests"] == 5 and summary["streams"][0]["errors"] == 1
+
+
+def test_tegrastats_parse_command(tmp_path):
+    source = DATA / "agx_orin_jp6_r36_4_4.txt"
+    result = run_cli("tegrastats", "parse", str(source))
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(rows) == 3 and all(r["ok"] for r in rows)
+    assert [r["power_mw"]["VIN_SYS_5V0"] for r in rows] == [4707, 4607, 4707]
+    piped = run_cli("tegrastats", "parse", "-", stdin="not tegrastats\n" + source.read_text())
+    rows = [json.loads(line) for line in piped.stdout.splitlines()]
+    assert [r["ok"] for r in rows] == [False, True, True, True]
+    missing = run_cli("tegrastats", "parse", str(tmp_path / "none.log"))
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
