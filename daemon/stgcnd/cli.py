@@ -52,13 +52,13 @@ def _global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
                         "(default: auto)")
 
 
-class _Commands(argparse._SubParsersAction):  # type: ignore[type-arg]
+class _Commands(argparse._SubParsersAction):
     """Subcommands that take the global options too."""
 
     def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
         parser = super().add_parser(name, **kwargs)
         _global_options(parser, defaults=False)
-        return parser  # type: ignore[no-any-return]
+        return parser
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

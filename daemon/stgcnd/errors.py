@@ -7,6 +7,9 @@ Anything else is a bug in stgcnd and keeps its traceback.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class UserError(Exception):
     """A problem the user can fix; the message says what to do."""
@@ -32,6 +35,49 @@ class BackendUnavailable(UserError):
 
 class StoreReadOnly(UserError):
     """An artefact must be built but the engine store cannot be written."""
+
+
+class RuntimeFailed(UserError):
+    """A runtime could not be made ready for a model at one step: import, build, load,
+    context (its runner: contexts, buffers, graphs), warm-up or memory (the plan did not fit).
+    With backend "auto" the daemon falls back to the next runtime; a runtime named in the
+    configuration fails start-up with this one line."""
+
+    STEPS = ("import", "build", "load", "context", "warm-up", "memory")
+
+    def __init__(self, runtime: str, step: str, reason: str) -> None:
+        super().__init__(f"the {runtime} runtime failed at {step}: {reason}")
+        self.runtime, self.step, self.reason = runtime, step, reason
+
+    def __reduce__(self) -> tuple[object, ...]:  # crosses the build child's pipe
+        return (type(self), (self.runtime, self.step, self.reason))
+
+
+@contextmanager
+def at_step(step: str) -> Iterator[None]:
+    """Note on any exception raised inside at which step of making a runtime ready it
+    happened (the innermost step wins); the exception itself passes through unchanged, so
+    that a named backend fails with its own one-line message."""
+    try:
+        yield
+    except BaseException as exc:
+        if "stgcnd_step" not in exc.__dict__:
+            exc.__dict__["stgcnd_step"] = step
+        raise
+
+
+def step_of(exc: BaseException, default: str = "load") -> str:
+    return str(exc.__dict__.get("stgcnd_step", default))
+
+
+class BuildFailed(UserError):
+    """The runtime refused to build the artefact (TensorRT out of memory, an unsupported
+    layer...); the store records it (PreviousBuildFailed next time)."""
+
+
+class PreviousBuildFailed(UserError):
+    """This exact build (same model, runtime, options, versions, device) failed before: it
+    is not retried at every start (the store keeps a record of the failure)."""
 
 
 class BuildCancelled(Exception):

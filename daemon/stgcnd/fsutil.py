@@ -24,7 +24,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """Call write(tmp) on a temp file beside `path`, fsync it, then rename it over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -53,7 +53,7 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
-def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+def file_sha256(path: Path | str, chunk: int = 1 << 20) -> str:
     """sha256 of a file, read in chunks (checkpoints and engines can be large)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Union
 
@@ -28,15 +29,15 @@ from stgcnd.engines.builders.tensorrt import precision_plan
 from stgcnd.engines.keys import key_digest
 from stgcnd.engines.options import BuildOptions
 from stgcnd.engines.store import Artifact, EngineStore
-from stgcnd.errors import BackendUnavailable, UserError
+from stgcnd.errors import BackendUnavailable, BuildCancelled, UserError, at_step, step_of
 from stgcnd.fsutil import atomic_write_json
 from stgcnd.log import get_logger
-from stgcnd.model.reference import load_for_inference
 from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd.runtimes import (
     NAMES,
     available,
+    gpu_present,
     import_onnxruntime,
     import_tensorrt,
     runtime_module,
@@ -59,11 +60,14 @@ def _is_loaded(model: ModelLike) -> bool:
 
 
 def spec_of(model: ModelLike) -> ModelSpec:
-    return model.spec if _is_loaded(model) else model  # type: ignore[no-any-return]
+    if isinstance(model, ModelSpec) or not _is_loaded(model):  # a ModelSpec is never loaded
+        return model
+    return model.spec
 
 
-def loaded(model: ModelLike) -> Any:
-    return model if _is_loaded(model) else load_for_inference(model)
+def loaded(model: ModelLike, store: EngineStore, options: BuildOptions) -> Any:
+    """The model loaded (torch), or its stand-in where torch is absent (engines/exported.py)."""
+    return model if _is_loaded(model) else store.load(model, options.dynamic_batch)
 
 
 def default_device(backend: str) -> str:
@@ -110,10 +114,10 @@ def _runtime_from(backend: str, artifact: Artifact, options: BuildOptions) -> Ru
         if artifact.path is None:
             raise UserError("the TensorRT artefact has no engine file; rebuild it with "
                             "`stgcnd build --backend tensorrt --rebuild`")
-        return runtime_module("tensorrt").TensorRTRuntime(  # type: ignore[no-any-return]
+        return runtime_module("tensorrt").TensorRTRuntime(
             artifact.path, shape, classes, max_batch, artifact.precision, options.cuda_graph)
     path = artifact.path if artifact.path is not None else artifact.onnx_path
-    return runtime_module("onnxruntime").OnnxRuntimeRuntime(  # type: ignore[no-any-return]
+    return runtime_module("onnxruntime").OnnxRuntimeRuntime(
         path, shape, classes, max_batch, artifact.precision, options.threads, options.device)
 
 
@@ -126,12 +130,14 @@ def _load_artifact(model: ModelLike, backend: str, options: BuildOptions,
     the fix the user would apply, so the store does it, with the reason in `engine_rebuilt`;
     a rebuilt artefact that fails too is one clear error, not a traceback.
     """
-    artifact = (store.find(spec_of(model), backend, options)
-                if backend == "tensorrt" and not _is_loaded(model) else None)
-    if artifact is None:  # the store loads the model (torch) only if it must export or build
-        artifact = store.prepare(model, backend, options)
+    with at_step("build"):
+        artifact = (store.find(spec_of(model), backend, options)
+                    if backend == "tensorrt" and not _is_loaded(model) else None)
+        if artifact is None:  # the store loads the model (torch) only if it must build
+            artifact = store.prepare(model, backend, options)
     try:
-        return _runtime_from(backend, artifact, options)
+        with at_step("load"):
+            return _runtime_from(backend, artifact, options)
     except BackendUnavailable:
         raise  # the runtime is missing or lacks the device: a rebuild cannot help
     except Exception as exc:
@@ -140,13 +146,15 @@ def _load_artifact(model: ModelLike, backend: str, options: BuildOptions,
         reason = f"failed to load: {_first_line(str(exc)) or type(exc).__name__}"
         log.warning("engine_load_failed", backend=backend, path=str(artifact.path),
                     error=_first_line(str(exc)), action="rebuilding it once")
-    artifact = store.prepare(model, backend, options, rebuild=reason)
-    try:
-        return _runtime_from(backend, artifact, options)
-    except BackendUnavailable:
-        raise
-    except Exception as exc:
-        raise _load_failure(backend, artifact, exc) from None
+    with at_step("build"):
+        artifact = store.prepare(model, backend, options, rebuild=reason)
+    with at_step("load"):
+        try:
+            return _runtime_from(backend, artifact, options)
+        except BackendUnavailable:
+            raise
+        except Exception as exc:
+            raise _load_failure(backend, artifact, exc) from None
 
 
 def _load_failure(backend: str, artifact: Artifact, exc: BaseException) -> UserError:
@@ -158,42 +166,70 @@ def _load_failure(backend: str, artifact: Artifact, exc: BaseException) -> UserE
 
 def load_runtime(model: ModelLike, backend: str, options: BuildOptions,
                  store: EngineStore, noop_compute_us: int = 0) -> Runtime:
-    """Load `model` into the named runtime (no "auto"), building its artefact if needed."""
+    """Load `model` into the named runtime (no "auto"), building its artefact if needed.
+    Exceptions say at which step they happened (errors.step_of)."""
     reason = available().get(backend, f"unknown backend {backend!r}")
     if reason is not None:
-        raise BackendUnavailable(f"backend {backend} cannot run here: {reason}")
+        with at_step("import"):
+            raise BackendUnavailable(f"backend {backend} cannot run here: {reason}")
     if backend == "tensorrt":
         # A clear error before any export/build work; fp16 on TensorRT 11 serves fp32.
-        return _load_artifact(model, backend, serving_options(options), store)
+        with at_step("import"):
+            options = serving_options(options)
+        return _load_artifact(model, backend, options, store)
     if backend == "onnxruntime":
         return _load_artifact(model, backend, options, store)
     if backend == "noop":
         # No artefact and no store: the spec's shape is all it needs (runtimes/noop.py).
-        return runtime_module("noop").NoopRuntime.from_spec(  # type: ignore[no-any-return]
+        return runtime_module("noop").NoopRuntime.from_spec(
             spec_of(model), max_batch=options.max_batch, precision=options.precision,
             compute_us=noop_compute_us)
     if backend == "torch":
-        if options.precision == "int8":
-            raise BackendUnavailable("the torch backend has no int8; use onnxruntime or "
-                                     "tensorrt for int8")
-        model = loaded(model)
-        store.prepare(model, backend, options)  # manifest: key + validation record
-        return runtime_module("torch").TorchRuntime(  # type: ignore[no-any-return]
-            model, options.precision, options.device, cuda_graph=options.cuda_graph,
-            max_batch=options.max_batch, threads=options.threads)
+        with at_step("build"):
+            if options.precision == "int8":
+                raise BackendUnavailable("the torch backend has no int8; use onnxruntime or "
+                                         "tensorrt for int8")
+            model = loaded(model, store, options)
+            if getattr(model, "module", None) is None:
+                raise BackendUnavailable(
+                    "the torch backend runs the PyTorch checkpoint; this model is known by its "
+                    "exported ONNX only (serve it with tensorrt or onnxruntime)")
+            store.prepare(model, backend, options)  # manifest: key + validation record
+        with at_step("load"):
+            return runtime_module("torch").TorchRuntime(
+                model, options.precision, options.device, cuda_graph=options.cuda_graph,
+                max_batch=options.max_batch, threads=options.threads)
     raise UserError(f"unknown backend {backend!r}; choose auto, {', '.join(NAMES)}")
+
+
+def named_options(backend: str, options: BuildOptions) -> BuildOptions:
+    """The options a named runtime runs with (TensorRT always on the GPU)."""
+    if backend == "tensorrt" and options.device != "cuda":
+        return dataclasses.replace(options, device="cuda")
+    return options
 
 
 def open_runtime(model: ModelLike, backend: str, options: BuildOptions,
                  store: EngineStore, noop_compute_us: int = 0) -> Runtime:
-    """Prepare (export/build or reuse) the artefact and load it; runners come from it."""
-    if backend == "auto":
-        backend, options = resolve_auto(model, options, store)
-        log.info("auto_backend", backend=backend, device=options.device,
-                 precision=options.precision)
-    elif backend == "tensorrt" and options.device != "cuda":
-        options = dataclasses.replace(options, device="cuda")
-    return load_runtime(model, backend, options, store, noop_compute_us)
+    """Prepare (export/build or reuse) the artefact and load it; runners come from it. For
+    "auto", the first runtime of the chain that loads (the daemon goes further: its
+    fallback also covers making and warming the runners, server/models.py)."""
+    if backend != "auto":
+        return load_runtime(model, backend, named_options(backend, options), store,
+                            noop_compute_us)
+    failures = []
+    for choice in auto_chain(model, options, store):
+        try:
+            runtime = load_runtime(model, choice.backend, choice.options, store)
+        except (BuildCancelled, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            failures.append(fallback(choice, exc))
+            continue
+        log.info("auto_backend", backend=choice.backend, device=choice.options.device,
+                 precision=choice.options.precision, why=choice.why)
+        return runtime
+    raise no_runtime_left(failures)
 
 
 # --- auto ----------------------------------------------------------------------------------
@@ -243,10 +279,12 @@ def time_runtimes(runtimes: dict[str, Runtime], rounds: int = AUTO_ROUNDS) -> di
             runner.close()
 
 
-def fastest_cpu_runtime(model: Any, options: BuildOptions, store: EngineStore) -> str:
-    """torch or onnxruntime, whichever runs this model faster here; measured once, cached."""
+def fastest_cpu_runtime(model: Any, options: BuildOptions, store: EngineStore
+                        ) -> tuple[str, str]:
+    """(torch or onnxruntime, why): whichever runs this model faster here; measured once,
+    cached in the store."""
     if options.precision == "int8":
-        return "onnxruntime"  # the only CPU runtime with INT8
+        return "onnxruntime", "the only CPU runtime with int8"
     cache_path = store.root / AUTO_CACHE_NAME
     key = key_digest({"model": model_key(model), "machine": machine_key(),
                       "precision": options.precision, "threads": options.threads})
@@ -256,7 +294,7 @@ def fastest_cpu_runtime(model: Any, options: BuildOptions, store: EngineStore) -
         cache = {}
     if key in cache:
         log.info("auto_backend_cached", backend=cache[key]["backend"], key=key[:12])
-        return str(cache[key]["backend"])
+        return str(cache[key]["backend"]), _faster(cache[key].get("fastest_ms") or {})
     candidates: dict[str, Runtime] = {}
     unavailable = available()
     try:
@@ -284,23 +322,87 @@ def fastest_cpu_runtime(model: Any, options: BuildOptions, store: EngineStore) -
         log.warning("auto_backend_not_cached", path=str(cache_path), error=exc.strerror)
     log.info("auto_backend_measured", backend=best, rounds=AUTO_ROUNDS,
              **{f"{k}_ms": round(v, 2) for k, v in timings.items()})
-    return best
+    return best, _faster(timings)
+
+
+def _faster(timings: dict[str, float]) -> str:
+    """"the faster CPU runtime here (onnxruntime 2.10 ms, torch 3.40 ms per window)"."""
+    shown = ", ".join(f"{k} {v:.2f} ms" for k, v in sorted(timings.items(),
+                                                           key=lambda kv: kv[1]))
+    return f"the faster CPU runtime here ({shown} per window)" if len(timings) > 1 else \
+        "the only CPU runtime here"
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """One runtime of the auto chain, the options it runs with, and why it is tried."""
+
+    backend: str
+    options: BuildOptions
+    why: str
+
+
+def auto_chain(model: ModelLike, options: BuildOptions, store: EngineStore
+               ) -> Iterator[Choice]:
+    """backend "auto": tensorrt, then torch on CUDA, then the CPU runtimes (the faster here
+    first). A runtime that cannot run here is skipped with its reason logged (warning level
+    when a GPU is present: there a missing CUDA binding is a problem, not a fact). The caller
+    tries each in turn and logs each failure (`backend_fallback`)."""
+    gpu = gpu_present()
+    unavailable = available()
+    trt_skipped = unavailable["tensorrt"]
+    if trt_skipped is None:
+        yield Choice("tensorrt", dataclasses.replace(options, device="cuda"),
+                     "the first choice on a GPU")
+    else:
+        _skipped("tensorrt", trt_skipped, gpu)
+    torch_skipped = unavailable["torch"] or (
+        None if torch_cuda_available() else "torch has no CUDA here (a CPU build, or no GPU)")
+    if torch_skipped is None:
+        precision = "fp16" if options.precision == "int8" else options.precision
+        if precision != options.precision:
+            log.warning("precision_fallback", backend="torch", asked=options.precision,
+                        using=precision, reason="torch has no int8")
+        yield Choice("torch", dataclasses.replace(options, device="cuda", precision=precision),
+                     "on CUDA, " + (f"as tensorrt cannot run here ({trt_skipped})"
+                                    if trt_skipped else "after tensorrt failed"))
+    else:
+        _skipped("torch (CUDA)", torch_skipped, gpu)
+    cpu_options = dataclasses.replace(options, device="cpu", cuda_graph=False)
+    if cpu_options.precision == "fp16":
+        log.warning("precision_fallback", backend="cpu", asked="fp16", using="fp32",
+                    reason="CPU runtimes run fp32 (or int8 with onnxruntime)")
+        cpu_options = dataclasses.replace(cpu_options, precision="fp32")
+    first, why = fastest_cpu_runtime(loaded(model, store, cpu_options), cpu_options, store)
+    yield Choice(first, cpu_options, why)
+    other = "torch" if first == "onnxruntime" else "onnxruntime"
+    if unavailable[other] is None and cpu_options.precision != "int8":
+        yield Choice(other, cpu_options, f"the other CPU runtime ({first} failed)")
+
+
+def _skipped(runtime: str, reason: str, gpu: bool) -> None:
+    if gpu:  # a GPU that a runtime cannot use is worth a warning (a missing CUDA binding)
+        log.warning("backend_fallback", runtime=runtime, step="import", reason=reason)
+    else:
+        log.info("backend_skipped", runtime=runtime, reason=reason)
+
+
+def fallback(choice: Choice, exc: BaseException) -> str:
+    """Log one runtime's failure (one line, no traceback); returns it for the final error."""
+    step, reason = step_of(exc), _first_line(str(exc)) or type(exc).__name__
+    log.warning("backend_fallback", runtime=choice.backend, step=step, reason=reason,
+                error_type=type(exc).__name__)
+    return f"{choice.backend} at {step}: {reason}"
+
+
+def no_runtime_left(failures: list[str]) -> UserError:
+    return UserError("no runtime could serve this model: " + "; ".join(failures) +
+                     ". `stgcnd doctor` checks the installs")
 
 
 def resolve_auto(model: ModelLike, options: BuildOptions, store: EngineStore
                  ) -> tuple[str, BuildOptions]:
-    """(runtime, options with the device it runs on) for backend "auto"."""
-    if available()["tensorrt"] is None:
-        return "tensorrt", dataclasses.replace(options, device="cuda")
-    if torch_cuda_available():
-        precision = "fp16" if options.precision == "int8" else options.precision
-        if precision != options.precision:
-            log.warning("precision_fallback", backend="torch", asked=options.precision,
-                        using=precision)
-        return "torch", dataclasses.replace(options, device="cuda", precision=precision)
-    cpu_options = dataclasses.replace(options, device="cpu", cuda_graph=False)
-    if cpu_options.precision == "fp16":
-        log.warning("precision_fallback", backend="cpu", asked="fp16", using="fp32",
-                    reason="no GPU; CPU runtimes run fp32 (or int8 with onnxruntime)")
-        cpu_options = dataclasses.replace(cpu_options, precision="fp32")
-    return fastest_cpu_runtime(loaded(model), cpu_options, store), cpu_options
+    """(runtime, options) of the first choice of the auto chain (what `stgcnd build` and
+    `bench` build for; the daemon walks the chain on failure)."""
+    choice = next(iter(auto_chain(model, options, store)))
+    return choice.backend, choice.options

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from stgcnd import __version__
+from stgcnd.board import detect
 
 TORCH_FLOOR = (2, 0)   # the [torch] extra's floor; CI runs the suite on torch 2.0.1
 TORCH_FIX = ('pip install -e ".[torch]" (or pip install "stgcnd[torch]"); on a Jetson, '
@@ -34,7 +35,7 @@ def torch_unusable(version: str | None = None) -> str | None:
             version = importlib.metadata.version("torch")
         except importlib.metadata.PackageNotFoundError:  # not installed, or a source tree
             return None
-    leading = [re.match(r"\d*", part).group() for part in version.split(".")[:2]]
+    leading = [re.split(r"\D", part, maxsplit=1)[0] for part in version.split(".")[:2]]
     if tuple(int(d or 0) for d in leading) < TORCH_FLOOR:
         return (f"torch {version} is older than {TORCH_FLOOR[0]}.{TORCH_FLOOR[1]}, the oldest "
                 f"stgcnd supports: {TORCH_FIX}")
@@ -65,15 +66,6 @@ def tool_versions(*extra: str) -> dict[str, str | None]:
 # built for that Python only). Sources in docs/jetson.md.
 JETPACK_BY_L4T_MAJOR = {35: ("5", "3.8"), 36: ("6", "3.10"), 38: ("7", "3.12"),
                         39: ("7", "3.12")}
-
-
-def parse_l4t_release(text: str) -> tuple[int, str] | None:
-    """(major, 'major.revision') from /etc/nv_tegra_release's first line, e.g.
-    '# R35 (release), REVISION: 4.1, GCID: ...' -> (35, '35.4.1')."""
-    m = re.search(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([0-9.]+)", text or "")
-    if not m:
-        return None
-    return int(m.group(1)), f"{m.group(1)}.{m.group(2).rstrip('.')}"
 
 
 def dpkg_versions(status_text: str, packages: tuple[str, ...]) -> dict[str, str]:
@@ -130,9 +122,8 @@ def jetson_stack(root: Path = Path("/"), python: str | None = None,
     `python` ('3.8') and `modules` ({'tensorrt': '8.5.2.2' or None}) default to this
     interpreter's; tests pass them with a `root` of real-format files.
     """
-    release = _read_text(root / "etc" / "nv_tegra_release")
-    model = _read_text(root / "proc" / "device-tree" / "model")
-    if release is None and (model is None or "jetson" not in model.lower()):
+    board = detect(root)
+    if not board.jetson:
         return None
     python = python or platform.python_version()
     if modules is None:
@@ -140,12 +131,12 @@ def jetson_stack(root: Path = Path("/"), python: str | None = None,
     packages = dpkg_versions(_read_text(root / "var" / "lib" / "dpkg" / "status") or "",
                              ("nvidia-jetpack", "nvidia-l4t-core", "tensorrt",
                               "python3-libnvinfer", "cuda-toolkit", "libcudnn8", "libcudnn9"))
-    l4t = parse_l4t_release(release or "")
+    l4t = (int(board.l4t.split(".")[0]), board.l4t) if board.l4t else None
     line = JETPACK_BY_L4T_MAJOR.get(l4t[0]) if l4t else None
     cuda, cuda_source = cuda_toolkit_version(root)
     out: dict[str, Any] = {
-        "module": (model or "").strip() or None,
-        "l4t": l4t[1] if l4t else None,
+        "module": board.model or None,
+        "l4t": board.l4t,
         "l4t_core": packages.get("nvidia-l4t-core"),
         "jetpack": packages.get("nvidia-jetpack") or (f"{line[0]}.x (from L4T)" if line
                                                       else None),
@@ -161,7 +152,7 @@ def jetson_stack(root: Path = Path("/"), python: str | None = None,
         problems.append({"what": f"L4T R{l4t[0]} is not a JetPack stgcnd knows (5, 6, 7)",
                          "fix": "JetPack 5.1.x (R35), 6.x (R36) or 7.x (R38/R39)"})
     want_python = line[1] if line else None
-    if want_python and not python.startswith(want_python + ".") and python != want_python:
+    if line and want_python and not python.startswith(want_python + ".") and python != want_python:
         problems.append({
             "what": f"Python {python}, but JetPack {line[0]}'s tensorrt bindings are built for "
                     f"Python {want_python}",

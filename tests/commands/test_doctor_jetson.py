@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from stgcnd.board import l4t_release
 from stgcnd.versions import (
     dpkg_versions,
     jetson_stack,
-    parse_l4t_release,
     parse_nvcc_version,
 )
 from tests.conftest import REPO
@@ -60,7 +60,7 @@ def make_root(tmp_path: Path, release: str, packages: dict[str, str],
     ("nv_tegra_release.r39.2.1", (39, "39.2.1")),
 ])
 def test_real_release_lines(name, expected):
-    assert parse_l4t_release((DATA / name).read_text()) == expected
+    assert l4t_release((DATA / name).read_text()) == expected[1]
 
 
 def test_nvcc_and_dpkg_parsers():

@@ -1,6 +1,7 @@
 """An EngineStore that holds each written artefact before committing it, so that tests can
 kill or cancel a build half-way. The pause (seconds) is read from $PAUSE_BUILD_S in the
-process that builds, which may be a spawned build child: the environment reaches it."""
+process that builds, which may be a spawned build child: the environment reaches it. With
+$PAUSE_BUILD_UNTIL (a path) the pause also ends as soon as that file exists."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from stgcnd.engines.store import EngineStore
 from stgcnd.log import get_logger
 
 PAUSE_VAR = "PAUSE_BUILD_S"
+RELEASE_VAR = "PAUSE_BUILD_UNTIL"
 log = get_logger(__name__)
 
 
@@ -22,5 +24,11 @@ class PausingStore(EngineStore):
         pause = float(os.environ.get(PAUSE_VAR) or 0)
         if pause:
             log.warning("build_test_pause", seconds=pause)
-            time.sleep(pause)
+            release = os.environ.get(RELEASE_VAR)
+            deadline = time.monotonic() + pause
+            while not (release and os.path.exists(release)):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                time.sleep(min(left, 0.02) if release else left)
         return super()._manifest(*args, **kwargs)

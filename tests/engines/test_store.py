@@ -20,7 +20,7 @@ from stgcnd.engines.options import BuildOptions
 from stgcnd.engines.store import EngineStore
 from stgcnd.errors import UserError
 from tests.conftest import write_checkpoint
-from tests.engines.pausing_store import PAUSE_VAR
+from tests.engines.pausing_store import PAUSE_VAR, RELEASE_VAR
 from tests.engines.conftest import (
     FRAMES,
     REPO,
@@ -155,7 +155,11 @@ def test_prune_removes_stale_and_leftovers(store_root):
     assert onnx.exists()  # the ONNX is the model's, not the stale artefact's
 
 
-def test_checkpoint_change_reexports_and_rebuilds(tmp_path, two_stream_state):
+def test_a_changed_checkpoint_is_another_model_and_a_moved_one_the_same(tmp_path,
+                                                                       two_stream_state):
+    """The store keys a model by its checkpoint's content: retraining into the same file
+    exports and builds anew (in its own directory, the old one kept for a rollback until
+    `stgcnd engines prune`), and moving or renaming the file reuses everything."""
     from stgcnd.model.demo import demo_state_dict
 
     ckpt = write_checkpoint(tmp_path / "model.pt", two_stream_state)
@@ -167,18 +171,25 @@ def test_checkpoint_change_reexports_and_rebuilds(tmp_path, two_stream_state):
     write_checkpoint(ckpt, demo_state_dict("mediapipe", "spatial", 2, True, seed=8))
     with capture_logs() as logs:
         second = store.prepare(spec, "onnxruntime", BuildOptions(), validate=False)
-    assert first.path == second.path and not second.reused
-    assert "checkpoint_sha256" in second.reason and "onnx_sha256" in second.reason
+    assert first.path != second.path and not second.reused and second.reason == "missing"
     assert "onnx_exported" in [e["event"] for e in logs]
-    assert sha(onnx) != onnx_sha and sha(art) != art_sha
-    assert second.manifest["key_parts"]["onnx_sha256"] == sha(onnx)
+    assert sha(onnx) == onnx_sha and sha(art) == art_sha  # the first model's files kept
+    assert second.manifest["key_parts"]["onnx_sha256"] != onnx_sha
+    moved = tmp_path / "elsewhere" / "renamed.pt"
+    moved.parent.mkdir()
+    ckpt.rename(moved)
+    third = store.prepare(demo_spec(checkpoint=moved), "onnxruntime", BuildOptions(),
+                          validate=False)
+    assert third.reused and third.path == second.path
 
 
 def _spawn_build(root: Path, pause: float | None, rebuild: str | None = None,
-                 ) -> subprocess.Popen:
+                 release: Path | None = None) -> subprocess.Popen:
     env = {**os.environ}
     if pause is not None:
         env[PAUSE_VAR] = str(pause)
+    if release is not None:
+        env[RELEASE_VAR] = str(release)
     prelude = "from stgcnd.log import configure_logging\nconfigure_logging('info', 'json')\n"
     return subprocess.Popen([sys.executable, "-c", prelude + prepare_code(root, rebuild)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -208,11 +219,17 @@ def test_two_processes_build_once(seed_store, tmp_path):
     shutil.copytree(seed_store, root)
     art, _manifest_path, _ = paths(root)
     art.unlink()
-    first = _spawn_build(root, pause=2)
-    _wait_for_event(first, "build_test_pause")  # first holds the lock, mid-build
-    second = _spawn_build(root, pause=None)
+    release = tmp_path / "release"
+    first = _spawn_build(root, pause=120, release=release)
+    try:
+        _wait_for_event(first, "build_test_pause")  # first holds the lock, mid-build
+        second = _spawn_build(root, pause=None)
+        seen2 = _wait_for_event(second, "engine_build_wait")  # second waits on the lock
+    finally:
+        release.touch()  # first goes on building
     out1, err1 = first.communicate(timeout=120)
     out2, err2 = second.communicate(timeout=120)
+    err2 = seen2 + err2
     assert first.returncode == 0 and second.returncode == 0, err1 + err2
     assert out1.split()[1:] == ["False", "missing"]
     assert out2.split()[1:] == ["True", "None"]

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from stgcnd.board import l4t_release
 from stgcnd.engines.calibration import load_windows
 from stgcnd.engines.device import (
     device_slug,
     jetson_identity,
     parse_dpkg_version,
     parse_nvidia_smi,
-    parse_tegra_release,
 )
 from stgcnd.engines.keys import describe_key_change
 from stgcnd.engines.options import BuildOptions
@@ -49,8 +49,8 @@ def test_describe_key_change_names_nested_parts():
 
 
 def test_jetson_release_parsing(tmp_path):
-    assert parse_tegra_release(TEGRA_36_3) == "36.3.0"
-    assert parse_tegra_release("garbage") is None
+    assert l4t_release(TEGRA_36_3) == "36.3.0"
+    assert l4t_release("garbage") is None
     assert parse_dpkg_version("nvidia-l4t-core\t36.3.0-20240506102626\n") == \
         "36.3.0-20240506102626"
     assert parse_nvidia_smi("NVIDIA H100 80GB HBM3, 9.0\n") == {

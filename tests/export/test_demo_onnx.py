@@ -1,6 +1,7 @@
 """The demo model's ONNX graph, built from numpy with the onnx package: the same function as
 the independent numpy reference (no torch) and as the PyTorch network (when installed), with
-the interface of the PyTorch export, on real-shaped windows (T=150, V=33, M=1 and M=5)."""
+the interface of the PyTorch export, on real-shaped windows (T=150, V=33, M=1 and M=5; the
+slow tier) and on short ones (T=30: the same graph but for T, in the fast tier)."""
 
 from __future__ import annotations
 
@@ -29,16 +30,23 @@ def _dims(value_info) -> list:
     return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
 
 
+# Real-shaped windows take the numpy reference seconds (M=5: tens of seconds on a busy 2-core
+# CPU), so T=150 is in the slow tier; T=30 checks the same function in the fast one.
+FRAMES = [30, pytest.param(T, marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("frames", FRAMES)
 @pytest.mark.parametrize("persons,dynamic,formula", [
     (1, False, "first-difference"), (5, True, "first-difference"),
     (1, True, "second-difference")])
-def test_demo_onnx_matches_numpy_reference(persons, dynamic, formula):
-    spec = ModelSpec(persons=persons, motion=formula)
+def test_demo_onnx_matches_numpy_reference(persons, dynamic, formula, frames):
+    spec = ModelSpec(persons=persons, motion=formula, frames=frames)
     data = demo_onnx_bytes(spec, dynamic_batch=dynamic)
     onnx.checker.check_model(onnx.load_from_string(data), full_check=True)
     # Realistic people (some person slots empty) and one window of uniform noise.
-    x = np.concatenate([synthetic_windows(1, T, persons, V, present=min(2, persons), seed=3),
-                        np.random.default_rng(4).random((1, 3, T, V, persons),
+    x = np.concatenate([synthetic_windows(1, frames, persons, V, present=min(2, persons),
+                                          seed=3),
+                        np.random.default_rng(4).random((1, 3, frames, V, persons),
                                                         dtype=np.float32)])
     got = _run(data, x, dynamic)
     want = two_stream_forward(spec_arrays(spec), x, formula)
@@ -58,16 +66,17 @@ def test_demo_onnx_has_the_torch_exports_interface(dynamic):
     assert "BatchNormalization" not in ops  # folded, like the PyTorch export's variant
 
 
-@pytest.mark.parametrize("persons", [1, 5])
-def test_demo_onnx_matches_the_pytorch_network(persons):
+@pytest.mark.parametrize("persons,frames", [
+    (1, T), (5, 30), pytest.param(5, T, marks=pytest.mark.slow)])
+def test_demo_onnx_matches_the_pytorch_network(persons, frames):
     pytest.importorskip("torch")
     from stgcnd.export.onnx_export import onnx_bytes
     from stgcnd.model import load_model, reference_logits
     from stgcnd.model.optimized import optimize_for_export
 
-    spec = ModelSpec(persons=persons)
+    spec = ModelSpec(persons=persons, frames=frames)
     model = load_model(spec)
-    x = synthetic_windows(2, T, persons, V, present=min(2, persons), seed=12)
+    x = synthetic_windows(2, frames, persons, V, present=min(2, persons), seed=12)
     got = _run(demo_onnx_bytes(spec, dynamic_batch=True), x, dynamic=True)
     np.testing.assert_allclose(got, reference_logits(model, x), atol=1e-4, rtol=1e-4)
     # The interface equals the PyTorch export's, input and output shapes included.

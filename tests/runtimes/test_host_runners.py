@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -27,12 +26,15 @@ def network(batch: np.ndarray) -> np.ndarray:
 
 class NumpyRuntime(Runtime):
     """A CPU runtime whose compute is `network`, recording the batches and threads it saw;
-    `sleep_s` makes each batch take that long, `fail` makes one raise."""
+    each batch ends only once `gate` is open (it is, unless a test closes it), `fail` makes
+    one raise."""
 
-    def __init__(self, max_batch: int = 8, sleep_s: float = 0.0) -> None:
+    def __init__(self, max_batch: int = 8) -> None:
         self.info = RuntimeInfo(name="numpy", precision="fp32", device="cpu",
                                 input_shape=SHAPE, num_class=K, max_batch=max_batch)
-        self.sleep_s = sleep_s
+        self.gate = threading.Event()
+        self.gate.set()
+        self.finished = 0  # batches computed to the end
         self.batches: list[int] = []
         self.threads: set[str] = set()
         self.fail: BaseException | None = None
@@ -47,7 +49,8 @@ class NumpyRuntime(Runtime):
         if self.fail is not None:
             fail, self.fail = self.fail, None
             raise fail
-        time.sleep(self.sleep_s)
+        assert self.gate.wait(30), "the gate never opened"
+        self.finished += 1
         return network(batch).astype(np.float32), 0.25 * len(batch)
 
 
@@ -115,7 +118,7 @@ def test_driven_from_the_loops_thread_the_worker_wakes_the_loop():
     """As the I/O loop drives it: launch returns while the worker computes; the worker calls
     the waker (here a self-pipe, as the loop's) once the batch is done; collect gives that
     batch's logits. The loop never blocks on the compute."""
-    runtime = NumpyRuntime(max_batch=4, sleep_s=0.05)
+    runtime = NumpyRuntime(max_batch=4)
     runner = runtime.open_runner((1, 2, 4), lanes=4)
     read_fd, write_fd = os.pipe()
     wakers: list[str] = []
@@ -125,7 +128,7 @@ def test_driven_from_the_loops_thread_the_worker_wakes_the_loop():
         os.write(write_fd, b"x")
 
     runner.set_waker(wake)
-    got: list[tuple[float, bool, np.ndarray, np.ndarray]] = []
+    got: list[tuple[bool, bool, np.ndarray, np.ndarray]] = []
     errors: list[BaseException] = []
 
     def loop() -> None:
@@ -133,13 +136,15 @@ def test_driven_from_the_loops_thread_the_worker_wakes_the_loop():
             runner.attach()
             for n, lanes in ((3, [2, 0, 2]), (1, [3]), (4, [0, 1, 2, 3])):
                 ws = windows(n, seed=10 + n)
-                t0 = time.perf_counter()
+                runtime.gate.clear()  # the compute cannot end before launch returns
+                finished = runtime.finished
                 runner.launch(ws, lanes)
-                launched = time.perf_counter() - t0
+                returned_first = runtime.finished == finished
                 done_at_once = runner.done()
+                runtime.gate.set()
                 assert os.read(read_fd, 1) == b"x"   # the loop sleeps until woken
                 assert runner.done()
-                got.append((launched, done_at_once, runner.collect(), expected(ws)))
+                got.append((returned_first, done_at_once, runner.collect(), expected(ws)))
         except BaseException as exc:
             errors.append(exc)
 
@@ -153,8 +158,8 @@ def test_driven_from_the_loops_thread_the_worker_wakes_the_loop():
         os.close(write_fd)
     assert not errors, errors
     assert len(got) == 3
-    for launched, done_at_once, out, want in got:
-        assert launched < 0.04, f"launch took {launched * 1e3:.1f} ms; it must not compute"
+    for returned_first, done_at_once, out, want in got:
+        assert returned_first, "launch returned after the compute: it must not compute"
         assert not done_at_once
         np.testing.assert_allclose(out, want, rtol=1e-6)
     assert wakers == ["worker-numpy"] * 3       # woken from the worker, once a batch

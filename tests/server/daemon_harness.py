@@ -86,11 +86,16 @@ class Daemon:
         self.proc: subprocess.Popen | None = None
         self.start_args: list[str] = []  # global stgcnd flags, e.g. ["--log-level", "debug"]
         self.fd_limit: int | None = None  # RLIMIT_NOFILE (soft and hard) for the daemon
+        # Python run before the CLI in the daemon's process (a simulated board: torch blocked,
+        # TensorRT stubs, a Jetson's facts); empty: `python -m stgcnd`.
+        self.prelude = ""
 
     def start(self, wait_ready: bool = True) -> Daemon:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the daemon
+        entry = (["-c", self.prelude + "\nimport sys\nfrom stgcnd.cli import main\n"
+                  "sys.exit(main(sys.argv[1:]))"] if self.prelude else ["-m", "stgcnd"])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "stgcnd", "--log-format", "json", *self.start_args, "serve",
+            [sys.executable, *entry, "--log-format", "json", *self.start_args, "serve",
              "--config",
              str(self.config_path)], stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
             cwd=REPO, preexec_fn=self._limit_fds if self.fd_limit else None)

@@ -336,8 +336,11 @@ def test_sighup_reload_keeps_cameras(tmp_path, new_daemon):
         d.notify.wait_for("READY", timeout=120)
         c.infer(np.zeros((3, FRAMES, 33, 1), np.float32))
         # threads is an engine key: new runners, the old ones closed once drained.
-        events = [e["event"] for e in d.log_events()]
-        assert events.count("model_ready") == 2 and "model_closed" in events
+        deadline = time.monotonic() + 30
+        while "model_closed" not in (events := [e["event"] for e in d.log_events()]):
+            assert time.monotonic() < deadline, "the replaced model was never closed"
+            time.sleep(0.05)
+        assert events.count("model_ready") == 2
     assert d.stop() == 0
     d.close()
 

@@ -7,11 +7,12 @@ request's id whenever its header had an integer id, with a stable error code (ne
 ping, and have logged JSON lines only, with bad requests rate-limited.
 
     TEST_FUZZ_SEED=123 python -m pytest -q tests/server/test_fuzz.py     # replay a run
-    TEST_FUZZ_CASES=20000 python -m pytest -q tests/server/test_fuzz.py  # a bigger run
+    TEST_FUZZ_CASES=20000 python -m pytest -q tests/server/test_fuzz.py  # a bigger deep run
     TEST_FUZZ_LONG=1 python -m pytest -q -m slow tests/server/test_fuzz.py  # 50k cases
 
 Each test below checks one property of the same run, so a failure names the broken property;
-the seed is in every failure message.
+the seed is in every failure message. Each runs twice: on a fast run of 500 cases (enough to
+reach every outcome below with any seed) and, in the slow tier, on a deep run of 3,000.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import msgpack
+import numpy as np
 import pytest
 import zmq
 
-from stgcnd_client import Client
+from stgcnd_client import Client, ServerError
 from stgcnd_client.protocol import ErrorCode, Limits, ProtocolError, decode_reply
 from tests.fuzz_messages import LOAD_CODES, Case, Generator
 from tests.server.daemon_harness import Daemon
@@ -40,7 +42,8 @@ FRAMES = 16
 WINDOW = (3, FRAMES, 33, 1)
 MAX_MESSAGE_BYTES = 256 * 1024  # small, so oversized cases stay cheap
 LIMITS = Limits(max_message_bytes=MAX_MESSAGE_BYTES)
-FAST_CASES = int(os.environ.get("TEST_FUZZ_CASES", "3000"))
+FAST_CASES = int(os.environ.get("TEST_FUZZ_FAST_CASES", "500"))
+DEEP_CASES = int(os.environ.get("TEST_FUZZ_CASES", "3000"))
 LONG_CASES = int(os.environ.get("TEST_FUZZ_LONG_CASES", "50000"))
 REPLY_TIMEOUT_S = 10.0     # one reply; an inference on a loaded 2-core box takes milliseconds
 GRACE_S = 1.0              # after the last case: no stray replies may follow
@@ -70,6 +73,7 @@ def fuzz_daemon(tmp) -> Daemon:
 @dataclass
 class FuzzReport:
     seed: int
+    planned: int = 0  # cases asked for
     cases: int = 0
     seconds: float = 0.0
     outcomes: Counter = field(default_factory=Counter)
@@ -252,7 +256,7 @@ def _reply_id(frames: list[bytes]) -> int | None:
 
 
 def run_fuzz(daemon: Daemon, seed: int, cases: int, time_limit_s: float) -> FuzzReport:
-    report = FuzzReport(seed=seed)
+    report = FuzzReport(seed=seed, planned=cases)
     gen = Generator(random.Random(seed), WINDOW, LIMITS)
     runner = FuzzRunner(daemon.endpoint, report)
     t0 = time.monotonic()
@@ -295,25 +299,48 @@ def log_lines(daemon: Daemon) -> tuple[list[dict], list[str]]:
     return events, other
 
 
+def await_stats_tick(daemon: Daemon) -> None:
+    """Wait for one stats tick after now, which logs (then flushes) the error log's suppressed
+    counts: it logs the latency of an inference made now, and a ping answered after that line
+    is seen means the tick is over (one loop thread runs ticks and requests)."""
+    camera = f"tick-{time.monotonic_ns()}"
+    deadline = time.monotonic() + 30
+    with Client(daemon.endpoint, camera_id=camera, timeout=10, retries=1) as c:
+        while True:
+            try:
+                c.infer(np.zeros(WINDOW, np.float32), model="demo")
+                break
+            except ServerError as exc:  # busy: the fuzz's cameras, just now, hold every slot
+                assert exc.code == "busy" and time.monotonic() < deadline, exc
+                time.sleep(0.1)
+        while not any(e.get("event") == "latency" and e.get("camera") == camera
+                      for e in log_lines(daemon)[0]):
+            assert time.monotonic() < deadline, "no latency line within 30 s (stats ticks: 1 s)"
+            time.sleep(0.05)
+        c.ping()
+
+
 def rejected_log_bound(seconds: float) -> int:
     """Bad-request log lines allowed for a run: bounded by time, never by request count."""
     return 50 + int(2 * seconds)
 
 
-# -- the fast run (part of the normal test suite) ----------------------------------------------
+# -- the fast run (the fast tier) and the deep run (the slow tier) -----------------------------
 
-@pytest.fixture(scope="module")
-def fuzzed(tmp_path_factory):
+@pytest.fixture(scope="module", params=[
+    pytest.param(FAST_CASES, id="fast"),
+    pytest.param(DEEP_CASES, id="deep", marks=pytest.mark.slow)])
+def fuzzed(request, tmp_path_factory):
     seed = fuzz_seed()
     print(f"stgcnd fuzz seed {seed} (TEST_FUZZ_SEED={seed} replays it)")
     daemon = fuzz_daemon(tmp_path_factory.mktemp("fuzz")).start()
     try:
-        report = run_fuzz(daemon, seed, FAST_CASES, time_limit_s=240.0)
+        report = run_fuzz(daemon, seed, request.param, time_limit_s=240.0)
         print(f"fuzz: {report.cases} cases in {report.seconds:.1f} s; outcomes "
               f"{dict(report.outcomes)}; seconds by kind "
               f"{ {k: round(v, 2) for k, v in report.kind_seconds.most_common()} }")
         check_survival(daemon, report)
-        time.sleep(1.2)  # one stats interval: suppressed-count lines are flushed
+        await_stats_tick(daemon)  # suppressed-count lines are flushed
         events, other = log_lines(daemon)
         yield daemon, report, events, other
     finally:
@@ -328,7 +355,7 @@ def _assert_ok(report: FuzzReport, *props: str) -> None:
 
 def test_fuzz_ran_deep(fuzzed):
     _, report, _, _ = fuzzed
-    assert report.cases >= min(FAST_CASES, 500), f"seed {report.seed}: {report.cases} cases"
+    assert report.cases >= min(report.planned, 500), f"seed {report.seed}: {report.cases} cases"
     # The generators reach past decoding: predictions, and the daemon-side checks.
     assert {"ok", "malformed", "bad-shape", "non-finite", "unknown-model"} <= set(
         report.outcomes), f"seed {report.seed}: {dict(report.outcomes)}"
@@ -405,8 +432,7 @@ def test_invented_camera_ids_do_not_bypass_the_log_rate_limit(fuzzed):
                 got += decode_reply(s.recv_multipart()).error.code == "unknown-model"
     finally:
         s.close(0)
-    assert got == sent
-    time.sleep(0.3)
+    assert got == sent  # each request_rejected line is written before its reply is sent
     after = sum(1 for e in log_lines(daemon)[0] if e.get("event") == "request_rejected")
     bound = rejected_log_bound(time.monotonic() - t0)
     assert after - before <= bound, (
@@ -427,7 +453,7 @@ def test_long_fuzz_run(tmp_path):
     try:
         report = run_fuzz(daemon, seed, LONG_CASES, time_limit_s=3000.0)
         check_survival(daemon, report)
-        time.sleep(1.2)
+        await_stats_tick(daemon)
         events, other = log_lines(daemon)
     finally:
         code = daemon.stop(timeout=15)

@@ -27,7 +27,7 @@ def load_windows(path: Path, input_shape: tuple[int, ...], what: str = "windows"
     path = Path(path)
     want = tuple(input_shape)
     try:
-        with np.load(path, allow_pickle=False) as data:  # type: ignore[union-attr]
+        with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
     except (AttributeError, TypeError):  # an .npy gives an array, not a context manager
         arrays = {"array": np.load(path, allow_pickle=False)}

@@ -20,26 +20,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from stgcnd.board import detect
 from stgcnd.runtimes.cuda import device_properties
-
-
-def parse_tegra_release(text: str) -> str | None:
-    """L4T release from /etc/nv_tegra_release: '# R36 (release), REVISION: 3.0, ...' -> '36.3.0'."""
-    m = re.search(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([0-9.]+)", text)
-    return f"{m.group(1)}.{m.group(2)}" if m else None
 
 
 def parse_dpkg_version(text: str) -> str | None:
     """The version column of `dpkg-query -W PKG` output: 'nvidia-l4t-core\t36.3.0-2024...'."""
     parts = text.strip().split()
     return parts[1] if len(parts) >= 2 else None
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_bytes().decode(errors="replace").replace("\x00", "").strip()
-    except OSError:
-        return None
 
 
 def _dpkg(package: str) -> str | None:
@@ -104,15 +92,13 @@ def runtime_identity(backend: str) -> dict[str, Any]:
     return {}
 
 
-def jetson_identity(root: Path = Path("/")) -> dict[str, Any] | None:
-    """Jetson module, L4T and JetPack, or None off a Jetson. `root` is for tests."""
-    release = _read(root / "etc/nv_tegra_release")
-    model = _read(root / "proc/device-tree/model")
-    if release is None and (model is None or "jetson" not in model.lower()):
+def jetson_identity(root: Path | None = None) -> dict[str, Any] | None:
+    """Jetson module, L4T and JetPack (stgcnd/board.py), or None off a Jetson."""
+    board = detect(root)
+    if not board.jetson:
         return None
-    l4t = parse_tegra_release(release or "")
-    info: dict[str, Any] = {"module": model, "l4t": l4t}
-    if root == Path("/"):
+    info: dict[str, Any] = {"module": board.model, "l4t": board.l4t}
+    if root is None:
         core = _dpkg("nvidia-l4t-core")
         if core:
             info["l4t_core"] = core

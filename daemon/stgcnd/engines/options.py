@@ -26,19 +26,23 @@ class BuildOptions:
     dynamic_batch: bool = None  # type: ignore[assignment]
     workspace_mb: int = 1024
     opt_level: int = 3
-    calibration: Path | None = None
+    calibration: Path | str | None = None  # a str is made a Path by __post_init__
     allow_synthetic_calibration: bool = False
     device: str = "cpu"
     threads: int = 0
     cuda_graph: bool = False
     layer_info: bool = False
     int8_mode: str = "qdq"
+    # Runners sharing the engine (the model's `instances`): TensorRT lets an optimization
+    # profile serve one execution context at a time, so the engine carries one set of
+    # profiles per instance (and a dynamic batch axis, even for max_batch 1).
+    instances: int = 1
     # Filled in by the store, not by users: sha256 of the calibration data (see key_dict).
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.dynamic_batch is None:
-            object.__setattr__(self, "dynamic_batch", self.max_batch > 1)
+            object.__setattr__(self, "dynamic_batch", self.max_batch > 1 or self.instances > 1)
         if self.calibration is not None and not isinstance(self.calibration, Path):
             object.__setattr__(self, "calibration", Path(self.calibration))
         if self.precision not in PRECISIONS:
@@ -57,6 +61,8 @@ class BuildOptions:
         if not 0 <= self.opt_level <= 5:
             raise UserError(f"--opt-level must be 0..5 (TensorRT builder optimization level), "
                             f"got {self.opt_level}")
+        if self.instances < 1:
+            raise UserError(f"instances must be >= 1, got {self.instances}")
         if self.workspace_mb < 1:
             raise UserError(f"--workspace-mb must be >= 1, got {self.workspace_mb}")
 
@@ -84,5 +90,5 @@ class BuildOptions:
                        layer_info=self.layer_info,
                        # One optimization profile per batch bucket (the batched executors'
                        # contexts); engines built before that layout are rebuilt.
-                       profiles="per-bucket")
+                       profiles="per-bucket", profile_sets=self.instances)
         return key

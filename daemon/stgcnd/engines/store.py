@@ -23,9 +23,11 @@ matching its manifest) or a mismatch that the next start rebuilds: never a broke
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import errno
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -39,6 +41,13 @@ from stgcnd.engines.builders import BuildContext, Builder, get_builder
 from stgcnd.engines.calibration import calibration_windows, refuse_without_calibration
 from stgcnd.engines.child_build import run_in_child
 from stgcnd.engines.device import device_identity, runtime_identity
+from stgcnd.engines.exported import (
+    ExportedModel,
+    checkpoint_sha256,
+    is_onnx_checkpoint,
+    read_sidecar,
+    sidecar_path,
+)
 from stgcnd.engines.keys import describe_key_change, key_digest, make_key_parts
 from stgcnd.engines.lock import READ_ONLY_ERRNOS, build_lock
 from stgcnd.engines.options import BACKENDS, BuildOptions
@@ -47,18 +56,24 @@ from stgcnd.engines.validate import validate_backend, validate_export
 from stgcnd.errors import (
     BackendUnavailable,
     BuildCancelled,
+    BuildFailed,
+    PreviousBuildFailed,
     StoreReadOnly,
     UserError,
     ValidationError,
 )
 from stgcnd.export.demo_onnx import demo_onnx_bytes
 from stgcnd.export.onnx_export import export_model
-from stgcnd.fsutil import atomic_write_json, file_sha256
+from stgcnd.fsutil import atomic_write_bytes, atomic_write_json, file_sha256
 from stgcnd.log import get_logger
-from stgcnd.model.reference import export_module, load_for_inference
+from stgcnd.model.reference import (
+    export_module,
+    load_for_inference,
+    torch_installed,
+    torch_missing,
+)
 from stgcnd.runtimes import importable
 from stgcnd.versions import tool_versions
-import json
 
 log = get_logger(__name__)
 
@@ -92,14 +107,16 @@ def _slug(text: str) -> str:
 
 
 def model_id(spec: Any) -> str:
-    """Directory name of a model: readable stem + hash of its source and input shape."""
+    """Directory name of a model: readable stem + hash of its source and input shape. A
+    checkpoint counts by its content (sha256), not its path: a store built on a workstation
+    is found on the board, and a copied or renamed checkpoint keeps its engines."""
     if spec.checkpoint is None:
         source: dict[str, Any] = {"demo": {"seed": spec.seed, "num_class": spec.num_class,
                                            "strategy": spec.strategy,
                                            "two_stream": spec.two_stream}}
         stem = "demo"
     else:
-        source = {"checkpoint": str(Path(spec.checkpoint).expanduser().resolve())}
+        source = {"checkpoint_sha256": checkpoint_sha256(spec)}
         stem = Path(spec.checkpoint).stem
     ident = {**source, "layout": spec.layout, "persons": spec.persons, "frames": spec.frames}
     return f"{_slug(stem)}-{key_digest(ident)[:10]}"
@@ -114,9 +131,7 @@ def export_key(spec: Any, checkpoint_sha256: str | None, dynamic_batch: bool) ->
             "variant": DEMO_EXPORT_VARIANT if spec.checkpoint is None else EXPORT_VARIANT}
 
 
-def _sidecar(onnx_path: Path) -> Path:
-    """Where stgcnd.export writes an ONNX file's JSON sidecar (that module imports torch)."""
-    return onnx_path.with_name(onnx_path.name + ".json")
+_sidecar = sidecar_path
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -154,7 +169,16 @@ class EngineStore:
     # --- paths ---------------------------------------------------------------------------
 
     def model_dir(self, spec: Any) -> Path:
-        return self.root / model_id(spec)
+        """The model's directory; one found under another name (a copied store whose
+        checkpoint is called differently here) is the same model: the name's hash is its
+        identity, the stem before it only a reminder."""
+        name = model_id(spec)
+        digest = name.rsplit("-", 1)[1]
+        if not (self.root / name).is_dir():
+            for other in sorted(self.root.glob(f"*-{digest}")):
+                if other.is_dir():
+                    return other
+        return self.root / name
 
     @staticmethod
     def onnx_path(model_dir: Path, dynamic_batch: bool) -> Path:
@@ -206,16 +230,46 @@ class EngineStore:
                 reason = rebuild
             if not writable:
                 raise self._read_only(f"{mdir.name}/{stem}", reason or "missing")
-            loaded = model if _is_loaded_model(model) else self._load(spec)
+            loaded = model if _is_loaded_model(model) else self.load(
+                spec, options.dynamic_batch)
             onnx_path = self._ensure_onnx(loaded, mdir, options.dynamic_batch)
             parts = self._key_parts(loaded.spec, builder, options, env, onnx_path)
+            failed = mdir / f"{stem}.failed.json"
             if rebuild is None:
                 why = self._stale_reason(mdir, stem, builder, parts)
                 if why is None:  # the re-export gave the same graph: nothing to rebuild
                     return self._reused(mdir, stem, builder, options, onnx_path)
                 reason = f"{reason}; {why}" if reason.startswith("ONNX") else why
+                self._refuse_failed_before(failed, parts, builder.name, options)
             return self._build(loaded, builder, options, env, parts, mdir, stem, onnx_path,
                                reason or "missing", validate)
+
+    @staticmethod
+    def _refuse_failed_before(failed: Path, parts: dict[str, Any], backend: str,
+                              options: BuildOptions) -> None:
+        """A build that failed with this exact key is not retried at every start (a TensorRT
+        build runs for minutes; systemd restarts would run it again and again)."""
+        record = _read_json(failed)
+        if record is None or record.get("key") != key_digest(parts):
+            return
+        raise PreviousBuildFailed(
+            f"the {backend} {options.precision} build of this model failed on "
+            f"{record.get('failed_at')} with the same model, options, versions and device: "
+            f"{record.get('error')}. Not building it again: change the configuration, or run "
+            f"`stgcnd build --backend {backend} --precision {options.precision} --rebuild` to "
+            "retry")
+
+    @staticmethod
+    def _record_failure(failed: Path, parts: dict[str, Any], exc: BaseException) -> None:
+        error = _first_line(str(exc)) or type(exc).__name__
+        try:
+            atomic_write_json(failed, {
+                "key": key_digest(parts), "key_parts": parts, "error": error,
+                "error_type": type(exc).__name__,
+                "failed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        except OSError:
+            pass  # a full or read-only disk: the build is simply tried again next time
+        log.warning("engine_build_failed", path=str(failed), error=error)
 
     def _prepare_in_child(self, spec: Any, backend: str, options: BuildOptions,
                           rebuild: str | None, validate: bool) -> Artifact:
@@ -286,7 +340,8 @@ class EngineStore:
             })
         return rows
 
-    def prune(self, dry_run: bool = False) -> list[dict[str, Any]]:
+    # builtins.list: in the class body, `list` is the method above.
+    def prune(self, dry_run: bool = False) -> builtins.list[dict[str, Any]]:
         """Remove what can never be used again here; returns [{path, reason}].
 
         Leftovers of killed builds; artefacts whose file is missing or does not match its
@@ -341,19 +396,63 @@ class EngineStore:
         return dataclasses.replace(options, extra={**options.extra,
                                                    "calibration_sha256": file_sha256(path)})
 
-    @staticmethod
-    def _load(spec: Any) -> Any:
-        return load_for_inference(spec)  # the demo without torch: its numpy stand-in
+    def load(self, spec: Any, dynamic_batch: bool) -> Any:
+        """The model to build from: loaded by torch; without torch (or for an .onnx given as
+        the checkpoint) its exported ONNX stands in (engines/exported.py); the demo model
+        without torch is its numpy stand-in."""
+        if spec.is_demo or (torch_installed() and not is_onnx_checkpoint(spec)):
+            return load_for_inference(spec)
+        mdir = self.model_dir(spec)
+        path = self.onnx_path(mdir, dynamic_batch)
+        sha = checkpoint_sha256(spec)
+        if is_onnx_checkpoint(spec) and self._onnx_stale_reason(spec, sha, path) is not None:
+            self._import_onnx(spec, Path(spec.checkpoint).expanduser(), mdir, dynamic_batch)
+        if self._onnx_stale_reason(spec, sha, path) is None:
+            return ExportedModel.from_onnx(spec, path)
+        raise torch_missing(
+            f"loading the PyTorch checkpoint {spec.checkpoint}; or, without torch here, "
+            f"export it where torch is (`stgcnd export --checkpoint {Path(spec.checkpoint).name}"
+            " --output model.onnx`) and set checkpoint = \"/path/model.onnx\" (copy the .onnx "
+            "and its .onnx.json), or copy that machine's engine store")
+
+    def _import_onnx(self, spec: Any, source: Path, mdir: Path, dynamic_batch: bool) -> None:
+        """Take an ONNX exported elsewhere (`checkpoint = "model.onnx"`) into the store."""
+        sidecar = read_sidecar(source)
+        if sidecar is None or not source.is_file():
+            raise UserError(f"{source} or its sidecar {sidecar_path(source).name} is missing; "
+                            "copy both from where `stgcnd export` wrote them")
+        if bool(sidecar.get("dynamic_batch")) != dynamic_batch:
+            raise UserError(
+                f"{source} was exported with " + ("a dynamic batch" if sidecar.get(
+                    "dynamic_batch") else "a batch of 1") + ", the configuration needs " +
+                ("a dynamic batch (max_batch > 1): export with --dynamic-batch" if dynamic_batch
+                 else "a batch of 1: set max_batch = 1, or export without --dynamic-batch"))
+        ExportedModel.from_onnx(spec, source)  # the shape and motion formula match
+        data = source.read_bytes()
+        if hashlib.sha256(data).hexdigest() != sidecar.get("onnx_sha256"):
+            raise UserError(f"{source} does not match its sidecar's sha256 (copied "
+                            "incompletely?); copy it again")
+        path = self.onnx_path(mdir, dynamic_batch)
+        with build_lock(mdir / ".locks" / f"{path.stem}.lock", path.name) as writable:
+            if not writable:
+                raise self._read_only(f"{mdir.name}/{path.relative_to(mdir)}", "missing")
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(path, data)
+                atomic_write_json(_sidecar(path), {
+                    **sidecar, "imported_from": str(source),
+                    "store_export_key": export_key(spec, sidecar["checkpoint_sha256"],
+                                                   dynamic_batch),
+                    "store_size_bytes": len(data)})
+            except OSError as exc:
+                raise _write_failure(path, exc) from None
+        log.info("onnx_imported", source=str(source), path=str(path),
+                 checkpoint_sha256=sidecar["checkpoint_sha256"])
 
     def _checkpoint_sha(self, model: Any, spec: Any) -> str | None:
         if _is_loaded_model(model):
             return model.checkpoint_sha256
-        if spec.checkpoint is None:
-            return None
-        try:
-            return file_sha256(Path(spec.checkpoint))
-        except OSError as exc:
-            raise UserError(f"cannot read checkpoint {spec.checkpoint}: {exc.strerror}") from None
+        return checkpoint_sha256(spec)
 
     def _onnx_stale_reason(self, spec: Any, checkpoint_sha: str | None, path: Path
                            ) -> str | None:
@@ -514,6 +613,7 @@ class EngineStore:
                  model=mdir.name, reason=reason)
         for old_tmp in mdir.glob(f".{stem}.tmp-*"):
             old_tmp.unlink(missing_ok=True)  # a killed build's leftovers (we hold the lock)
+        calib_info: dict[str, Any]
         qdq_path, windows, calib_info = (None, None, {})
         if builder.needs_qdq(options):
             qdq_path, windows, calib_info = self._ensure_qdq(model, options, onnx_path)
@@ -524,12 +624,22 @@ class EngineStore:
         final = mdir / f"{stem}{builder.suffix}" if builder.suffix else None
         tmp = mdir / f".{stem}.tmp-{os.getpid()}{builder.suffix or '.json'}"
         manifest_path = mdir / f"{stem}.json"
+        failed = mdir / f"{stem}.failed.json"
         t0 = time.perf_counter()
         try:
             try:
                 extra = builder.build(ctx, tmp)
             except OSError as exc:
                 raise _write_failure(final or manifest_path, exc) from None
+            except (BuildCancelled, KeyboardInterrupt):
+                raise
+            except Exception as exc:  # the runtime refused to build it (out of memory...)
+                self._record_failure(failed, parts, exc)
+                raise BuildFailed(
+                    f"the {builder.name} {options.precision} build failed: "
+                    f"{_first_line(str(exc)) or type(exc).__name__}; a smaller max_batch or "
+                    "workspace, another precision, or freeing device memory may let it "
+                    "build") from exc
             build_seconds = time.perf_counter() - t0
             if final is not None:
                 with open(tmp, "rb+") as f:
@@ -542,7 +652,11 @@ class EngineStore:
                 draft = Artifact(builder.name, options.precision,
                                  tmp if final is not None else None, onnx_path, manifest,
                                  False, reason, manifest_path)
-                validation = self._validate(builder, ctx, draft)
+                try:
+                    validation = self._validate(builder, ctx, draft)
+                except ValidationError as exc:  # built, but wrong: the same build would be
+                    self._record_failure(failed, parts, exc)
+                    raise
             manifest["validation"] = validation
             try:
                 if final is not None:
@@ -552,6 +666,7 @@ class EngineStore:
                 raise _write_failure(manifest_path, exc) from None
         finally:
             tmp.unlink(missing_ok=True)
+        failed.unlink(missing_ok=True)
         log.info("engine_rebuilt", backend=builder.name, precision=options.precision,
                  model=mdir.name, reason=reason, path=str(final or manifest_path),
                  build_seconds=round(build_seconds, 3), size_bytes=manifest["size_bytes"],
@@ -598,6 +713,9 @@ class EngineStore:
                 "backend, or report this with `stgcnd doctor` output") from None
         try:
             result = validate_backend(ctx.model, backend)
+        except BackendUnavailable as exc:  # no reference here (no torch, no onnxruntime)
+            log.warning("engine_validation_skipped", backend=builder.name, reason=str(exc))
+            return {"skipped": str(exc)}
         finally:
             backend.close()
         if not result["finite"]:

@@ -61,7 +61,9 @@ def onnx_bytes(model: LoadedModel, module: torch.nn.Module | None = None,
     dynamic_axes = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}} if dynamic_batch else None
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (example,), buf, opset_version=opset,
+        # torch types `f` as a path only; its TorchScript exporter (all that torch 2.0/2.1 has)
+        # writes to a file object too.
+        torch.onnx.export(module, (example,), buf, opset_version=opset,  # type: ignore[arg-type]
                           input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
                           dynamic_axes=dynamic_axes, do_constant_folding=True,
                           **torchscript_exporter(torch.onnx.export))

@@ -43,7 +43,7 @@ class CheckpointInfo:
     adjacency: dict[str, torch.Tensor]  # stream prefix ("" for single stream) -> A
 
 
-def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+def read_state_dict(path: Path | str) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors, unwrapped and without a DataParallel prefix."""
     path = Path(path)
     if not path.is_file():

@@ -16,7 +16,7 @@ Rewrites, all exact up to float rounding:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeVar, cast
 
 import torch
 from torch import nn
@@ -24,35 +24,55 @@ from torch import nn
 from stgcnd.model.stgcn import STGCN, STGCNBlock, TwoStreamSTGCN, motion
 
 Form = Literal["channels_last", "nchw"]
+_M = TypeVar("_M", bound=nn.Module)
+
+
+def _layer(layers: nn.Sequential | nn.ModuleList, i: int, kind: type[_M]) -> _M:
+    """Layer `i` of a container of the original network, which must be a `kind`."""
+    layer = layers[i]
+    if not isinstance(layer, kind):
+        raise TypeError(f"cannot optimize: layer {i} is a {type(layer).__name__}, "
+                        f"not a {kind.__name__}")
+    return layer
 
 
 def _bn_affine(bn: nn.BatchNorm1d | nn.BatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
+    assert bn.running_mean is not None and bn.running_var is not None  # eval-mode statistics
     scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
     return scale, bn.bias - bn.running_mean * scale
 
 
 def _fold_conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
     scale, shift = _bn_affine(bn)
-    fused = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride,
-                      conv.padding, bias=True)
+    # cast: torch types _ConvNd's sizes for any N; a Conv2d's are pairs.
+    fused = nn.Conv2d(conv.in_channels, conv.out_channels,
+                      cast("tuple[int, int]", conv.kernel_size),
+                      cast("tuple[int, int]", conv.stride),
+                      cast("str | tuple[int, int]", conv.padding), bias=True)
     fused.weight.copy_(conv.weight * scale[:, None, None, None])
     bias = conv.bias if conv.bias is not None else torch.zeros_like(scale)
+    assert fused.bias is not None  # bias=True
     fused.bias.copy_(bias * scale + shift)
     return fused
 
 
 class FusedBlock(nn.Module):
+    a2: torch.Tensor    # buffers (channels_last form: a2; nchw: a)
+    a: torch.Tensor
+    bias: torch.Tensor
+
     def __init__(self, block: STGCNBlock, a: torch.Tensor, form: Form) -> None:
         super().__init__()
         self.form = form
         k, v, w = a.shape
         conv = block.gcn.conv
         c_out = conv.out_channels // k
-        scale, shift = _bn_affine(block.tcn[0])
+        scale, shift = _bn_affine(_layer(block.tcn, 0, nn.BatchNorm2d))
         self.partitions, self.c_out = k, c_out
         # Graph conv with the post-graph BN scale folded in; its bias moves past the graph step.
         self.gcn = nn.Conv2d(conv.in_channels, conv.out_channels, 1, bias=False)
         self.gcn.weight.copy_(conv.weight * scale.repeat(k)[:, None, None, None])
+        assert conv.bias is not None  # the original's graph conv has a bias
         b = conv.bias.view(k, c_out)                                   # [k, c]
         colsum = a.sum(dim=1)                                          # [k, w]
         bias_cw = scale[:, None] * torch.einsum("kc,kw->cw", b, colsum) + shift[:, None]
@@ -62,11 +82,13 @@ class FusedBlock(nn.Module):
         else:
             self.register_buffer("a", a.contiguous())
             self.register_buffer("bias", bias_cw[:, None, :].contiguous())  # [c, 1, w]
-        self.tcn = _fold_conv_bn(block.tcn[2], block.tcn[3])
+        self.tcn = _fold_conv_bn(_layer(block.tcn, 2, nn.Conv2d),
+                                 _layer(block.tcn, 3, nn.BatchNorm2d))
         self.mode = "none" if not block.has_residual else (
             "identity" if block.residual is None else "conv")
-        self.residual = (_fold_conv_bn(block.residual[0], block.residual[1])
-                         if self.mode == "conv" else None)
+        self.residual = (_fold_conv_bn(_layer(block.residual, 0, nn.Conv2d),
+                                       _layer(block.residual, 1, nn.BatchNorm2d))
+                         if self.mode == "conv" and block.residual is not None else None)
 
     def graph_step(self, x: torch.Tensor) -> torch.Tensor:
         x = self.gcn(x)
@@ -84,12 +106,15 @@ class FusedBlock(nn.Module):
         y = self.tcn(self.graph_step(x))
         if self.mode == "identity":
             y = y + x
-        elif self.mode == "conv":
+        elif self.residual is not None:  # mode "conv"
             y = y + self.residual(x)
         return torch.relu(y)
 
 
 class FusedStream(nn.Module):
+    in_scale: torch.Tensor  # buffers
+    in_shift: torch.Tensor
+
     def __init__(self, stream: STGCN, form: Form) -> None:
         super().__init__()
         self.form = form
@@ -100,13 +125,14 @@ class FusedStream(nn.Module):
         self.register_buffer("in_scale", scale.view(v, c).t().reshape(c, 1, v, 1).contiguous())
         self.register_buffer("in_shift", shift.view(v, c).t().reshape(c, 1, v, 1).contiguous())
         blocks = []
-        for i, block in enumerate(stream.st_gcn_networks):
+        for i in range(len(stream.st_gcn_networks)):
             a = stream.A if stream.edge_importance is None else stream.A * stream.edge_importance[i]
-            blocks.append(FusedBlock(block, a, form))
+            blocks.append(FusedBlock(_layer(stream.st_gcn_networks, i, STGCNBlock), a, form))
         self.blocks = nn.ModuleList(blocks)
         fcn = stream.fcn
         self.fc = nn.Linear(fcn.in_channels, fcn.out_channels)
         self.fc.weight.copy_(fcn.weight.flatten(1))
+        assert fcn.bias is not None  # the original's classifier has a bias
         self.fc.bias.copy_(fcn.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -129,7 +155,7 @@ class FusedTwoStream(nn.Module):
         self.motion = FusedStream(model.motion_stream, form)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.origin(x) + self.motion(motion(x, self.motion_formula))  # type: ignore[arg-type]
+        return self.origin(x) + self.motion(motion(x, self.motion_formula))
 
 
 @torch.no_grad()

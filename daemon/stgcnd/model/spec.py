@@ -26,7 +26,8 @@ def default_labels(num_class: int) -> tuple[str, ...]:
 class ModelSpec:
     """A model's identity. `checkpoint=None` means the seeded demo model (meaningless output)."""
 
-    checkpoint: Path | None = None
+    # A str is taken too (made a Path by __post_init__).
+    checkpoint: Path | str | None = None
     layout: str = "mediapipe"
     persons: int = 1
     frames: int = 150

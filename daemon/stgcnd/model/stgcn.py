@@ -86,7 +86,7 @@ class STGCNBlock(nn.Module):
             nn.BatchNorm2d(out_channels),
         )
         self.has_residual = residual
-        self.residual: nn.Module | None = None
+        self.residual: nn.Sequential | None = None
         if residual and (in_channels != out_channels or stride != 1):
             self.residual = nn.Sequential(
                 nn.Conv2d(in_channels, out_channels, kernel_size=1, stride=(stride, 1)),
@@ -106,6 +106,8 @@ class STGCNBlock(nn.Module):
 
 class STGCN(nn.Module):
     """One stream: data BN, 10 ST-GCN blocks, global pooling, 1x1 classifier."""
+
+    A: torch.Tensor  # a buffer (K, V, V), saved in the checkpoint
 
     def __init__(self, a: torch.Tensor, num_class: int, in_channels: int = 3,
                  edge_importance: bool = True, graph_op: GraphOp = "einsum") -> None:

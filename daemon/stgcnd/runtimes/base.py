@@ -35,11 +35,14 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar, cast
 
 import numpy as np
 
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd.threadname import name_os_thread
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -233,8 +236,10 @@ class InWorker(Runner):
         self.wall_ms = inner.wall_ms
         self._t0 = 0.0
         self._wake: Callable[[], None] = _nothing
-        self._work: tuple[Sequence[np.ndarray], Sequence[int]] | None = None
+        # A batch to run, or a call to make on the worker (_in_worker).
+        self._work: tuple[Sequence[np.ndarray], Sequence[int]] | Callable[[], object] | None = None
         self._result: np.ndarray | None = None
+        self._called: object = None  # what the call returned
         self._error: BaseException | None = None
         self._finished = threading.Event()
         self._finished.set()
@@ -252,7 +257,7 @@ class InWorker(Runner):
         out = self._in_worker(lambda: self.inner.warm_up(runs))
         self.buckets = self.inner.buckets
         self.compute_ms, self.wall_ms = self.inner.compute_ms, self.inner.wall_ms
-        return out  # type: ignore[return-value]
+        return out
 
     def _launch(self, windows: Sequence[np.ndarray], lanes: Sequence[int], bucket: int
                 ) -> None:
@@ -290,9 +295,10 @@ class InWorker(Runner):
                         self._error = RuntimeError("the runner was closed before this batch ran")
                         self._finished.set()
                     return
+            assert work is not None  # not closing: the wait ended on work
             try:
                 if callable(work):
-                    self._result = work()  # a call to run here (warm-up)
+                    self._called = work()  # a call to run here (warm-up)
                 else:
                     self._result = self.inner.run(*work)
                     self.last_timings = dict(self.inner.last_timings)
@@ -301,17 +307,17 @@ class InWorker(Runner):
             self._finished.set()
             self._wake()
 
-    def _in_worker(self, call: Callable[[], object]) -> object:
+    def _in_worker(self, call: Callable[[], _T]) -> _T:
         with self._cond:
             self._finished.clear()
-            self._work = call  # type: ignore[assignment]
+            self._work = call
             self._cond.notify()
         self._finished.wait()
         error, self._error = self._error, None
         if error is not None:
             raise error
-        result, self._result = self._result, None
-        return result
+        result, self._called = self._called, None
+        return cast(_T, result)  # what `call` returned
 
     def close(self) -> None:
         with self._cond:
@@ -338,6 +344,11 @@ class Runtime(ABC):
 
     @abstractmethod
     def _open_runner(self, buckets: Sequence[int], lanes: int) -> Runner: ...
+
+    def runner_bytes(self, buckets: Sequence[int]) -> int:
+        """Device memory one runner with these buckets would take (activations, graphs,
+        input and output buffers), for the daemon's memory plan; 0 for host runtimes."""
+        return 0
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free what the runtime holds (engine, weights); its runners are closed first."""

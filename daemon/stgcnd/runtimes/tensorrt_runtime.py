@@ -25,6 +25,7 @@ first context of an engine starts on profile 0, the others have none until told.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ import numpy as np
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.log import get_logger
 from stgcnd.runtimes import import_tensorrt
-from stgcnd.runtimes.base import Runner, Runtime, RuntimeInfo
+from stgcnd.runtimes.base import Runner, Runtime, RuntimeInfo, normalize_buckets
 from stgcnd.runtimes.cuda import (
     CAPTURE_LOCK,
     DriverGraph,
@@ -118,26 +119,38 @@ class ContextPlan:
 
 
 def plan_contexts(buckets: Sequence[int], ranges: Sequence[tuple[int, int, int]],
-                  dynamic: bool) -> ContextPlan:
+                  dynamic: bool, taken: frozenset[int] = frozenset()) -> ContextPlan:
     """Map the runner's buckets onto the engine's optimization profiles.
 
     With one profile per bucket (what stgcnd builds), each bucket gets a context of its own on
     the profile that holds it; a requested bucket inside a profile's range is widened to that
-    profile's largest batch, so no two contexts share a profile (TensorRT 8.x forbids it for
-    contexts in use at the same time). An engine with a single profile (or a static batch)
-    gets one context for every bucket, whose input shape is set per run.
+    profile's largest batch, so no two contexts share a profile (TensorRT forbids it for
+    contexts in use at the same time). Profiles `taken` by other runners of the same engine
+    (instances > 1: the engine has a set of profiles per instance) are passed over. An engine
+    with a single profile (or a static batch) gets one context for every bucket, whose input
+    shape is set per run.
     """
     if not dynamic or len(ranges) <= 1:
+        if 0 in taken:
+            raise UserError("the TensorRT engine has one optimization profile and another "
+                            "runner uses it; instances > 1 need an engine built for them "
+                            "(the store rebuilds it when instances changes)")
         return ContextPlan({b: 0 for b in buckets}, per_bucket=False)
     chosen: dict[int, int] = {}
     for b in buckets:
-        for index, (low, _opt, high) in enumerate(ranges):
-            if low <= b <= high:
-                chosen[high] = index
-                break
-        else:
+        holds = [i for i, (low, _opt, high) in enumerate(ranges) if low <= b <= high]
+        free = [i for i in holds if i not in taken and i not in chosen.values()]
+        if not holds:
             raise UserError(f"no optimization profile of the engine holds batch {b}; "
                             "rebuild it with `stgcnd build --max-batch N`")
+        if b in chosen or ranges[holds[0]][2] in chosen:
+            continue  # widened onto a bucket already planned
+        if not free:
+            raise UserError(f"every optimization profile of the engine that holds batch {b} "
+                            "is used by another runner; instances > 1 need an engine with a "
+                            "profile set per instance (the store rebuilds it when instances "
+                            "changes)")
+        chosen[ranges[free[0]][2]] = free[0]
     return ContextPlan(chosen, per_bucket=True)
 
 
@@ -265,7 +278,7 @@ def tensorrt_logger(trt: Any) -> Any:
 def _make_tensorrt_logger(trt: Any) -> Any:
     trt_log = get_logger("stgcnd.tensorrt")
 
-    class StructuredTensorRTLogger(trt.ILogger):  # type: ignore[misc, valid-type]
+    class StructuredTensorRTLogger(trt.ILogger):
         """Routes TensorRT messages to stgcnd's log as `tensorrt_log` events."""
 
         def __init__(self) -> None:
@@ -324,6 +337,7 @@ class TensorRTRuntime(Runtime):
         # process captures again (a failure is logged once).
         self.graph_failure: str | None = None
         self._lock = threading.Lock()
+        self.profiles_in_use: set[int] = set()  # by this engine's runners (instances)
         self.info = RuntimeInfo(
             name="tensorrt", precision=precision, device="cuda:0",
             input_shape=tuple(input_shape), num_class=int(num_class),
@@ -338,6 +352,30 @@ class TensorRTRuntime(Runtime):
 
     def _open_runner(self, buckets: Sequence[int], lanes: int) -> Runner:
         return TrtRunner(self, buckets, lanes)
+
+    def claim_profiles(self, buckets: Sequence[int]) -> ContextPlan:
+        """A runner's contexts on profiles no other runner of this engine holds."""
+        with self._lock:
+            plan = plan_contexts(buckets, self.profile_ranges, self.dynamic,
+                                 frozenset(self.profiles_in_use))
+            self.profiles_in_use |= set(plan.profiles.values())
+        return plan
+
+    def release_profiles(self, plan: ContextPlan) -> None:
+        with self._lock:
+            self.profiles_in_use -= set(plan.profiles.values())
+
+    def runner_bytes(self, buckets: Sequence[int]) -> int:
+        """Device bytes of one runner: its shared activation buffer (TensorRT's own figure
+        for the profiles its buckets map to) and its input and output rows."""
+        with self._lock:
+            plan = plan_contexts(normalize_buckets(buckets, self.info.max_batch),
+                                 self.profile_ranges, self.dynamic,
+                                 frozenset(self.profiles_in_use))
+        rows = max(plan.buckets)
+        io = sum(int(np.prod(t.max_shape[1:], dtype=np.int64)) * t.dtype.itemsize
+                 for t in self.io) * rows
+        return activation_bytes(self.engine, sorted(set(plan.profiles.values()))) + io
 
     def graphs_failed(self, what: str, error: str) -> None:
         with self._lock:
@@ -380,7 +418,7 @@ class TrtRunner(Runner):
     def __init__(self, runtime: TensorRTRuntime, buckets: Sequence[int], lanes: int) -> None:
         super().__init__(runtime.info, buckets, lanes)
         self.runtime = runtime
-        self.plan = plan_contexts(self.buckets, runtime.profile_ranges, runtime.dynamic)
+        self.plan = runtime.claim_profiles(self.buckets)
         self.buckets = self.plan.buckets
         self.input = runtime.input
         self.output = next(t for t in runtime.io if not t.is_input)
@@ -430,6 +468,7 @@ class TrtRunner(Runner):
             if getattr(self, "batch", None) is not None:
                 self.batch.destroy()
             memory.free()
+            runtime.release_profiles(self.plan)
             raise
         self.blocking = not self.graphs
         log.info("tensorrt_runner_ready", buckets=list(self.buckets),
@@ -469,7 +508,7 @@ class TrtRunner(Runner):
                 self.memory.synchronize(self.compute)
                 with CAPTURE_LOCK:
                     self.graphs[b] = DriverGraph(self.compute).capture(
-                        lambda b=b: self._enqueue(b))
+                        functools.partial(self._enqueue, b))
         except GraphsUnavailable as exc:
             runtime.graphs_failed(f"bucket {b}", str(exc))
             for graph in self.graphs.values():
@@ -520,3 +559,4 @@ class TrtRunner(Runner):
         self.memory.free()
         self.dev_other.clear()
         self.lane_streams = []
+        self.runtime.release_profiles(self.plan)

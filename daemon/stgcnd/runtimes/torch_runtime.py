@@ -27,7 +27,7 @@ import torch
 from stgcnd.errors import BackendUnavailable
 from stgcnd.log import get_logger
 from stgcnd.model.loader import LoadedModel
-from stgcnd.model.optimized import optimize
+from stgcnd.model.optimized import Form, FusedTwoStream, optimize
 from stgcnd.model.stgcn import motion
 from stgcnd.runtimes.base import HostRunner, Runner, Runtime, RuntimeInfo
 from stgcnd.runtimes.cuda import CAPTURE_LOCK, GraphsUnavailable
@@ -47,10 +47,11 @@ _TAKES_CAPTURE_MODE = "capture_error_mode" in inspect.signature(
 CAPTURE_MODE = "thread_local" if _TAKES_CAPTURE_MODE else "global"
 
 
-def _graph_capture(graph: torch.cuda.CUDAGraph, pool: object, stream: torch.cuda.Stream
-                   ) -> AbstractContextManager[object]:
-    mode = {"capture_error_mode": CAPTURE_MODE} if _TAKES_CAPTURE_MODE else {}
-    return torch.cuda.graph(graph, pool=pool, stream=stream, **mode)
+def _graph_capture(graph: torch.cuda.CUDAGraph, pool: torch.cuda._POOL_HANDLE,
+                   stream: torch.cuda.Stream) -> AbstractContextManager[object]:
+    if _TAKES_CAPTURE_MODE:
+        return torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=CAPTURE_MODE)
+    return torch.cuda.graph(graph, pool=pool, stream=stream)
 
 
 def cuda_device() -> torch.device:
@@ -64,7 +65,7 @@ def cuda_device() -> torch.device:
 class TorchRuntime(Runtime):
     def __init__(self, model: LoadedModel, precision: str = "fp32", device: str = "cpu",
                  cuda_graph: bool = False, max_batch: int = 64, optimized: bool = True,
-                 threads: int = 0, form: str = "channels_last") -> None:
+                 threads: int = 0, form: Form = "channels_last") -> None:
         if precision not in PRECISIONS:
             raise BackendUnavailable(f"the torch runtime runs fp32, fp16 (CUDA) or bf16 (CPU), "
                                      f"not {precision!r}; use tensorrt or onnxruntime for int8")
@@ -86,6 +87,7 @@ class TorchRuntime(Runtime):
         elif threads > 0:
             torch.set_num_threads(threads)
         self.dtype = _DTYPES[precision]
+        self._window_cost: tuple[int, int] | None = None  # (fixed, per window) bytes
         self.optimized = optimized
         self.cuda_graph = cuda_graph and self.device.type == "cuda"
         if optimized:
@@ -117,12 +119,14 @@ class TorchRuntime(Runtime):
     def forward(self, x: torch.Tensor, side: torch.cuda.Stream | None = None) -> torch.Tensor:
         if side is None or not self.parallel_streams:
             return self.module(x.to(self.dtype)).float()
+        module = self.module
+        assert isinstance(module, FusedTwoStream)  # what has two streams (parallel_streams)
         main = torch.cuda.current_stream(self.device)
         x = x.to(self.dtype)
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            y_motion = self.module.motion(motion(x, self.module.motion_formula))
-        y = self.module.origin(x)
+            y_motion = module.motion(motion(x, module.motion_formula))
+        y = module.origin(x)
         main.wait_stream(side)
         return (y + y_motion).float()
 
@@ -136,6 +140,33 @@ class TorchRuntime(Runtime):
                 log.warning("cuda_graph_unavailable", error=str(exc),
                             action="computing each batch on a worker thread, without graphs")
         return HostRunner(self.info, self._compute_cuda, buckets, lanes)
+
+    def runner_bytes(self, buckets: Sequence[int]) -> int:
+        """On CUDA: activations grow linearly with the batch, so an eager forward pass at
+        batch 1 and 2 (peak allocation above what was allocated before) gives the cost of
+        the largest bucket, whose graph's pool the smaller buckets' graphs reuse (they are
+        captured into it largest first); plus the runner's input and output buffers."""
+        if self.device.type != "cuda":
+            return 0
+        if self._window_cost is None:
+            one, two = self._peak(1), self._peak(2)
+            self._window_cost = (max(one - (two - one), 0), max(two - one, 0))
+        fixed, per_window = self._window_cost
+        top = max(buckets)
+        io = top * (int(np.prod(self.info.input_shape)) + self.info.num_class) * 4
+        return fixed + per_window * top + io
+
+    def _peak(self, batch: int) -> int:
+        dev = self.device
+        x = torch.zeros((batch, *self.info.input_shape), dtype=torch.float32, device=dev)
+        side = torch.cuda.Stream(device=dev) if self.parallel_streams else None
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        base = torch.cuda.memory_allocated(dev)
+        with torch.inference_mode():
+            self.forward(x, side)
+        torch.cuda.synchronize(dev)
+        return int(torch.cuda.max_memory_allocated(dev) - base)
 
     def _compute_cpu(self, batch: np.ndarray) -> tuple[np.ndarray, float]:
         t0 = time.perf_counter()
@@ -183,6 +214,8 @@ class CudaGraphRunner(Runner):
         # What a launch holds, chosen once: the lock around every CUDA call with global
         # captures, else around the replay only.
         free: AbstractContextManager[object] = nullcontext()
+        self._all_calls: AbstractContextManager[object]
+        self._replay: AbstractContextManager[object]
         self._all_calls, self._replay = (CAPTURE_LOCK, free) if guard_all else (free,
                                                                               CAPTURE_LOCK)
         self._collected: tuple[np.ndarray, float] | None = None
@@ -203,11 +236,14 @@ class CudaGraphRunner(Runner):
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         try:
-            for b in self.buckets:
+            # Largest first: the smaller buckets' graphs reuse the pool blocks the largest
+            # one's capture made, so the runner's graphs take about one largest batch.
+            for b in sorted(self.buckets, reverse=True):
                 self._capture(b)
         except BaseException:
             self.close()
             raise
+        torch.cuda.empty_cache()  # the eager warm-up passes' blocks, outside the pool
 
     def _capture(self, b: int) -> None:
         x = self.dev_in[:b]

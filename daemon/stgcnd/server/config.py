@@ -25,7 +25,7 @@ import re
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple, cast
 
 import msgspec
 from msgspec import Meta
@@ -58,7 +58,9 @@ NON_CONFIG_ENV = ("STGCND_CONFIG", "STGCND_ENGINE_DIR")
 def key(doc: str, rule: str = "", engine: bool = False, **bounds: float) -> Meta:
     """A key's one-line doc; `rule` says its range in words (for errors); `engine`: part of
     what a model's engine and runners are built from."""
-    return Meta(description=doc, extra={"rule": rule, "engine": engine}, **bounds)
+    # cast: msgspec's overloads spell out each allowed mix of bounds; ours come as a dict.
+    return Meta(description=doc, extra={"rule": rule, "engine": engine},
+                **cast("dict[str, Any]", bounds))
 
 
 class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -89,6 +91,14 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     max_rss_mb: Annotated[int, key(
         "resident memory (MB) above which connections that send nothing are closed; 0: the "
         "size at READY + 512 MB", "must be >= 0 (0 = auto)", ge=0)] = 0
+    memory_budget_mb: Annotated[int, key(
+        "device memory (MB) the models may take: weights, engines, activations, CUDA graphs; "
+        "0: what is free at start less memory_reserve_mb (docs/jetson.md: the memory plan)",
+        "must be >= 0 (0 = auto)", ge=0)] = 0
+    memory_reserve_mb: Annotated[int, key(
+        "device memory (MB) left free for others (on a Jetson: the cameras and the OS, which "
+        "share it); -1: 1536 on a Jetson, 0 elsewhere", "must be >= -1 (-1 = auto)",
+        ge=-1)] = -1
     drain_timeout: Annotated[float, key(
         "on SIGTERM, seconds for in-flight work; keep below the unit's TimeoutStopSec (15)",
         "must be > 0 seconds", gt=0)] = 10.0
@@ -145,7 +155,8 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     stride: Annotated[int, key("push mode: one prediction every `stride` frames",
                                "must be >= 1", ge=1)] = 1
     max_batch: Annotated[int, key(
-        "largest batch across cameras; 0: 64 on a GPU, 8 on a Jetson, 16 on a CPU",
+        "largest batch across cameras; 0: 64 on a GPU, 8 on a Jetson, 16 on a CPU (the memory "
+        "plan may keep fewer buckets)",
         "must be >= 0 (0 = auto)", engine=True, ge=0)] = 0
     buckets: Annotated[Tuple[int, ...], key(
         "batch shapes prepared before READY (a batch runs in the smallest that holds it)",
@@ -209,16 +220,27 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
         return next((m for m in self.models if m.name == name), None)
 
 
-def _meta(annotation: Any) -> Meta:
-    return next(a for a in getattr(annotation, "__metadata__", ()) if isinstance(a, Meta))
+class KeyDoc(NamedTuple):
+    """What key() said of a key: its one-line doc, its range in words, whether it is an engine
+    key."""
+
+    description: str
+    rule: str
+    engine: bool
 
 
-def schema(cls: type[msgspec.Struct]) -> list[tuple[str, Any, Meta]]:
-    """(key, default, its Meta) of every key of a config table, in declaration order."""
+def _meta(annotation: Any) -> KeyDoc:
+    meta = next(a for a in getattr(annotation, "__metadata__", ()) if isinstance(a, Meta))
+    extra = meta.extra or {}
+    return KeyDoc(meta.description or "", extra["rule"], extra["engine"])
+
+
+def schema(cls: type[msgspec.Struct]) -> list[tuple[str, Any, KeyDoc]]:
+    """(key, default, its KeyDoc) of every key of a config table, in declaration order."""
     return [(f.name, f.default, _meta(f.type)) for f in msgspec.structs.fields(cls)]
 
 
-ENGINE = tuple(name for name, _, meta in schema(ModelConfig) if meta.extra["engine"])
+ENGINE = tuple(name for name, _, meta in schema(ModelConfig) if meta.engine)
 
 
 def default_runtime_dir() -> Path:
@@ -303,8 +325,8 @@ def _said(cls: type[msgspec.Struct], message: str, values: dict[str, Any], where
                                                    if f.name == name)) else "strings"
             want = f"a list of {item}"
         return UserError(f"{source}: invalid value {value!r} (expected {want})")
-    if meta is not None and meta.extra.get("rule"):
-        return UserError(f"{source}: {name} {meta.extra['rule']}, got {value!r}")
+    if meta is not None and meta.rule:
+        return UserError(f"{source}: {name} {meta.rule}, got {value!r}")
     choices = re.match(r"Invalid enum value", message)
     if choices:
         return UserError(f"{source}: invalid value {value!r} ({message.split(' - ')[0]})")
@@ -334,7 +356,7 @@ def _check(config: Config) -> Config:
         for name, ok in rules:
             if not ok:
                 meta = next(meta for n, _, meta in schema(ModelConfig) if n == name)
-                raise UserError(f"{where}: {name} {meta.extra['rule']}, got "
+                raise UserError(f"{where}: {name} {meta.rule}, got "
                                 f"{getattr(m, name)!r}")
     return config
 
@@ -462,7 +484,7 @@ def example() -> str:
             out.append(f"{name} = {_toml_value(value)}")
     out += ["", "[[models]]"]
     for name, default, meta in schema(ModelConfig):
-        tag = " (engine)" if meta.extra["engine"] else ""
+        tag = " (engine)" if meta.engine else ""
         out += _comment(meta.description + tag)
         value = model.get(name, default)
         out.append(f"# {name} = " if value is None else f"{name} = {_toml_value(value)}")
@@ -475,6 +497,6 @@ def key_table() -> str:
     for section, cls in (("server", ServerConfig), ("models", ModelConfig)):
         for name, default, meta in schema(cls):
             shown = "unset" if default is None else _toml_value(default)
-            tag = " *engine*" if meta.extra["engine"] else ""
+            tag = " *engine*" if meta.engine else ""
             rows.append(f"| `[{section}] {name}` | `{shown}` | {meta.description}{tag} |")
     return "\n".join(rows) + "\n"

@@ -38,6 +38,7 @@ import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import zmq
 
@@ -139,7 +140,7 @@ def _libc_shutdown() -> Callable[[int, int], int] | None:
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_int]
     fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 @dataclass
@@ -159,7 +160,8 @@ class Connections:
 
     Made before the ROUTER binds, so that no connection is accepted unseen."""
 
-    def __init__(self, ctx: zmq.Context, router: zmq.Socket, cap: int, hard: int) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], router: zmq.Socket[bytes],
+                 cap: int, hard: int) -> None:
         self.router = router
         self.cap = cap
         self.hard = hard
@@ -190,7 +192,8 @@ class Connections:
 
     def _take_events(self, now: float) -> None:
         monitor = self.monitor
-        while monitor.get(_EVENTS) & _POLLIN:
+        # cast: pyzmq types every option's value `int | bytes`; ZMQ_EVENTS is an int.
+        while cast(int, monitor.get(_EVENTS)) & _POLLIN:
             head = monitor.recv(_NOBLOCK)
             monitor.recv(_NOBLOCK)  # the endpoint frame
             event, fd = _EVENT.unpack_from(head)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from stgcnd.errors import at_step
 from stgcnd.log import get_logger
 from stgcnd.runtimes.base import Runner, Runtime
 from stgcnd.runtimes.cuda import CudaError
@@ -120,9 +121,11 @@ class Executor:
                 wake: Callable[[], None], on_fatal: Callable[[BaseException], None]
                 ) -> Executor:
         """Make and warm a runner (every bucket, before READY; never on a request's path)."""
-        runner = runtime.open_runner(buckets, lanes, name=f"exec{index}-{model}")
+        with at_step("context"):
+            runner = runtime.open_runner(buckets, lanes, name=f"exec{index}-{model}")
         try:
-            runner.warm_up(warmup_runs)
+            with at_step("warm-up"):
+                runner.warm_up(warmup_runs)
         except BaseException:
             runner.close()
             raise

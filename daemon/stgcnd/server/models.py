@@ -4,25 +4,37 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from stgcnd.board import JETSON_MAX_BATCH, JETSON_RESERVE_MB, JETSON_WORKSPACE_MB, detect
 from stgcnd.engines.options import BuildOptions
 from stgcnd.engines.store import EngineStore
-from stgcnd.errors import BuildCancelled, UserError
+from stgcnd.errors import BuildCancelled, UserError, step_of
 from stgcnd.log import get_logger
 from stgcnd.model.spec import ModelSpec, default_labels
-from stgcnd.provision import default_device, open_runtime
+from stgcnd.provision import (
+    Choice,
+    auto_chain,
+    default_device,
+    fallback,
+    load_runtime,
+    named_options,
+    no_runtime_left,
+)
 from stgcnd.runtimes import gpu_present
 from stgcnd.runtimes.base import Runtime
+from stgcnd.runtimes.cuda import memory_info
 from stgcnd.server.config import Config, ModelConfig
 from stgcnd.server.executor import Executor
+from stgcnd.server.memory_plan import MB, MemoryPlan
 from stgcnd.server.scheduler import Job, Scheduler
 
 log = get_logger(__name__)
 
 AUTO_MAX_BATCH_GPU = 64
 AUTO_MAX_BATCH_CPU = 16
+BOARD = detect()  # which machine this is (stgcnd/board.py): read once, from files
 
 
 @dataclass
@@ -38,6 +50,9 @@ class ServedModel:
     labels: tuple[str, ...]
     demo: bool
     generation: int
+    why: str = ""            # why this runtime serves it (the auto chain's reason)
+    buckets: tuple[int, ...] = (1,)   # the batch shapes its runners prepare (memory plan)
+    planned_bytes: int = 0   # its place in the memory plan (0: host memory only)
     max_batch: int = 1
     scheduler: Scheduler = field(default_factory=lambda: Scheduler(1), repr=False)
     executors: list[Executor] = field(default_factory=list, repr=False)
@@ -55,16 +70,11 @@ class ServedModel:
         """Make the executors, each with a runner warmed on every bucket."""
         mc = self.config
         self.scheduler = Scheduler(queue_size, mc.max_queue_delay_us)
-        buckets = [b for b in mc.buckets if b <= self.max_batch] or [1]
-        try:
-            for i in range(mc.instances):
-                self.executors.append(Executor.prepare(
-                    self.runtime, self.name, self.labels, i, self.scheduler, buckets, lanes,
-                    warmup_runs, wake, on_fatal))
-        except Exception as exc:
-            self.close()
-            raise UserError(f"model {self.name!r}: could not prepare its runners: "
-                            f"{type(exc).__name__}: {exc}") from exc
+        buckets = list(self.buckets)
+        for i in range(mc.instances):
+            self.executors.append(Executor.prepare(
+                self.runtime, self.name, self.labels, i, self.scheduler, buckets, lanes,
+                warmup_runs, wake, on_fatal))
 
     def apply_policy(self, mc: ModelConfig) -> None:
         """A reload changed only serving policy (labels, stride, queue delay): keep the
@@ -119,18 +129,23 @@ def spec_of(mc: ModelConfig) -> ModelSpec:
 
 def labels_for(mc: ModelConfig, runtime: Runtime) -> tuple[str, ...]:
     """The configured labels, else those the checkpoint carries, else class_0, class_1..."""
-    carried = runtime.info.details.get("labels", ())
-    return tuple(mc.labels) or tuple(str(x) for x in carried  # type: ignore[union-attr]
-                                     ) or default_labels(runtime.info.num_class)
+    carried = runtime.info.details.get("labels")
+    if not isinstance(carried, (list, tuple)):  # details are free-form; labels are a list
+        carried = ()
+    return tuple(mc.labels) or tuple(str(x) for x in carried) or \
+        default_labels(runtime.info.num_class)
 
 
 def resolve_max_batch(mc: ModelConfig, device: str) -> int:
     """max_batch 0 (auto): the largest default bucket on a GPU, where batching multiplies
-    throughput; 16 on a CPU, where it only saves per-call overhead."""
+    throughput; 8 on a Jetson, whose GPU is done multiplying long before; 16 on a CPU, where
+    it only saves per-call overhead."""
     if mc.max_batch:
         return mc.max_batch
     gpu = device.startswith("cuda") or (mc.backend in ("auto", "torch", "tensorrt")
                                         and mc.device == "auto" and gpu_present())
+    if gpu and BOARD.jetson:
+        return JETSON_MAX_BATCH  # an Orin NX takes tens of ms for a batch of 8 M=5 windows
     return AUTO_MAX_BATCH_GPU if gpu else AUTO_MAX_BATCH_CPU
 
 
@@ -142,8 +157,10 @@ def load_models(config: Config, generation: int = 1,
     (which warm every bucket) before returning.
 
     Models whose engine keys are unchanged (`keep`) are reused as they are (the caller then
-    applies their new policy keys with ServedModel.apply_policy). Any failure is
-    fatal to the whole load: the daemon never serves half a configuration.
+    applies their new policy keys with ServedModel.apply_policy). A model with backend "auto"
+    falls back along its chain (provision.auto_chain) when a runtime fails at any step, import
+    to warm-up, one `backend_fallback` line each; a named backend that fails, or a chain that
+    runs out, is fatal to the whole load: the daemon never serves half a configuration.
 
     `cancel`: when set (SIGTERM during a first-start build), a running build is abandoned
     within seconds, leaving nothing partial in the store, and BuildCancelled is raised;
@@ -151,6 +168,7 @@ def load_models(config: Config, generation: int = 1,
     """
     store = EngineStore(config.engines_dir, cancel=cancel)
     loaded: dict[str, ServedModel] = {}
+    planner = Planner(config, keep)
     try:
         for mc in config.models:
             if cancel is not None and cancel.is_set():
@@ -160,32 +178,13 @@ def load_models(config: Config, generation: int = 1,
                 loaded[mc.name] = old
                 continue
             t0 = time.perf_counter()
-            # For backend "auto" the choice of runtime picks the device along with it.
-            device = (mc.device if mc.device != "auto" else
-                      "cpu" if mc.backend == "auto" else default_device(mc.backend))
-            max_batch = resolve_max_batch(mc, device)
-            options = BuildOptions(precision=mc.precision, max_batch=max_batch, device=device,
-                                   dynamic_batch=max_batch > 1, calibration=mc.calibration,
-                                   allow_synthetic_calibration=mc.allow_synthetic_calibration,
-                                   cuda_graph=mc.cuda_graph and device != "cpu",
-                                   threads=mc.threads)
-            try:
-                runtime = open_runtime(spec_of(mc), mc.backend, options, store,
-                                       noop_compute_us=mc.noop_compute_us)
-            except UserError as exc:
-                # Name the model, keep the type (StoreReadOnly, CheckpointError...) and hint.
-                exc.args = (f"model {mc.name!r}: {exc}",)
-                raise exc from None
-            info = runtime.info
-            served = ServedModel(mc, runtime, labels_for(mc, runtime), demo=mc.checkpoint is None,
-                                 generation=generation,
-                                 max_batch=min(max_batch, int(info.max_batch)))
+            served = _first_that_serves(mc, store, generation, start, planner)
             loaded[mc.name] = served
-            if start is not None:
-                start(served)
+            info = served.runtime.info
             first = served.executors[0] if served.executors else None
-            log.info("model_ready", model=mc.name, backend=info.name, precision=info.precision,
-                     device=info.device, input_shape=list(info.input_shape), demo=served.demo,
+            log.info("model_ready", model=mc.name, backend=info.name, why=served.why,
+                     precision=info.precision, device=info.device,
+                     input_shape=list(info.input_shape), demo=served.demo,
                      max_batch=served.max_batch, instances=mc.instances,
                      buckets=list(first.buckets) if first else [],
                      compute_ms={str(b): round(v, 3) for b, v in sorted(
@@ -196,4 +195,114 @@ def load_models(config: Config, generation: int = 1,
             if (keep or {}).get(name) is not served:
                 served.close()
         raise
+    planner.log()
     return loaded
+
+
+class Planner:
+    """The load's memory plan (server/memory_plan.py), made when a model first goes to the
+    GPU: a CPU-only configuration never touches CUDA for it."""
+
+    def __init__(self, config: Config, keep: dict[str, ServedModel] | None) -> None:
+        self.config = config
+        # On a reload the kept models stay where they are: their bytes are already taken.
+        self.kept_bytes = sum(m.planned_bytes for m in (keep or {}).values())
+        self.plan: MemoryPlan | None = None
+
+    def for_gpu(self) -> MemoryPlan:
+        if self.plan is None:
+            server = self.config.server
+            reserve = server.memory_reserve_mb
+            if reserve < 0:
+                reserve = JETSON_RESERVE_MB if BOARD.jetson else 0
+            budget = server.memory_budget_mb
+            if budget:
+                budget = max(budget - self.kept_bytes // MB, 1)
+            self.plan = MemoryPlan.for_device(budget, reserve, memory_info)
+        return self.plan
+
+    def log(self) -> None:
+        if self.plan is not None:
+            self.plan.log_plan()
+
+
+def _first_that_serves(mc: ModelConfig, store: EngineStore, generation: int,
+                       start: Callable[[ServedModel], None] | None,
+                       planner: Planner) -> ServedModel:
+    # For backend "auto" the choice of runtime picks the device along with it.
+    device = (mc.device if mc.device != "auto" else
+              "cpu" if mc.backend == "auto" else default_device(mc.backend))
+    max_batch = resolve_max_batch(mc, device)
+    options = BuildOptions(precision=mc.precision, max_batch=max_batch, device=device,
+                           dynamic_batch=max_batch > 1, calibration=mc.calibration,
+                           allow_synthetic_calibration=mc.allow_synthetic_calibration,
+                           cuda_graph=mc.cuda_graph and device != "cpu", threads=mc.threads,
+                           instances=mc.instances,
+                           workspace_mb=JETSON_WORKSPACE_MB if BOARD.jetson else 1024)
+    spec = spec_of(mc)
+    named = mc.backend != "auto"
+    choices: Iterable[Choice] = (
+        [Choice(mc.backend, named_options(mc.backend, options), "named in the configuration")]
+        if named else auto_chain(spec, options, store))
+    failures: list[str] = []
+    try:
+        for choice in choices:
+            try:
+                return _serve_with(mc, choice, spec, store, generation, start, planner)
+            except (BuildCancelled, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                if named:
+                    raise _named_failed(mc, choice, exc) from None
+                failures.append(fallback(choice, exc))
+    except UserError as exc:  # e.g. the CPU choice itself could not load the model
+        if named or "stgcnd_step" in exc.__dict__:
+            raise
+        failures.append(str(exc))
+    raise UserError(f"model {mc.name!r}: {no_runtime_left(failures)}")
+
+
+def _serve_with(mc: ModelConfig, choice: Choice, spec: ModelSpec, store: EngineStore,
+                generation: int, start: Callable[[ServedModel], None] | None,
+                planner: Planner) -> ServedModel:
+    gpu = choice.options.device == "cuda"
+    plan = planner.for_gpu() if gpu else None
+    if plan is not None:
+        plan.check_before_build(mc.name, choice.backend, spec, choice.options.precision,
+                                mc.instances)
+        free_before = plan.free_now()
+    runtime = load_runtime(spec, choice.backend, choice.options, store,
+                           noop_compute_us=mc.noop_compute_us)
+    max_batch = min(choice.options.max_batch, int(runtime.info.max_batch))
+    buckets = [b for b in mc.buckets if b <= max_batch] or [1]
+    planned = 0
+    if plan is not None:
+        try:
+            buckets = plan.fit(mc.name, runtime, buckets, mc.instances,
+                               loaded_bytes=max(free_before - plan.free_now(), 0))
+        except BaseException:
+            runtime.close()
+            raise
+        planned = plan.placed[-1].total
+    served = ServedModel(mc, runtime, labels_for(mc, runtime), demo=mc.checkpoint is None,
+                         generation=generation, why=choice.why, buckets=tuple(buckets),
+                         planned_bytes=planned, max_batch=max(buckets))
+    if start is not None:
+        try:
+            start(served)  # its runners: contexts, buffers, graphs, warm-up
+        except BaseException:
+            served.close()
+            if plan is not None:
+                plan.placed.pop()  # its memory went back with it
+            raise
+    return served
+
+
+def _named_failed(mc: ModelConfig, choice: Choice, exc: BaseException) -> UserError:
+    """One line for a named backend that failed: its own message when it is the user's to
+    fix, else the step and the error."""
+    if isinstance(exc, UserError):
+        exc.args = (f"model {mc.name!r}: {exc}",)
+        return exc
+    return UserError(f"model {mc.name!r}: the {choice.backend} runtime failed at "
+                     f"{step_of(exc)}: {type(exc).__name__}: {str(exc).strip()[:300]}")

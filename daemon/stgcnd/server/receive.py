@@ -18,6 +18,7 @@ in Python: docs/hardening.md has the measured figure).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import zmq
 
@@ -55,7 +56,7 @@ def _origin(frame: zmq.Frame) -> tuple[int, str]:
 
 
 class Receiver:
-    def __init__(self, router: zmq.Socket, max_frames: int = MAX_FRAMES) -> None:
+    def __init__(self, router: zmq.Socket[bytes], max_frames: int = MAX_FRAMES) -> None:
         self.router = router
         self.max_frames = max_frames
         self.discarding = False
@@ -70,7 +71,8 @@ class Receiver:
             self._discard_some()
             return None
         router = self.router
-        if not router.get(EVENTS) & POLLIN:
+        # cast: pyzmq types every option's value `int | bytes`; ZMQ_EVENTS is an int.
+        if not cast(int, router.get(EVENTS)) & POLLIN:
             return None
         recv = router.recv
         identity = recv(NOBLOCK, copy=False)

@@ -45,7 +45,7 @@ LATENCY_STAGES = ("queue_ms", "compute_ms")  # a reply's timings kept per camera
 
 
 class RequestPath:
-    def __init__(self, router: zmq.Socket, connections: Connections, cameras: CameraTable,
+    def __init__(self, router: zmq.Socket[bytes], connections: Connections, cameras: CameraTable,
                  limits: Limits, queue_size: int, stats: Callable[[], dict[str, Any]]) -> None:
         self.router = router
         self.receiver = Receiver(router)

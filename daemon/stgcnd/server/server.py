@@ -75,7 +75,7 @@ class Server:
         self._ctx = zmq.Context()
         self._timer = WakeTimer()  # polled runners' next look (poll wakes on it)
         self._pipe = SelfPipe()    # signals and worker threads wake the loop through it
-        self._router: zmq.Socket | None = None
+        self._router: zmq.Socket[bytes] | None = None
         self._ipc_path: Path | None = None
         self.connections: Connections | None = None
         self.requests: RequestPath | None = None
@@ -131,7 +131,10 @@ class Server:
         # Without a timerfd the loop comes back for a batch in whole milliseconds (see
         # server/timer.py), and deep idle states and low clocks slow every request that
         # follows an idle gap (stgcnd/cpupower.py): both worth a line where latency is read.
-        log.info("ready", endpoint=self.config.endpoint, models=list(self.models),
+        log.info("ready", endpoint=self.config.endpoint,
+                 models={n: {"runtime": m.runtime.info.name, "precision":
+                             m.runtime.info.precision, "device": m.runtime.info.device,
+                             "why": m.why} for n, m in self.models.items()},
                  version=__version__, pid=os.getpid(),
                  loop_timer="timerfd" if self._timer.fd is not None else "poll-ms",
                  cpu_power=cpupower.summary(cpupower.cpu_power()))

@@ -26,7 +26,7 @@ NOBLOCK_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 HANDSHAKE_MS = 5000
 
 
-def make_router(ctx: zmq.Context, config: Config) -> zmq.Socket:
+def make_router(ctx: zmq.Context[zmq.Socket[bytes]], config: Config) -> zmq.Socket[bytes]:
     """The daemon's ROUTER with its options, not bound yet (the connection monitor is set up
     before it accepts anything: server/connections.py)."""
     server = config.server
@@ -45,7 +45,7 @@ def make_router(ctx: zmq.Context, config: Config) -> zmq.Socket:
     return router
 
 
-def bind_router(router: zmq.Socket, config: Config) -> Path | None:
+def bind_router(router: zmq.Socket[bytes], config: Config) -> Path | None:
     """Bind the ROUTER on the configured endpoint; its ipc socket file, if any."""
     endpoint = config.endpoint
     ipc_path = Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None

@@ -19,10 +19,13 @@ from tests.clients.client_fakes import FakeDaemon, FakeModelServer
 from tests.conftest import REPO
 
 
+def camera_sim_args(endpoint: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", "stgcnd", "camera-sim", "--endpoint", endpoint, "--json", *args]
+
+
 def camera_sim(endpoint: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stgcnd", "camera-sim", "--endpoint", endpoint,
-                           "--json", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=120)
+    return subprocess.run(camera_sim_args(endpoint, *args), capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
 
 
 def rows_of(proc: subprocess.CompletedProcess[str]) -> list[dict]:
@@ -34,9 +37,40 @@ def short_dir(tmp_path: Path) -> Path:
     return tmp_path if len(str(tmp_path)) < 80 else Path("/tmp")
 
 
-def test_nothing_listening_is_one_line_for_all_cameras(short_dir):
-    endpoint = f"ipc://{short_dir / 'nobody-here.sock'}"
-    proc = camera_sim(endpoint, "--cameras", "3", "--duration", "1")
+@pytest.fixture(scope="module")
+def nobody_listening(tmp_path_factory) -> dict[str, tuple[str, subprocess.CompletedProcess]]:
+    """camera-sim with nothing listening, on ipc and on tcp: each waits out its cameras' 5 s
+    timeout, so both run at once."""
+    import socket
+
+    tmp = tmp_path_factory.mktemp("nobody")
+    short = tmp if len(str(tmp)) < 80 else Path("/tmp")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free once closed: nobody listens there
+    runs = {"ipc": (f"ipc://{short / 'nobody-here.sock'}", "3"),
+            "tcp": (f"tcp://127.0.0.1:{port}", "2")}
+    procs = {name: subprocess.Popen(camera_sim_args(endpoint, "--cameras", cameras,
+                                                    "--duration", "1"),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    cwd=REPO)
+             for name, (endpoint, cameras) in runs.items()}
+    done = {}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=120)
+            done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return {name: (runs[name][0], done[name]) for name in runs}
+
+
+def test_nothing_listening_is_one_line_for_all_cameras(nobody_listening):
+    endpoint, proc = nobody_listening["ipc"]
+    short_dir = Path(endpoint[len("ipc://"):]).parent
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
     assert proc.stderr.strip().splitlines() == [
@@ -49,16 +83,11 @@ def test_nothing_listening_is_one_line_for_all_cameras(short_dir):
     assert [int(row[7]) for row in table] == [1, 1, 1]  # the errors column (after compute ms)
 
 
-def test_nothing_listening_on_tcp():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # free once closed: nobody listens there
-    proc = camera_sim(f"tcp://127.0.0.1:{port}", "--cameras", "2", "--duration", "1")
+def test_nothing_listening_on_tcp(nobody_listening):
+    endpoint, proc = nobody_listening["tcp"]
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        f"2 cameras: no daemon answered at tcp://127.0.0.1:{port} within 5 s (is `stgcnd serve` "
+        f"2 cameras: no daemon answered at {endpoint} within 5 s (is `stgcnd serve` "
         "running? its \"ready\" log line names the endpoint it listens on)"]
 
 

@@ -8,6 +8,7 @@ loads it, and the file stays runnable by any execution provider.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,6 @@ from stgcnd.engines.builders.base import BuildContext, Builder
 from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.runtimes import import_onnxruntime, runtime_module
-import os
 
 
 def _probe_space(path: Path, nbytes: int) -> None:

@@ -26,7 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from stgcnd.engines.builders.base import BuildContext, Builder
+from stgcnd.engines.device import device_identity, device_slug
+from stgcnd.engines.lock import build_lock
 from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import UserError
 from stgcnd.fsutil import atomic_write_bytes, file_sha256
@@ -34,9 +38,6 @@ from stgcnd.log import get_logger
 from stgcnd.runtimes import import_tensorrt, runtime_module
 from stgcnd.runtimes.cuda import DriverMemory, make_current
 from stgcnd.runtimes.tensorrt_runtime import tensorrt_logger
-import numpy as np
-from stgcnd.engines.device import device_identity, device_slug
-from stgcnd.engines.lock import build_lock
 
 log = get_logger(__name__)
 
@@ -306,7 +307,8 @@ def make_entropy_calibrator(trt: Any, windows: Any, batch: int, cache_path: Path
             base.__init__(self)
             self.windows = np.ascontiguousarray(windows, dtype=np.float32)
             self.pos = 0
-            self.ptr, self.write = (None, None)
+            self.ptr: int | None = None
+            self.write: Callable[[Any], None] | None = None
 
         def get_batch_size(self) -> int:
             return batch
@@ -316,7 +318,7 @@ def make_entropy_calibrator(trt: Any, windows: Any, batch: int, cache_path: Path
                 return None
             chunk = np.ascontiguousarray(self.windows[self.pos:self.pos + batch])
             self.pos += batch
-            if self.ptr is None:
+            if self.ptr is None or self.write is None:  # set together, on the first batch
                 self.ptr, self.write = _device_buffer(chunk.nbytes)
             self.write(chunk)
             return [self.ptr]
@@ -389,7 +391,7 @@ class TensorRTBuilder(Builder):
         profiles: list[tuple[int, int, int]] = []
         if o.dynamic_batch:
             buckets = batch_buckets(o.max_batch)
-            profiles = bucket_profiles(buckets)
+            profiles = bucket_profiles(buckets) * o.instances  # one set per runner
             inp = network.get_input(0)
             rest = tuple(inp.shape)[1:]
             for low, opt, high in profiles:
@@ -420,6 +422,7 @@ class TensorRTBuilder(Builder):
         calib_cache = None
         calib_batch = 0
         if plan.calibrator:
+            assert ctx.calibration is not None  # an int8 build's windows (the store's)
             calib_batch, batches = calibration_batching(len(ctx.calibration), o.max_batch,
                                                         o.dynamic_batch)
             calib_cache = ctx.model_dir / "calibration" / calibration_cache_name(
@@ -462,8 +465,10 @@ class TensorRTBuilder(Builder):
             "tensorrt_build_seconds": round(time.perf_counter() - t0, 3),
             "calibration_cache": str(calib_cache) if calib_cache else None,
             "calibration_batch": calib_batch or None,
-            # The runner makes one execution context per bucket, bound to its profile.
+            # Each runner makes one execution context per bucket, bound to a profile of its
+            # own set (profile_sets: one per instance).
             "batch_buckets": list(buckets), "profiles": [list(p) for p in profiles],
+            "profile_sets": o.instances,
             "notes": list(plan.notes)}
         if timing_cache is not None:
             with build_lock(cache_path.with_suffix(".lock"), cache_path.name):

@@ -130,7 +130,7 @@ class _Loader:
         if graph and cfg.device != "cuda":
             raise BackendUnavailable("CUDA graphs need --device cuda")
         if base == "torch":
-            return runtime_module("torch").TorchRuntime(  # type: ignore[no-any-return]
+            return runtime_module("torch").TorchRuntime(
                 model, precision, cfg.device, cuda_graph=graph, max_batch=batch,
                 threads=cfg.threads)
         if precision == "bf16":

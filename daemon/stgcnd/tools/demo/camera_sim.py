@@ -21,7 +21,7 @@ import numpy as np
 import zmq
 
 from stgcnd.model.synthetic import synthetic_windows
-from stgcnd_client import Client, ClientError, ServerError, Timeout
+from stgcnd_client import Client, ClientError, Result, ServerError, Timeout
 
 
 @dataclass
@@ -92,6 +92,7 @@ def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: floa
         i = 0
         while not stop.is_set() and time.monotonic() < end:
             try:
+                res: Result | None
                 if mode == "window":
                     res = client.infer(np.roll(clip, -i, axis=1), model=m.name, timeout=timeout)
                 else:

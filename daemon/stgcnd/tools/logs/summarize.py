@@ -115,19 +115,19 @@ def _lower_rank(sorted_values: list[float], percent: float) -> float:
     return sorted_values[math.floor(percent / 100 * (len(sorted_values) - 1))]
 
 
-def _weighted_percentile(pairs: list[tuple[float, int]], percent: float) -> float | None:
-    """Percentile of values each standing for `weight` samples."""
-    pairs = sorted((v, w) for v, w in pairs if v is not None and w > 0)
-    total = sum(w for _, w in pairs)
+def _weighted_percentile(pairs: list[tuple[float | None, int]], percent: float) -> float | None:
+    """Percentile of values each standing for `weight` samples (None values are left out)."""
+    valued = sorted((v, w) for v, w in pairs if v is not None and w > 0)
+    total = sum(w for _, w in valued)
     if total == 0:
         return None
     rank = math.floor(percent / 100 * (total - 1))
     seen = 0
-    for value, weight in pairs:
+    for value, weight in valued:
         seen += weight
         if rank < seen:
             return value
-    return pairs[-1][0]
+    return valued[-1][0]
 
 
 def _num(value: Any) -> float | None:

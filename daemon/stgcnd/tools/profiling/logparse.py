@@ -200,7 +200,7 @@ def parse_log(text: str) -> TrtexecLog:
             else:
                 _parse_performance_line(stripped, parsed.performance)
             continue
-        if section in _OPTION_SECTIONS.values():
+        if section is not None and section in _OPTION_SECTIONS.values():
             if not stripped or stripped.startswith("[TRT]"):
                 section = None
             else:

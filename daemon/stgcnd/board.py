@@ -1,0 +1,66 @@
+"""Which machine this is: a Jetson (and which, on which L4T release) or anything else.
+
+On a Jetson the GPU has no memory of its own: the 8 GB of an Orin NX are shared by the CPU,
+the GPU and the user's camera processes, so the daemon plans its device memory with a reserve
+for them (server/memory_plan.py), batches at most 8 windows by default (a batch of 64 M=5
+windows takes hundreds of milliseconds on an Orin NX: bigger buckets buy nothing there), and
+gives TensorRT's builder a smaller workspace. Read from files only (no CUDA, no tools), so it
+is cheap and works before anything is installed: `/etc/nv_tegra_release` (L4T's release
+line, e.g. "# R35 (release), REVISION: 4.1, ..."), the device tree's model name, and
+/proc/meminfo. `ROOT` is the filesystem root these are read under.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path("/")
+JETSON_MAX_BATCH = 8
+JETSON_RESERVE_MB = 1536     # left to the cameras and the OS out of the shared memory
+JETSON_WORKSPACE_MB = 384    # TensorRT builder workspace (1 GiB elsewhere)
+# L4T release -> JetPack, for messages and `doctor` (the releases users are on).
+JETPACKS = {"35.4": "5.1.2", "35.5": "5.1.3", "35.6": "5.1.4", "36.3": "6.0", "36.4": "6.1/6.2",
+            "38.2": "7.0"}
+
+
+@dataclass(frozen=True)
+class Board:
+    jetson: bool
+    model: str                 # "NVIDIA Jetson Orin NX Engineering Reference Developer Kit"
+    l4t: str | None            # "35.4.1"
+    memory_mb: int             # physical memory (shared with the GPU on a Jetson)
+
+    @property
+    def jetpack(self) -> str | None:
+        if self.l4t is None:
+            return None
+        return JETPACKS.get(".".join(self.l4t.split(".")[:2]))
+
+    def describe(self) -> dict[str, object]:
+        return {"jetson": self.jetson, "model": self.model, "l4t": self.l4t,
+                "jetpack": self.jetpack, "memory_mb": self.memory_mb}
+
+
+def _read(root: Path, rel: str) -> str | None:
+    try:
+        return (root / rel).read_bytes().decode(errors="replace")
+    except OSError:
+        return None
+
+
+def l4t_release(text: str | None) -> str | None:
+    """'35.4.1' from '# R35 (release), REVISION: 4.1, GCID: ..., BOARD: t186ref, ...'."""
+    m = re.search(r"#\s*R(\d+)\s*\(release\),\s*REVISION:\s*([0-9.]+)", text or "")
+    return f"{m.group(1)}.{m.group(2)}" if m else None
+
+
+def detect(root: Path | None = None) -> Board:
+    root = ROOT if root is None else root
+    release = l4t_release(_read(root, "etc/nv_tegra_release"))
+    model = (_read(root, "proc/device-tree/model") or "").replace("\x00", "").strip()
+    mem = re.search(r"MemTotal:\s*(\d+)\s*kB", _read(root, "proc/meminfo") or "")
+    jetson = release is not None or "jetson" in model.lower()
+    return Board(jetson, model or ("Jetson" if jetson else ""), release,
+                 int(mem.group(1)) // 1024 if mem else 0)

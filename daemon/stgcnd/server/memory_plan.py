@@ -1,0 +1,151 @@
+"""Device memory, planned before it is taken: every model's buckets against a budget.
+
+On an 8 GB Jetson the GPU shares memory with the CPU and the user's camera processes, and
+on any GPU a model's largest batch shapes cost the most (a TensorRT context's activations,
+a CUDA graph's pool: both sized by the largest bucket). At start the daemon takes the free
+device memory (less `memory_reserve_mb`, 1.5 GB on a Jetson, left to the cameras), or
+`memory_budget_mb` when set lower, as its budget, and places the models in configuration
+order:
+
+1. before anything is built, a model whose batch of one cannot fit even by the model's own
+   arithmetic (`window_bytes`: weights plus the largest layer's activations) is refused,
+   with the numbers;
+2. once its runtime is loaded (weights or engine in memory: measured as the drop in free
+   memory), the runtime says what one runner would take for a set of buckets
+   (`Runtime.runner_bytes`: TensorRT's own device_memory_size, torch's measured peak); the
+   largest buckets are dropped until every instance fits, and a model that cannot fit its
+   batch of one fails at step "memory" (with backend "auto": the next runtime, down to the
+   CPU, which needs none of it);
+3. the plan is logged (`memory_plan`: per model its buckets, bytes per runner, total; free
+   memory before and after), and what READY actually left free beside it.
+
+The budget counts what the daemon allocates after its CUDA context exists; the context
+itself (a few hundred MB, CUDA's and the libraries' own) comes on top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from stgcnd.errors import RuntimeFailed
+from stgcnd.log import get_logger
+from stgcnd.model.architecture import block_channels
+from stgcnd.model.spec import ModelSpec
+from stgcnd.runtimes.base import Runtime
+
+log = get_logger(__name__)
+
+MB = 1 << 20
+BYTES = {"fp32": 4, "fp16": 2, "int8": 2, "bf16": 2}  # int8 engines keep fp16 layers too
+PARTITIONS = 3  # the spatial strategy's subsets; the graph convolution's intermediate is K x
+
+
+def window_bytes(spec: ModelSpec, precision: str) -> int:
+    """Activation bytes of one window at the widest layer (its input, its graph
+    convolution's K x C intermediate and its output alive at once), both streams of a
+    two-stream model at once (they run concurrently on CUDA). An estimate from the model's
+    shape, for refusing a configuration before anything is built."""
+    t, v, m = spec.frames, spec.num_node, spec.persons
+    peak = 0
+    for cin, cout, stride, _kind in block_channels(3):
+        t_out = (t + stride - 1) // stride
+        peak = max(peak, (cin * t + PARTITIONS * cout * t + cout * t_out) * v)
+        t = t_out
+    streams = 2 if spec.two_stream else 1
+    return peak * m * streams * BYTES.get(precision, 4)
+
+
+def weight_bytes(spec: ModelSpec, precision: str) -> int:
+    per_stream = sum(cout * cin * PARTITIONS + cout * cout * 9 + (cout * cin if kind == "conv"
+                                                                   else 0)
+                     for cin, cout, _s, kind in block_channels(3))
+    return per_stream * (2 if spec.two_stream else 1) * BYTES.get(precision, 4)
+
+
+@dataclass
+class Placed:
+    model: str
+    runtime: str
+    buckets: list[int]
+    runner_bytes: int
+    instances: int
+    loaded_bytes: int          # what loading the runtime took (weights, engine)
+
+    @property
+    def total(self) -> int:
+        return self.loaded_bytes + self.runner_bytes * self.instances
+
+
+@dataclass
+class MemoryPlan:
+    """The budget, and the models placed in it so far."""
+
+    budget: int                           # bytes the models may take
+    free_at_start: int
+    total: int
+    reserve: int
+    free_now: Callable[[], int]           # the device's free bytes (cuMemGetInfo)
+    placed: list[Placed] = field(default_factory=list)
+
+    @classmethod
+    def for_device(cls, budget_mb: int, reserve_mb: int,
+                   memory_info: Callable[[], tuple[int, int]]) -> MemoryPlan:
+        free, total = memory_info()
+        reserve = reserve_mb * MB
+        budget = max(free - reserve, 0)
+        if budget_mb:
+            budget = min(budget, budget_mb * MB)
+        return cls(budget, free, total, reserve, lambda: memory_info()[0])
+
+    @property
+    def used(self) -> int:
+        return sum(p.total for p in self.placed)
+
+    @property
+    def left(self) -> int:
+        return self.budget - self.used
+
+    def check_before_build(self, name: str, runtime: str, spec: ModelSpec, precision: str,
+                           instances: int) -> None:
+        """Refuse a model whose batch of one cannot fit, before minutes of building."""
+        need = weight_bytes(spec, precision) + window_bytes(spec, precision) * instances
+        if need > self.left:
+            raise RuntimeFailed(runtime, "memory", self._no_room(name, need, 1))
+
+    def fit(self, name: str, runtime: Runtime, buckets: Sequence[int], instances: int,
+            loaded_bytes: int) -> list[int]:
+        """The buckets of `name` that fit what is left (the largest dropped first), placed."""
+        kept = sorted(set(buckets))
+        room = self.left - loaded_bytes
+        while kept and runtime.runner_bytes(kept) * instances > room:
+            kept.pop()
+        if not kept:
+            need = loaded_bytes + runtime.runner_bytes([1]) * instances
+            raise RuntimeFailed(runtime.info.name, "memory", self._no_room(name, need, 1))
+        dropped = sorted(set(buckets) - set(kept))
+        if dropped:
+            log.warning("memory_plan_trimmed", model=name, runtime=runtime.info.name,
+                        dropped_buckets=dropped, kept=kept, left_mb=room // MB,
+                        hint="raise memory_budget_mb, lower memory_reserve_mb, or set "
+                             "buckets/max_batch to what fits")
+        self.placed.append(Placed(name, runtime.info.name, kept, runtime.runner_bytes(kept),
+                                  instances, loaded_bytes))
+        return kept
+
+    def _no_room(self, name: str, need: int, batch: int) -> str:
+        return (f"model {name!r} needs {need / MB:.0f} MB of device memory for a batch of "
+                f"{batch}, and {max(self.left, 0) / MB:.0f} MB of the {self.budget / MB:.0f} MB "
+                f"budget are left (free at start {self.free_at_start / MB:.0f} MB, reserve "
+                f"{self.reserve / MB:.0f} MB); free memory, lower memory_reserve_mb, or serve "
+                "fewer models or persons")
+
+    def log_plan(self) -> None:
+        log.info("memory_plan", budget_mb=self.budget // MB,
+                 free_at_start_mb=self.free_at_start // MB, reserve_mb=self.reserve // MB,
+                 total_mb=self.total // MB, planned_mb=self.used // MB,
+                 free_now_mb=self.free_now() // MB,
+                 models=[{"model": p.model, "runtime": p.runtime, "buckets": p.buckets,
+                          "runner_mb": round(p.runner_bytes / MB, 1),
+                          "instances": p.instances, "loaded_mb": round(p.loaded_bytes / MB, 1),
+                          "total_mb": round(p.total / MB, 1)} for p in self.placed])
