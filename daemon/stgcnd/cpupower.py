@@ -4,8 +4,8 @@ A camera sends 25 windows a second. Between two of them every thread on a reques
 camera's, both ZeroMQ I/O threads, the daemon's loop) sleeps for most of 40 ms, long enough
 for the kernel to put their cores in a deep idle state and to lower their clocks. The next
 request then waits for a core to wake up, and runs at a low clock until the governor raises
-it. On the H100 host, what bare ZeroMQ adds to a round trip grew from 0.22 ms in a closed
-loop to 0.69 ms at 25 Hz (docs/benchmarks.md, session 9).
+it. On an H100 host, what bare ZeroMQ adds to a round trip grew from 0.12 ms in a closed
+loop to 0.60 ms at 25 Hz (p50; docs/performance.md, "The floor").
 
 This reads, from sysfs, what decides that: the cpuidle driver and the exit latency of each idle
 state of cpu0, and cpu0's frequency governor and range. `stgcnd doctor` prints it with a hint

@@ -67,7 +67,10 @@ def at_step(step: str) -> Iterator[None]:
 
 
 def step_of(exc: BaseException, default: str = "load") -> str:
-    return str(exc.__dict__.get("stgcnd_step", default))
+    """The step an error was tagged with (at_step), else its own (RuntimeFailed), else
+    `default`."""
+    own = exc.step if isinstance(exc, RuntimeFailed) else default
+    return str(exc.__dict__.get("stgcnd_step", own))
 
 
 class BuildFailed(UserError):

@@ -28,7 +28,9 @@ def check_with_ort(model, dynamic_batch: bool = False):
     return lambda data: validate_export(model, data, dynamic_batch)
 
 
-@pytest.mark.parametrize("persons", [1, 5])
+# M=5 costs five times M=1 on the CPU; more than one person is also exported (dynamic batch,
+# M=2) in the fast tier.
+@pytest.mark.parametrize("persons", [1, pytest.param(5, marks=pytest.mark.slow)])
 def test_static_export_matches_pytorch(tmp_path, checkpoint_path, persons):
     model = load_model(ModelSpec(checkpoint=checkpoint_path, persons=persons, frames=T))
     res = export_model(model, tmp_path / "m.onnx", validate=check_with_ort(model))
@@ -130,26 +132,49 @@ def run_cli(*args, cwd=None):
                           text=True, cwd=cwd, timeout=300)
 
 
+def run_clis(*argvs: list[str]) -> list[subprocess.CompletedProcess]:
+    """Several independent commands at once (each mostly starts Python and imports)."""
+    procs = [subprocess.Popen([sys.executable, "-m", "stgcnd", *argv], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for argv in argvs]
+    done = []
+    try:
+        for argv, proc in zip(argvs, procs):
+            out, err = proc.communicate(timeout=300)
+            done.append(subprocess.CompletedProcess(argv, proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return done
+
+
 def test_cli_export_and_user_errors(tmp_path, checkpoint_path):
     out = tmp_path / "engines" / "single.onnx"
-    r = run_cli("export", "--checkpoint", str(checkpoint_path), "--persons", "1", "--frames",
-                str(T), "--output", str(out))
-    assert r.returncode == 0, r.stderr
-    assert "validated with ONNX Runtime" in r.stdout and out.is_file()
-    for bad, expect in [
+    errors = [
         (["--checkpoint", str(tmp_path / "missing.pt")], "not found"),
-        (["--checkpoint", str(out)], "cannot read"),  # an ONNX file is not a checkpoint
         (["--checkpoint", str(checkpoint_path), "--layout", "openpose"], "33 joints"),
         (["--checkpoint", str(checkpoint_path), "--labels", "a", "b", "c"], "2 classes"),
         (["--persons", "0"], "persons must be >= 1"),
-    ]:
-        r = run_cli("export", *bad, "--frames", str(T), "--output", str(tmp_path / "x.onnx"))
-        assert r.returncode == 2, (bad, r.stderr)
-        last = r.stderr.strip().splitlines()[-1]
-        assert last.startswith("stgcnd export: error:") and expect in last, r.stderr
-        assert "Traceback" not in r.stderr
-    r = run_cli("export", "--persons", "one", "--output", "x.onnx")
-    assert r.returncode == 2 and "invalid int value" in r.stderr
+    ]
+    argvs = [["export", *bad, "--frames", str(T), "--output", str(tmp_path / f"x{i}.onnx")]
+             for i, (bad, _) in enumerate(errors)]
+    # The export and the user errors that do not need its output, at once.
+    r, r_int, *runs = run_clis(
+        ["export", "--checkpoint", str(checkpoint_path), "--persons", "1", "--frames", str(T),
+         "--output", str(out)],
+        ["export", "--persons", "one", "--output", "x.onnx"], *argvs)
+    assert r.returncode == 0, r.stderr
+    assert "validated with ONNX Runtime" in r.stdout and out.is_file()
+    errors.append((["--checkpoint", str(out)], "cannot read"))  # an ONNX file: no checkpoint
+    runs.append(run_cli("export", *errors[-1][0], "--frames", str(T), "--output",
+                        str(tmp_path / "x.onnx")))
+    for (bad, expect), e in zip(errors, runs):
+        assert e.returncode == 2, (bad, e.stderr)
+        last = e.stderr.strip().splitlines()[-1]
+        assert last.startswith("stgcnd export: error:") and expect in last, e.stderr
+        assert "Traceback" not in e.stderr
+    assert r_int.returncode == 2 and "invalid int value" in r_int.stderr
 
 
 def test_every_command_has_help():
@@ -158,6 +183,5 @@ def test_every_command_has_help():
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     assert "export" in sub.choices
-    for name in sub.choices:
-        r = run_cli(name, "--help")
+    for name, r in zip(sub.choices, run_clis(*[[name, "--help"] for name in sub.choices])):
         assert r.returncode == 0 and "usage: stgcnd" in r.stdout, name

@@ -87,6 +87,7 @@ def _runtime(cuda_graph: bool):
     runtime.cuda_graph = cuda_graph
     runtime.graph_failure = None
     runtime._lock = threading.Lock()
+    runtime.profiles_in_use = set()
     runtime.info = RuntimeInfo(name="tensorrt", precision="fp32", device="cuda:0",
                                input_shape=SHAPE, num_class=K, max_batch=8, artifact=None,
                                details={})

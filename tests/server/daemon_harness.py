@@ -1,15 +1,24 @@
 """Start the real daemon as a subprocess on an ipc endpoint in a temp dir, with a real
-datagram socket standing in for systemd's NOTIFY_SOCKET."""
+datagram socket standing in for systemd's NOTIFY_SOCKET.
+
+A daemon made with `reuse_engines=True` starts on a copy of the engine store that an earlier
+such daemon with the same [[models]] built (once it was ready), instead of an empty one: the
+store still decides by its keys what is current, so this only skips rebuilding what a test
+is not about (an export and a validation: seconds, each start, on a 2-core CPU)."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -55,26 +64,56 @@ class NotifySocket:
         self.messages.extend(got)
         return got
 
-    def wait_for(self, key: str, timeout: float = 120.0) -> dict[str, str]:
-        """The next message with `key` after the last one returned (nothing read is lost)."""
+    def wait_for(self, key: str, timeout: float = 120.0,
+                 alive: Callable[[], bool] | None = None) -> dict[str, str]:
+        """The next message with `key` after the last one returned (nothing read is lost);
+        given `alive`, stops waiting once the sender is gone."""
         end = time.monotonic() + timeout
         while True:
+            gone = alive is not None and not alive()
+            if gone:
+                self.read(0.05)  # what it sent before it went
             for i in range(self._cursor, len(self.messages)):
                 if key in self.messages[i]:
                     self._cursor = i + 1
                     return self.messages[i]
+            if gone:
+                raise AssertionError(f"no {key}: the sender is gone; got {self.messages}")
             if time.monotonic() >= end:
                 raise AssertionError(f"no {key} within {timeout} s; got {self.messages}")
             self.read(0.2)
+
+    def skip_seen(self) -> None:
+        """Make wait_for() look only at messages not read yet."""
+        self._cursor = len(self.messages)
 
     def close(self) -> None:
         self.sock.close()
 
 
+# [[models]] text -> a copy of the engine store a daemon of those models built
+_BUILT_STORES: dict[str, Path] = {}
+
+
+def _models_text(config_path: Path) -> str | None:
+    text = config_path.read_text()
+    at = text.find("[[models]]")
+    return text[at:] if at >= 0 else None
+
+
+def _keep_store(engines: Path) -> Path:
+    kept = Path(tempfile.mkdtemp(prefix="stgcnd-test-engines-"))
+    atexit.register(shutil.rmtree, kept, True)
+    shutil.copytree(engines, kept / "engines", ignore=shutil.ignore_patterns("*.lock"))
+    return kept / "engines"
+
+
 class Daemon:
     def __init__(self, tmp: Path, config_path: Path | None = None, env: dict | None = None,
-                 endpoint: str | None = None, **config: object) -> None:
+                 endpoint: str | None = None, reuse_engines: bool = False,
+                 **config: object) -> None:
         self.tmp = tmp
+        self.reuse_engines = reuse_engines
         self.endpoint = endpoint or f"ipc://{tmp / 'd.sock'}"
         self.engines = tmp / "engines"
         self.config_path = config_path or write_config(tmp / "stgcnd.toml", self.endpoint,
@@ -91,6 +130,9 @@ class Daemon:
         self.prelude = ""
 
     def start(self, wait_ready: bool = True) -> Daemon:
+        models = _models_text(self.config_path) if self.reuse_engines else None
+        if models in _BUILT_STORES and not self.engines.exists():
+            shutil.copytree(_BUILT_STORES[models], self.engines)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the daemon
         entry = (["-c", self.prelude + "\nimport sys\nfrom stgcnd.cli import main\n"
                   "sys.exit(main(sys.argv[1:]))"] if self.prelude else ["-m", "stgcnd"])
@@ -101,12 +143,17 @@ class Daemon:
             cwd=REPO, preexec_fn=self._limit_fds if self.fd_limit else None)
         if wait_ready:
             try:
-                self.notify.wait_for("READY", timeout=180)
+                self.notify.wait_for("READY", timeout=180, alive=self.running)
             except AssertionError:
                 self.stop()
                 log = self.log_path.read_text()
                 raise AssertionError("daemon not ready; log:\n" + log) from None
+            if models is not None and models not in _BUILT_STORES and self.engines.is_dir():
+                _BUILT_STORES[models] = _keep_store(self.engines)
         return self
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def _limit_fds(self) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (self.fd_limit, self.fd_limit))

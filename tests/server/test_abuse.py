@@ -42,7 +42,7 @@ def daemon(tmp_path):
     made: list[Daemon] = []
 
     def start(**config: object) -> Daemon:
-        d = Daemon(tmp_path, **config).start()
+        d = Daemon(tmp_path, reuse_engines=True, **config).start()
         made.append(d)
         return d
 

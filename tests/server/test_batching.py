@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
-    d = Daemon(tmp_path_factory.mktemp("batching"), queue_size=8).start()
+    d = Daemon(tmp_path_factory.mktemp("batching"), queue_size=8, reuse_engines=True).start()
     yield d
     code = d.stop()
     d.close()

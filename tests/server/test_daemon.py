@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
-    d = Daemon(tmp_path_factory.mktemp("daemon")).start()
+    d = Daemon(tmp_path_factory.mktemp("daemon"), reuse_engines=True).start()
     yield d
     code = d.stop()
     d.close()
@@ -40,7 +40,7 @@ def new_daemon(tmp_path):
     made: list[Daemon] = []
 
     def make(*args, **kwargs) -> Daemon:
-        d = Daemon(*args, **kwargs)
+        d = Daemon(*args, reuse_engines=True, **kwargs)
         made.append(d)
         return d
 
@@ -346,34 +346,42 @@ def test_sighup_reload_keeps_cameras(tmp_path, new_daemon):
 
 
 def test_watchdog_goes_silent_while_a_worker_is_stuck(tmp_path, new_daemon):
-    # A model big enough that one single-threaded CPU inference takes about a second on any
-    # machine: a real call that is "stuck" for much longer than stall_timeout.
-    big = 450
-    d = new_daemon(tmp_path, env={"WATCHDOG_USEC": "200000"},
-               models=f'[[models]]\nname = "big"\ndemo = true\nframes = {big}\npersons = 3\n'
-                      'backend = "torch"\ndevice = "cpu"\nthreads = 1\nmax_batch = 1\n',
-               stall_timeout=0.1)
+    # One batch that stays on its (noop) device for 1 s, however fast or busy the machine: a
+    # call "stuck" for 20 times stall_timeout. (A torch model big enough to take a second on a
+    # fast CPU took minutes, with its start-up build, on a busy 2-core one.) Pings: every 50 ms.
+    stuck_s = 1.0
+    d = new_daemon(tmp_path, env={"WATCHDOG_USEC": "100000"},
+                   models=f'[[models]]\nname = "big"\ndemo = true\nframes = {FRAMES}\n'
+                          f'backend = "noop"\nmax_batch = 1\n'
+                          f'noop_compute_us = {int(stuck_s * 1e6)}\n',
+                   stall_timeout=0.05)
     d.config_path.write_text(d.config_path.read_text().replace("warmup_runs = 1",
                                                                "warmup_runs = 0"))
     d.start()
-    assert any("WATCHDOG" in m for m in d.notify.read(1.0))  # pinging while healthy
+    d.notify.wait_for("WATCHDOG", timeout=10)  # pinging while healthy
     done = threading.Event()
 
     def slow() -> None:
         with Client(d.endpoint, camera_id="slow", timeout=120, retries=0) as c:
-            c.infer(np.zeros((3, big, 33, 3), np.float32))
+            c.infer(np.zeros((3, FRAMES, 33, 1), np.float32))
         done.set()
 
+    t0 = time.monotonic()
     t = threading.Thread(target=slow)
     t.start()
-    time.sleep(0.25)  # > stall_timeout + one ping interval
+    deadline = time.monotonic() + stuck_s
+    while not any(e.get("event") == "watchdog_stall" for e in d.log_events()):
+        assert time.monotonic() < deadline, "no watchdog_stall while the batch was stuck"
+        time.sleep(0.02)
     d.notify.read(0.02)  # pings sent before the stall was noticed
-    silent = d.notify.read(0.25)
-    assert not done.is_set(), "the inference ended too soon to observe a stall"
+    silent = d.notify.read(0.15)  # three ping intervals
+    assert not done.is_set() and time.monotonic() - t0 < stuck_s, \
+        "the inference ended too soon to observe a stall"
     assert not any("WATCHDOG" in m for m in silent), silent
-    assert any(e.get("event") == "watchdog_stall" for e in d.log_events())
     t.join(180)
-    assert any("WATCHDOG" in m for m in d.notify.read(1.5))  # pinging again
+    assert done.is_set()
+    d.notify.skip_seen()
+    d.notify.wait_for("WATCHDOG", timeout=10)  # pinging again
     assert d.stop() == 0
     d.close()
 

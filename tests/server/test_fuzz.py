@@ -59,15 +59,16 @@ def fuzz_seed() -> int:
 MODELS = (
     f'[[models]]\nname = "demo"\nframes = {FRAMES}\nbackend = "torch"\ndevice = "cpu"\n'
     'threads = 1\ndemo = true\nlabels = ["normal", "shoplifting"]\n'
-    # A second model so that "reset with model nil" has more than one model to reset.
-    '[[models]]\nname = "demo2"\nframes = 12\nbackend = "torch"\ndevice = "cpu"\n'
+    # A second model so that "reset with model nil" has more than one model to reset (the same
+    # network: the daemon builds it once).
+    f'[[models]]\nname = "demo2"\nframes = {FRAMES}\nbackend = "torch"\ndevice = "cpu"\n'
     'threads = 1\ndemo = true\n'
 )
 
 
 def fuzz_daemon(tmp) -> Daemon:
-    return Daemon(tmp, models=MODELS, max_message_bytes=MAX_MESSAGE_BYTES, max_cameras=16,
-                  idle_timeout=2.0, queue_size=4)
+    return Daemon(tmp, models=MODELS, reuse_engines=True, max_message_bytes=MAX_MESSAGE_BYTES,
+                  max_cameras=16, idle_timeout=2.0, queue_size=4)
 
 
 @dataclass

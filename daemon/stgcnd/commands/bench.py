@@ -54,6 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="engine store directory for ONNX Runtime / TensorRT artefacts")
     p.add_argument("--trtexec", action="store_true",
                    help="also run trtexec on TensorRT engines: GPU-compute median/p99 columns")
+    p.add_argument("--peak-gflops", type=float, default=None, metavar="GFLOPS",
+                   help="the device's peak for the precisions timed, for the 'of peak' column "
+                        "(known without it: H100 and H200 at fp16/bf16)")
     p.add_argument("--json", type=Path, default=None, help="write the rows as a JSON list")
     p.add_argument("--csv", type=Path, default=None, help="write the rows as CSV")
     p.set_defaults(func=run)
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                       batches=tuple(args.batch), sessions=tuple(args.sessions),
                       iterations=args.iterations, warmup=args.warmup,
                       baseline_graph_op=args.baseline_graph_op, threads=args.threads,
-                      store=args.store, trtexec=args.trtexec)
+                      store=args.store, trtexec=args.trtexec, peak_gflops=args.peak_gflops)
     rows = run_bench(cfg)
     print(format_table(rows))
     if args.json:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from stgcnd import __version__
+from stgcnd.commands.doctor_checks import run_checks
 from stgcnd.cpupower import cpu_power
 from stgcnd.engines.device import gpu_identity
 from stgcnd.engines.store import EngineStore
@@ -35,6 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="read the Jetson's files (etc/nv_tegra_release, dpkg status, CUDA "
                         "version) and the CPU's idle and clock settings (sys/) under this "
                         "directory, e.g. a board's mounted root file system (default: /)")
+    p.add_argument("--smoke-test", action="store_true",
+                   help="also build a one-layer TensorRT engine, load it and run it once "
+                        "through the CUDA driver, comparing its output (takes seconds; needs "
+                        "tensorrt to import); exit status 1 when it fails")
     p.set_defaults(func=run)
 
 
@@ -84,7 +89,8 @@ def _store(path: Path | None) -> dict[str, Any]:
             "entries": entries}
 
 
-def collect(store: Path | None = None, root: Path = Path("/")) -> dict[str, Any]:
+def collect(store: Path | None = None, root: Path = Path("/"),
+            smoke_test: bool = False) -> dict[str, Any]:
     gpu = gpu_identity()
     jetson = jetson_stack(root)
     return {
@@ -98,6 +104,9 @@ def collect(store: Path | None = None, root: Path = Path("/")) -> dict[str, Any]
         "cuda": _torch_cuda(),
         "tensorrt": _tensorrt(),
         "jetson": jetson,
+        # On a Jetson: power mode, clocks, memory, tegrastats, the driver; and the TensorRT
+        # smoke test when asked for. Each {name, status, detail, fix} (doctor_checks.py).
+        "checks": run_checks(root, smoke=smoke_test),
         "cpu_power": cpu_power(root),
         "backends": {k: v or "ok" for k, v in available().items()},
         "store": _store(store),
@@ -105,10 +114,12 @@ def collect(store: Path | None = None, root: Path = Path("/")) -> dict[str, Any]
 
 
 def run(args: argparse.Namespace) -> int:
-    report = collect(args.store, args.root)
+    report = collect(args.store, args.root, smoke_test=args.smoke_test)
+    smoke_failed = any(c["name"] == "tensorrt smoke test" and c["status"] == "fail"
+                       for c in report["checks"])
     if args.json:
         print(json.dumps(report, indent=2, default=str))
-        return 0
+        return 1 if smoke_failed else 0
     v = report["versions"]
     print(f"stgcnd      {report['stgcnd']}")
     print(f"python      {report['python']}")
@@ -138,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  MISSING   {problem['what']}\n            fix: {problem['fix']}")
     else:
         print("jetson      not a Jetson")
+    _print_checks(report["checks"])
     _print_cpu_power(report["cpu_power"])
     for name, state in report["backends"].items():
         print(f"backend     {name}: {state}")
@@ -146,7 +158,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"store       {s['root']}: {s['artefacts']} artefact(s)")
     else:
         print(f"store       unavailable ({s.get('reason')})")
-    return 0
+    return 1 if smoke_failed else 0
+
+
+def _print_checks(checks: list[dict[str, Any]]) -> None:
+    labels = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
+    for c in checks:
+        print(f"check       {labels.get(c['status'], c['status']):<5} {c['name']}: "
+              f"{c['detail']}")
+        if c.get("fix"):
+            print(f"            fix: {c['fix']}")
 
 
 def _print_cpu_power(power: dict[str, Any]) -> None:

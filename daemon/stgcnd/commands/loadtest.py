@@ -12,6 +12,7 @@ from stgcnd.errors import UserError
 from stgcnd.tools.loadtest.plan import DEFAULT_RATE_HZ, LoadPlan
 from stgcnd.tools.loadtest.report import format_table, has_failures
 from stgcnd.tools.loadtest.runner import run_load
+from stgcnd.tools.loadtest.scenarios import SCENARIOS, format_verdicts, verdicts
 from stgcnd.tools.loadtest.serve import ServedDaemon, ServeOptions
 
 
@@ -30,6 +31,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="the daemon's endpoint (required unless --serve)")
     target.add_argument("--model", default=None, help="model name (default: the daemon's "
                                                       "default model)")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS), default=None,
+                   help="a named load and its goals (docs/performance.md); it sets the load "
+                        "options below and prints whether each goal was met: "
+                        + "; ".join(f"{s.name}: {s.what}" for s in SCENARIOS.values()))
+    p.add_argument("--floor-us", type=float, default=None, metavar="US",
+                   help="the bare ZeroMQ round trip p99 measured on this machine "
+                        "(scripts/zmq_echo_floor.py), for the one-camera goal")
     load = p.add_argument_group("load")
     load.add_argument("--processes", type=int, default=1, help="load processes (default: 1)")
     load.add_argument("--cameras", type=int, default=4,
@@ -86,8 +94,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _plan(args: argparse.Namespace, endpoint: str) -> Any:
-
+def _plan(args: argparse.Namespace, endpoint: str) -> LoadPlan:
+    if args.scenario:
+        load = SCENARIOS[args.scenario].load
+        return LoadPlan(endpoint=endpoint, model=args.model, timeout_ms=args.timeout_ms,
+                        seed=args.seed, **load)
     return LoadPlan(endpoint=endpoint, processes=args.processes, cameras=args.cameras,
                     mode=args.mode, rate_hz=None if args.closed_loop else
                     (args.rate if args.rate is not None else DEFAULT_RATE_HZ),
@@ -97,7 +108,6 @@ def _plan(args: argparse.Namespace, endpoint: str) -> Any:
 
 
 def _emit(report: dict[str, Any], json_path: str | None) -> None:
-
     table_out = sys.stderr if json_path == "-" else sys.stdout
     print(format_table(report), file=table_out, flush=True)
     if json_path is None:
@@ -111,7 +121,6 @@ def _emit(report: dict[str, Any], json_path: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     if args.serve and args.endpoint:
         raise UserError("--serve starts its own daemon on a temporary endpoint; drop --endpoint "
                         "(or drop --serve to test a running daemon)")
@@ -137,7 +146,13 @@ def run(args: argparse.Namespace) -> int:
         if daemon.returncode != 0:
             print(f"warning: the daemon exited with code {daemon.returncode}; see "
                   f"{daemon.log_path}", file=sys.stderr, flush=True)
+    if args.scenario:
+        rows = verdicts(SCENARIOS[args.scenario], report, args.floor_us)
+        report["scenario"] = {"name": args.scenario, "floor_us": args.floor_us, "goals": rows}
     _emit(report, args.json)
+    if args.scenario:
+        print(f"scenario {args.scenario}:\n" + format_verdicts(report["scenario"]["goals"]),
+              file=sys.stderr if args.json == "-" else sys.stdout, flush=True)
     if args.fail_on_errors and has_failures(report):
         return 1
     return 0

@@ -82,6 +82,8 @@ class BuildOptions:
                                "dynamic_batch": self.dynamic_batch, "device": self.device}
         if self.precision == "int8":
             key["int8_mode"] = self.int8_mode
+            if backend == "onnxruntime" and self.device == "cpu":  # quantize.quantize_for_cpu
+                key["int8_mode"] = "cpu-u8s8"
             # The data, not its path: moving the file keeps the artefact, new data rebuilds it.
             key["calibration_sha256"] = self.extra.get("calibration_sha256")
             key["synthetic_calibration"] = self.calibration is None

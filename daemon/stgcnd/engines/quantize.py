@@ -1,9 +1,8 @@
-"""Explicit INT8: a Q/DQ ONNX model by static quantization with ONNX Runtime.
-
-QuantizeLinear/DequantizeLinear pairs carry the INT8 scales inside the graph. TensorRT >= 8.6
-builds such a graph as INT8 (explicit quantization; on 11.x the only INT8 path), and ONNX
-Runtime runs it on the CPU, so its accuracy can be measured anywhere. Scales are symmetric
-(zero point 0) because TensorRT supports only those; weights are per output channel.
+"""Explicit INT8: Q/DQ ONNX models by static quantization with ONNX Runtime, two recipes
+(docs/engines.md, "INT8 that users can trust"): the TensorRT recipe (`quantize_qdq`: symmetric
+scales, float bias, Conv/Gemm: what TensorRT's parser builds as INT8) and the CPU recipe
+(`quantize_for_cpu`: u8 asymmetric activations, int32 bias, Conv/MatMul/Gemm: what ONNX
+Runtime's CPU kernels run as integer kernels).
 """
 
 from __future__ import annotations
@@ -66,9 +65,67 @@ def _reader_class() -> type:
     return WindowReader
 
 
+# The CPU recipe's options (ONNX Runtime's defaults otherwise: int32 bias, shared Q/DQ).
+CPU_QDQ_OPTIONS = {"ActivationSymmetric": False, "WeightSymmetric": True}
+CPU_QUANTIZED_OPS = ("Conv", "MatMul", "Gemm")
+
+
 def quantize_qdq(onnx_path: Path, output: Path, windows: np.ndarray, dynamic_batch: bool,
                  input_name: str = "input", method: str = "minmax") -> dict[str, Any]:
-    """Write a Q/DQ INT8 copy of `onnx_path` to `output` (written in place: use a temp path)."""
+    """Write the TensorRT recipe's Q/DQ INT8 copy of `onnx_path` to `output` (written in
+    place: use a temp path)."""
+    info = _quantize(onnx_path, output, windows, dynamic_batch, input_name, method,
+                     QUANTIZED_OPS, unsigned=False, options=TENSORRT_QDQ_OPTIONS)
+    problems = tensorrt_qdq_problems(output)
+    if problems:  # would only fail later, inside TensorRT's parser on the device
+        raise RuntimeError(f"the Q/DQ model {output} is not parseable by TensorRT: "
+                           f"{'; '.join(problems[:3])}; report this with your onnxruntime "
+                           "version (pip show onnxruntime)")
+    info.update(recipe="tensorrt", symmetric=True)
+    log.info("onnx_quantized", output=str(output), **info)
+    return info
+
+
+def quantize_for_cpu(onnx_path: Path, output: Path, windows: np.ndarray, dynamic_batch: bool,
+                     input_name: str = "input", method: str = "minmax") -> dict[str, Any]:
+    """Write the CPU recipe's Q/DQ INT8 copy of `onnx_path` to `output` (a temp path)."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    prepared = output.with_name(f"{output.stem}.prepared.onnx")
+    try:
+        quant_pre_process(str(onnx_path), str(prepared), skip_symbolic_shape=True)
+        info = _quantize(prepared, output, windows, dynamic_batch, input_name, method,
+                         CPU_QUANTIZED_OPS, unsigned=True, options=CPU_QDQ_OPTIONS)
+        refused = _cpu_refuses(output, windows[:1], input_name)
+        if refused:
+            # Older ONNX Runtime (1.19, the last for Python 3.8) cannot run QLinearMatMul with
+            # a per-channel constant B (the graph step's adjacency): leave the MatMul float.
+            ops = tuple(op for op in CPU_QUANTIZED_OPS if op != "MatMul")
+            info = _quantize(prepared, output, windows, dynamic_batch, input_name, method,
+                             ops, unsigned=True, options=CPU_QDQ_OPTIONS)
+            info["matmul_left_float"] = refused[:200]
+    finally:
+        prepared.unlink(missing_ok=True)
+    info.update(recipe="cpu", symmetric=False)
+    log.info("onnx_quantized", output=str(output), **info)
+    return info
+
+
+def _cpu_refuses(model: Path, window: np.ndarray, input_name: str) -> str:
+    """Why ONNX Runtime's CPU provider cannot run `model` on one window ('' if it can)."""
+    import onnxruntime as ort
+
+    try:
+        session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        session.run(None, {input_name: np.ascontiguousarray(window, dtype=np.float32)})
+    except Exception as exc:  # onnxruntime raises its own exception types
+        return str(exc)
+    return ""
+
+
+def _quantize(onnx_path: Path, output: Path, windows: np.ndarray, dynamic_batch: bool,
+              input_name: str, method: str, ops: tuple[str, ...], unsigned: bool,
+              options: dict[str, bool]) -> dict[str, Any]:
     try:
         from onnxruntime.quantization import (
             CalibrationMethod,
@@ -92,25 +149,18 @@ def quantize_qdq(onnx_path: Path, output: Path, windows: np.ndarray, dynamic_bat
         quantize_static(
             str(onnx_path), str(output), reader,
             quant_format=QuantFormat.QDQ,
-            op_types_to_quantize=list(QUANTIZED_OPS),
+            op_types_to_quantize=list(ops),
             per_channel=True,
-            activation_type=QuantType.QInt8,
+            activation_type=QuantType.QUInt8 if unsigned else QuantType.QInt8,
             weight_type=QuantType.QInt8,
             calibrate_method=methods[method],
-            extra_options=dict(TENSORRT_QDQ_OPTIONS),
+            extra_options=dict(options),
         )
     finally:
         logging.disable(previous)
-    problems = tensorrt_qdq_problems(output)
-    if problems:  # would only fail later, inside TensorRT's parser on the device
-        raise RuntimeError(f"the Q/DQ model {output} is not parseable by TensorRT: "
-                           f"{'; '.join(problems[:3])}; report this with your onnxruntime "
-                           "version (pip show onnxruntime)")
-    info = {"format": "qdq", "method": method, "per_channel": True, "symmetric": True,
-            "ops": list(QUANTIZED_OPS), "calibration_windows": len(windows),
+    return {"format": "qdq", "method": method, "per_channel": True, "ops": list(ops),
+            "calibration_windows": len(windows),
             "seconds": round(time.perf_counter() - t0, 3)}
-    log.info("onnx_quantized", output=str(output), **info)
-    return info
 
 
 

@@ -37,11 +37,25 @@ def compare_logits(ref: np.ndarray, got: np.ndarray) -> dict[str, Any]:
                               "it with `stgcnd build`")
     diff = np.abs(got - ref)
     finite = bool(np.isfinite(got).all())
+    change = margin_change(ref, got) if finite else np.array([np.inf])
     return {"windows": len(ref),
             "max_abs_diff": float(diff.max()) if finite else float("inf"),
             "mean_abs_diff": float(diff.mean()) if finite else float("inf"),
             "top1_agreement": float(np.mean(ref.argmax(1) == got.argmax(1))),
+            "margin_change_median": float(np.median(change)),
+            "margin_change_max": float(change.max()),
             "finite": finite}
+
+
+def margin_change(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """Per window, how much the reference's top-two logit margin moved (its two classes, in
+    the reference's order): what decides a threshold on the score, beyond the top-1 class."""
+    if ref.shape[1] < 2:
+        return np.zeros(len(ref))
+    rows = np.arange(len(ref))
+    order = np.argsort(-ref, axis=1)[:, :2]
+    first, second = order[:, 0], order[:, 1]
+    return np.abs((got[rows, first] - got[rows, second]) - (ref[rows, first] - ref[rows, second]))
 
 
 def backend_logits(runtime: Any, windows: np.ndarray) -> np.ndarray:

@@ -68,3 +68,21 @@ def checkpoint_num_class(spec: Any) -> int | None:
 
     state = read_state_dict(spec.checkpoint)
     return int(inspect_state_dict(state, str(spec.checkpoint)).num_class)
+
+
+def gflop_per_window(model: Any, window: Any) -> float | None:
+    """GFLOP of one window (C, T, V, M) through the PyTorch network, counted by torch's
+    FlopCounterMode (2 a multiply-add); None where it cannot count: torch < 2.1, or the numpy
+    demo model."""
+    module = getattr(model, "module", None)
+    if module is None or not torch_installed():
+        return None
+    import torch
+
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+    except ImportError:
+        return None
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        module(torch.from_numpy(window[None].astype("float32")))
+    return float(counter.get_total_flops()) / 1e9

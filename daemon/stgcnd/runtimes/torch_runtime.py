@@ -313,7 +313,11 @@ class CudaGraphRunner(Runner):
             self.stream.synchronize()
         self.graphs.clear()
         self.outputs.clear()
-        self.batch.destroy()
+        if self.batch is not None:  # closed once already
+            self.batch.destroy()
         self.lane_streams = []
-        # Device and pinned memory go now, not whenever the runner is collected.
+        # Device and pinned memory go now, not whenever the runner is collected, and the
+        # graphs' pool back to the device (the memory plan measures what runners take).
         self.dev_in = self.host_in = self.host_out = None  # type: ignore[assignment]
+        self.batch = None  # type: ignore[assignment]
+        torch.cuda.empty_cache()

@@ -25,7 +25,7 @@ import re
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Dict, NamedTuple, Optional, Tuple, cast
+from typing import Any, Dict, Literal, NamedTuple, Optional, Tuple, cast
 
 import msgspec
 from msgspec import Meta
@@ -38,10 +38,12 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.8 (JetPack 5) and 3.10 (JetPack 6)
     import tomli as tomllib
+# Literal from typing itself (3.8 has it): typing_extensions >= 4.6 defines its own Literal on
+# 3.8, which msgspec 0.18.6 (the last msgspec for 3.8) refuses ("Type ... is not supported").
 if sys.version_info >= (3, 9):
-    from typing import Annotated, Literal  # novermin (3.8 takes them below)
+    from typing import Annotated  # novermin (3.8 takes it below)
 else:  # pragma: no cover - Python 3.8
-    from typing_extensions import Annotated, Literal
+    from typing_extensions import Annotated
 
 DEFAULT_CONFIG_PATH = Path("/etc/stgcnd/stgcnd.toml")
 BACKENDS = ("auto", "tensorrt", "torch", "onnxruntime", "noop")
@@ -282,7 +284,7 @@ def _decode(cls: type[msgspec.Struct], raw: dict[str, Any], where: str,
     environment or flags (`sources` says which) arrive as text: those are parsed."""
     removed = sorted(set(raw) & set(REMOVED_KEYS))
     if removed:
-        raise UserError(f"{where}: {removed[0]} was removed in stgcnd 0.2: "
+        raise UserError(f"{where}: {removed[0]} was removed: "
                         f"{REMOVED_KEYS[removed[0]]}")
     known = [name for name, _, _ in schema(cls)]
     unknown = sorted(set(raw) - set(known))

@@ -16,11 +16,16 @@ order:
    largest buckets are dropped until every instance fits, and a model that cannot fit its
    batch of one fails at step "memory" (with backend "auto": the next runtime, down to the
    CPU, which needs none of it);
-3. the plan is logged (`memory_plan`: per model its buckets, bytes per runner, total; free
+3. once its runners are made and warm, what they took is measured (the drop in free
+   memory); a model whose runners took more than planned and no longer fit is started
+   again with the buckets that fit at the measured cost (`memory_plan_corrected`): the
+   estimate need not be exact, the budget holds;
+4. the plan is logged (`memory_plan`: per model its buckets, bytes per runner, total; free
    memory before and after), and what READY actually left free beside it.
 
-The budget counts what the daemon allocates after its CUDA context exists; the context
-itself (a few hundred MB, CUDA's and the libraries' own) comes on top.
+An explicit `memory_budget_mb` is the process's whole figure as nvidia-smi shows it: the CUDA
+context's share (CONTEXT_ALLOWANCE) is taken off it first. The automatic budget starts from
+the free memory measured with the context already made.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ log = get_logger(__name__)
 MB = 1 << 20
 BYTES = {"fp32": 4, "fp16": 2, "int8": 2, "bf16": 2}  # int8 engines keep fp16 layers too
 PARTITIONS = 3  # the spatial strategy's subsets; the graph convolution's intermediate is K x
+# What the CUDA context and the libraries' handles take before any model (measured on an
+# H100 with torch 2.11: docs/performance.md); an explicit memory_budget_mb counts it.
+CONTEXT_ALLOWANCE = 640 * MB
 
 
 def window_bytes(spec: ModelSpec, precision: str) -> int:
@@ -94,8 +102,8 @@ class MemoryPlan:
         free, total = memory_info()
         reserve = reserve_mb * MB
         budget = max(free - reserve, 0)
-        if budget_mb:
-            budget = min(budget, budget_mb * MB)
+        if budget_mb:  # the process's whole figure (nvidia-smi's): the context's share first
+            budget = min(budget, max(budget_mb * MB - CONTEXT_ALLOWANCE, 0))
         return cls(budget, free, total, reserve, lambda: memory_info()[0])
 
     @property
@@ -114,14 +122,18 @@ class MemoryPlan:
             raise RuntimeFailed(runtime, "memory", self._no_room(name, need, 1))
 
     def fit(self, name: str, runtime: Runtime, buckets: Sequence[int], instances: int,
-            loaded_bytes: int) -> list[int]:
-        """The buckets of `name` that fit what is left (the largest dropped first), placed."""
+            loaded_bytes: int, scale: float = 1.0) -> list[int]:
+        """The buckets of `name` that fit what is left (the largest dropped first), placed.
+        `scale`: what the runners were measured to take against the runtime's estimate."""
+        def cost(kept: Sequence[int]) -> int:
+            return int(runtime.runner_bytes(kept) * scale)
+
         kept = sorted(set(buckets))
         room = self.left - loaded_bytes
-        while kept and runtime.runner_bytes(kept) * instances > room:
+        while kept and cost(kept) * instances > room:
             kept.pop()
         if not kept:
-            need = loaded_bytes + runtime.runner_bytes([1]) * instances
+            need = loaded_bytes + cost([1]) * instances
             raise RuntimeFailed(runtime.info.name, "memory", self._no_room(name, need, 1))
         dropped = sorted(set(buckets) - set(kept))
         if dropped:
@@ -129,9 +141,17 @@ class MemoryPlan:
                         dropped_buckets=dropped, kept=kept, left_mb=room // MB,
                         hint="raise memory_budget_mb, lower memory_reserve_mb, or set "
                              "buckets/max_batch to what fits")
-        self.placed.append(Placed(name, runtime.info.name, kept, runtime.runner_bytes(kept),
-                                  instances, loaded_bytes))
+        self.placed.append(Placed(name, runtime.info.name, kept, cost(kept), instances,
+                                  loaded_bytes))
         return kept
+
+    def measured(self, runners_bytes: int) -> float:
+        """Record what the last placed model's runners took; returns measured / planned.
+        The placement keeps the larger of the two."""
+        placed = self.placed[-1]
+        planned = placed.runner_bytes * placed.instances
+        placed.runner_bytes = max(placed.runner_bytes, runners_bytes // placed.instances)
+        return runners_bytes / max(planned, 1)
 
     def _no_room(self, name: str, need: int, batch: int) -> str:
         return (f"model {name!r} needs {need / MB:.0f} MB of device memory for a batch of "

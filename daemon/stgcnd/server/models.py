@@ -289,13 +289,40 @@ def _serve_with(mc: ModelConfig, choice: Choice, spec: ModelSpec, store: EngineS
                          planned_bytes=planned, max_batch=max(buckets))
     if start is not None:
         try:
+            runners_from = plan.free_now() if plan is not None else 0
             start(served)  # its runners: contexts, buffers, graphs, warm-up
+            if plan is not None:
+                _hold_the_budget(plan, served, runners_from, start)
         except BaseException:
             served.close()
-            if plan is not None:
+            if plan is not None and plan.placed and plan.placed[-1].model == mc.name:
                 plan.placed.pop()  # its memory went back with it
             raise
     return served
+
+
+def _hold_the_budget(plan: MemoryPlan, served: ServedModel, runners_from: int,
+                     start: Callable[[ServedModel], None]) -> None:
+    """Runners that took more than planned and no longer fit are made again with the
+    buckets that fit at the measured cost (the estimate is a model; this is the device)."""
+    took = max(runners_from - plan.free_now(), 0)
+    placed = plan.placed[-1]
+    scale = plan.measured(took)
+    if plan.left >= 0:
+        return
+    log.warning("memory_plan_corrected", model=served.name, runtime=placed.runtime,
+                planned_mb=round(took / scale / MB, 1), measured_mb=round(took / MB, 1),
+                buckets_before=list(served.buckets))
+    for ex in served.executors:
+        ex.close()
+    served.executors.clear()
+    plan.placed.pop()  # (closing the runners gave their graphs' pools back)
+    buckets = plan.fit(served.name, served.runtime, served.buckets, served.config.instances,
+                       placed.loaded_bytes, scale=scale)
+    served.buckets, served.max_batch = tuple(buckets), max(buckets)
+    runners_from = plan.free_now()
+    start(served)
+    plan.measured(max(runners_from - plan.free_now(), 0))
 
 
 def _named_failed(mc: ModelConfig, choice: Choice, exc: BaseException) -> UserError:

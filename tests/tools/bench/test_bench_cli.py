@@ -40,10 +40,16 @@ def test_bench_cpu_rows(tmp_path, checkpoint_path):
         assert "eager" in base["backend"] and base["speedup"] == 1.0
         assert np.isclose(row["speedup"], base["median_ms"] / row["median_ms"])
         assert np.isclose(row["windows_per_s"], 1e3 / row["mean_ms"])
+        assert np.isclose(row["speedup_min"], base["min_ms"] / row["min_ms"])
+        if row["gflops"] is not None:  # torch >= 2.1 counts the FLOPs
+            assert np.isclose(row["gflops"] / row["windows_per_s"],
+                              base["gflops"] / base["windows_per_s"])
+            assert row["peak_share"] is None  # a CPU's peak is not known without the flag
     with open(out_csv) as f:
         assert [r["backend"] for r in csv.DictReader(f)][:2] == ["torch-eager", "torch"]
     # The table on stdout, progress on stderr.
-    assert "speedup" in proc.stdout and "torch-eager" in proc.stdout
+    assert "speedup (min)" in proc.stdout and "torch-eager" in proc.stdout
+    assert "load average" in proc.stdout
     assert "[M=2 B=1]" in proc.stderr
 
 

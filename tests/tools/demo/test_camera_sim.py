@@ -37,10 +37,11 @@ def short_dir(tmp_path: Path) -> Path:
     return tmp_path if len(str(tmp_path)) < 80 else Path("/tmp")
 
 
-@pytest.fixture(scope="module")
-def nobody_listening(tmp_path_factory) -> dict[str, tuple[str, subprocess.CompletedProcess]]:
+@pytest.fixture(scope="module", autouse=True)
+def nobody_listening_started(tmp_path_factory):
     """camera-sim with nothing listening, on ipc and on tcp: each waits out its cameras' 5 s
-    timeout, so both run at once."""
+    timeout, so both start with this module's first test and run beside the others (the tests
+    that read them come last)."""
     import socket
 
     tmp = tmp_path_factory.mktemp("nobody")
@@ -50,45 +51,26 @@ def nobody_listening(tmp_path_factory) -> dict[str, tuple[str, subprocess.Comple
         port = s.getsockname()[1]  # free once closed: nobody listens there
     runs = {"ipc": (f"ipc://{short / 'nobody-here.sock'}", "3"),
             "tcp": (f"tcp://127.0.0.1:{port}", "2")}
-    procs = {name: subprocess.Popen(camera_sim_args(endpoint, "--cameras", cameras,
-                                                    "--duration", "1"),
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    cwd=REPO)
-             for name, (endpoint, cameras) in runs.items()}
+    procs = {name: (endpoint, subprocess.Popen(
+        camera_sim_args(endpoint, "--cameras", cameras, "--duration", "1"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO))
+        for name, (endpoint, cameras) in runs.items()}
+    yield procs
+    for _, proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def nobody_listening(nobody_listening_started
+                     ) -> dict[str, tuple[str, subprocess.CompletedProcess]]:
     done = {}
-    try:
-        for name, proc in procs.items():
-            out, err = proc.communicate(timeout=120)
-            done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return {name: (runs[name][0], done[name]) for name in runs}
-
-
-def test_nothing_listening_is_one_line_for_all_cameras(nobody_listening):
-    endpoint, proc = nobody_listening["ipc"]
-    short_dir = Path(endpoint[len("ipc://"):]).parent
-    assert proc.returncode == 1, proc.stderr
-    assert "Traceback" not in proc.stderr + proc.stdout
-    assert proc.stderr.strip().splitlines() == [
-        f"3 cameras: no daemon answered at {endpoint} within 5 s: {short_dir / 'nobody-here.sock'}"
-        " does not exist (is `stgcnd serve` running? its \"ready\" log line names the endpoint "
-        "it listens on)"]
-    rows = rows_of(proc)
-    assert [r["errors"] for r in rows] == [1, 1, 1]
-    table = [line.split() for line in proc.stdout.splitlines() if line.split()[0][3:].isdigit()]
-    assert [int(row[7]) for row in table] == [1, 1, 1]  # the errors column (after compute ms)
-
-
-def test_nothing_listening_on_tcp(nobody_listening):
-    endpoint, proc = nobody_listening["tcp"]
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [
-        f"2 cameras: no daemon answered at {endpoint} within 5 s (is `stgcnd serve` "
-        "running? its \"ready\" log line names the endpoint it listens on)"]
+    for name, (endpoint, proc) in nobody_listening_started.items():
+        out, err = proc.communicate(timeout=120)
+        done[name] = (endpoint, subprocess.CompletedProcess(proc.args, proc.returncode, out,
+                                                            err))
+    return done
 
 
 @pytest.mark.parametrize(("endpoint", "says"), [
@@ -141,3 +123,26 @@ def test_request_errors_are_grouped_by_cause_with_their_count(short_dir):
     assert proc.stderr.strip().splitlines() == [
         f"cam2: the daemon answered busy: the camera's queue is full ({rows[1]['errors']} "
         "requests)"]
+
+
+def test_nothing_listening_is_one_line_for_all_cameras(nobody_listening):
+    endpoint, proc = nobody_listening["ipc"]
+    short_dir = Path(endpoint[len("ipc://"):]).parent
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.strip().splitlines() == [
+        f"3 cameras: no daemon answered at {endpoint} within 5 s: {short_dir / 'nobody-here.sock'}"
+        " does not exist (is `stgcnd serve` running? its \"ready\" log line names the endpoint "
+        "it listens on)"]
+    rows = rows_of(proc)
+    assert [r["errors"] for r in rows] == [1, 1, 1]
+    table = [line.split() for line in proc.stdout.splitlines() if line.split()[0][3:].isdigit()]
+    assert [int(row[7]) for row in table] == [1, 1, 1]  # the errors column (after compute ms)
+
+
+def test_nothing_listening_on_tcp(nobody_listening):
+    endpoint, proc = nobody_listening["tcp"]
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"2 cameras: no daemon answered at {endpoint} within 5 s (is `stgcnd serve` "
+        "running? its \"ready\" log line names the endpoint it listens on)"]

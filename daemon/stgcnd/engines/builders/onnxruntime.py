@@ -2,8 +2,10 @@
 
 fp32: ONNX Runtime's extended graph optimizations (fusions for the execution provider it is
 saved with) are applied once here and saved, so the daemon does not redo them at every start.
-int8: the Q/DQ model as quantized; ONNX Runtime fuses Q/DQ pairs into integer kernels when it
-loads it, and the file stays runnable by any execution provider.
+int8: a Q/DQ model that ONNX Runtime fuses into integer kernels when it loads it. On the CPU
+it is quantized by the CPU recipe (engines/quantize.py: asymmetric u8 activations, int32 bias,
+Conv and MatMul), made here from the calibration windows; with the CUDA provider it is the
+TensorRT recipe's model that the store shares between backends.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from stgcnd.engines.builders.base import BuildContext, Builder
 from stgcnd.engines.options import BuildOptions
+from stgcnd.engines.quantize import quantize_for_cpu
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.runtimes import import_onnxruntime, runtime_module
 
@@ -50,8 +53,18 @@ class OnnxRuntimeBuilder(Builder):
             return ["CUDAExecutionProvider", "CPUExecutionProvider"]
         return ["CPUExecutionProvider"]
 
+    def needs_qdq(self, options: BuildOptions) -> bool:
+        """The TensorRT recipe's shared model only for the CUDA provider; the CPU recipe is
+        made by build()."""
+        return options.precision == "int8" and options.device == "cuda"
+
     def build(self, ctx: BuildContext, out: Path) -> dict[str, Any]:
         ort = import_onnxruntime()
+        if ctx.options.precision == "int8" and ctx.options.device == "cpu":
+            assert ctx.calibration is not None
+            q = quantize_for_cpu(ctx.onnx_path, out, ctx.calibration, ctx.options.dynamic_batch)
+            return {"graph": "qdq-int8-cpu", "quantization": q,
+                    "providers": self._providers(ctx.options)}
         if ctx.options.precision == "int8":
             assert ctx.qdq_onnx_path is not None
             shutil.copyfile(ctx.qdq_onnx_path, out)

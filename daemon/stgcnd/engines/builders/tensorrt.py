@@ -1,17 +1,20 @@
-"""TensorRT engines from the store's ONNX, for TensorRT 8.6, 10.x (JetPack 6: 10.3) and 11.x.
+"""TensorRT engines from the store's ONNX, for TensorRT 8.5 (JetPack 5), 8.6, 10.x and 11.x.
 
 Every version-dependent choice is a small pure function of the `tensorrt` module, decided by
 what the module offers (feature detection), so that tests can check each choice against the
 real bindings of each release (tests/engines/test_tensorrt_versions.py):
 
-- 8.6 needs the EXPLICIT_BATCH network flag; 10.x made it the only mode (flag deprecated),
-  11.x removed it.
+- 8.x (8.5 and 8.6) needs the EXPLICIT_BATCH network flag; 10.x made it the only mode (flag
+  deprecated), 11.x removed it.
 - 10.x removed `build_engine` and `max_workspace_size`: build_serialized_network and the
   WORKSPACE memory pool (both present since 8.x) are used everywhere.
 - 11.x removed the FP16/INT8 builder flags and implicit INT8 calibration: networks are strongly
   typed, so a precision comes from the ONNX itself. INT8 works through the Q/DQ ONNX that
   stgcnd makes (--precision int8); FP16 would need an FP16 ONNX, which stgcnd does not make.
-- IProgressMonitor exists from 10.x; the timing cache and builder optimization level from 8.6.
+- IProgressMonitor exists from 10.x and the builder optimization level from 8.6 (8.5 has none);
+  the timing cache (create_timing_cache, set_timing_cache, ITimingCache.combine) since 8.0.
+- Explicit quantization (Q/DQ layers) exists since 8.0 and 8.5's ONNX parser imports
+  QuantizeLinear / DequantizeLinear: the Q/DQ ONNX is built as INT8 from 8.5 on.
 
 This module never imports torch (the daemon's TensorRT path must not pay for it).
 """
@@ -193,8 +196,8 @@ def precision_plan(trt: Any, precision: str, int8_mode: str = "qdq") -> Precisio
     if typed:
         return PrecisionPlan((), True, "qdq",
                              notes=("strongly typed: layers outside Q/DQ pairs run fp32",))
-    # Weakly typed (8.6, 10.x): INT8 lets TensorRT honour the Q/DQ nodes; FP16 lets the layers
-    # left in float (the graph step, element-wise ops) run in half precision too.
+    # Weakly typed (8.5, 8.6, 10.x): INT8 lets TensorRT honour the Q/DQ nodes; FP16 lets the
+    # layers left in float (the graph step, element-wise ops) run in half precision too.
     flags = ("INT8", "FP16") if has_builder_flag(trt, "FP16") else ("INT8",)
     return PrecisionPlan(flags, False, "qdq")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,8 @@ from stgcnd.fsutil import atomic_write_bytes, atomic_write_json
 
 COLUMNS = ("backend", "precision", "device", "persons", "frames", "batch", "sessions",
            "mean_ms", "median_ms", "p90_ms", "p95_ms", "p99_ms", "min_ms", "max_ms",
-           "windows_per_s", "speedup", "max_abs_diff", "top1_agreement",
+           "windows_per_s", "speedup", "speedup_min", "gflops", "peak_share", "load_avg",
+           "max_abs_diff", "top1_agreement", "margin_change_median", "margin_change_max",
            "p99_worst_session_ms", "h2d_ms", "compute_ms", "d2h_ms",
            "trtexec_gpu_compute_median_ms", "trtexec_gpu_compute_p99_ms", "iterations", "note")
 
@@ -24,17 +26,30 @@ def _fmt(v: Any, digits: int = 2) -> str:
     return str(v)
 
 
+def _margin(r: dict[str, Any]) -> str:
+    if r.get("margin_change_max") is None:
+        return "-"
+    return f"{r['margin_change_median']:.2g} / {r['margin_change_max']:.2g}"
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
-    head = ("backend", "prec", "M", "B", "N", "median ms", "mean ms", "p99 ms", "windows/s",
-            "speedup", "max|diff|")
+    """Speedups by the median and by the minimum (the machine's best: on a shared machine the
+    fairer of the two); GFLOP/s and the share of the peak where known."""
+    head = ("backend", "prec", "M", "B", "N", "min ms", "median ms", "p99 ms", "windows/s",
+            "speedup (min)", "speedup (median)", "GFLOP/s", "of peak", "max|diff|",
+            "margin change med/max")
     lines = [head]
     for r in rows:
-        diff = r.get("max_abs_diff")
+        diff, share = r.get("max_abs_diff"), r.get("peak_share")
         lines.append((r["backend"], r["precision"], str(r["persons"]), str(r["batch"]),
-                      str(r.get("sessions", 1)), _fmt(r["median_ms"]), _fmt(r["mean_ms"]),
+                      str(r.get("sessions", 1)), _fmt(r["min_ms"]), _fmt(r["median_ms"]),
                       _fmt(r["p99_ms"]), _fmt(r["windows_per_s"], 1),
+                      "-" if r.get("speedup_min") is None else f"{r['speedup_min']:.2f}x",
                       "-" if r.get("speedup") is None else f"{r['speedup']:.2f}x",
-                      "-" if diff is None else f"{diff:.1e}"))
+                      _fmt(r.get("gflops"), 0),
+                      "-" if share is None else f"{100 * share:.1f} %",
+                      "-" if diff is None else f"{diff:.1e}",
+                      _margin(r)))
     widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
     out = []
     for n, row in enumerate(lines):
@@ -42,6 +57,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                              for i, (c, w) in enumerate(zip(row, widths))))
         if n == 0:
             out.append("  ".join("-" * w for w in widths))
+    loads = [r["load_avg"] for r in rows if r.get("load_avg") is not None]
+    if loads:
+        out.append(f"load average (1 min) while timing: {min(loads):.2f}-{max(loads):.2f} on "
+                   f"{os.cpu_count()} CPUs; round-robin rounds, ratios within one run")
     return "\n".join(out)
 
 

@@ -1,11 +1,16 @@
 """The benchmark engine behind `stgcnd bench`.
 
-For each persons count M and batch size B: the baseline row is PyTorch eager fp32 of the plain
-network (by default written with the original einsum graph step, as users trained it), timed
-like the seeds time it: a host numpy batch in, host logits out, synchronized. Then every asked
-backend x precision is timed the same way through a runner (`Runner.run`: the runner the daemon
-serves with, logits back on the host), on the same windows; its outputs are compared with the
-baseline's.
+For each persons count M and batch size B: the baseline is PyTorch eager fp32 of the plain
+network (by default written with the original einsum graph step, as users trained it): a host
+numpy batch in, host logits out, synchronized. Every asked backend x precision runs through a
+runner (`Runner.run`: the runner the daemon serves with, logits back on the host) on the same
+windows, and its outputs are compared with the baseline's.
+
+The baseline and the variants are timed round-robin in one process: each round calls every
+runner once, in an order rotated by one each round, so that a busy stretch of a shared machine
+falls on all of them alike instead of on whichever ran then. Rows give the minimum (the
+machine's best, the fairest ratio on a noisy host) and the median, the speedup by both, the
+load average while it ran, and GFLOP/s with the share of the device's peak where it is known.
 
 With several session counts N > 1, N threads each drive their own runner (own CUDA streams)
 at once: the row reports the aggregate windows/s and latency percentiles over all calls, plus
@@ -14,6 +19,7 @@ the worst runner's p99.
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import threading
@@ -25,11 +31,13 @@ from typing import Any
 
 import numpy as np
 
+from stgcnd.engines.device import gpu_identity
 from stgcnd.engines.options import BuildOptions
 from stgcnd.engines.store import EngineStore
+from stgcnd.engines.validate import compare_logits
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.log import get_logger
-from stgcnd.model.reference import load_for_inference
+from stgcnd.model.reference import gflop_per_window, load_for_inference
 from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd.provision import load_runtime
@@ -49,6 +57,11 @@ log = get_logger(__name__)
 
 BENCH_BACKENDS = ("torch", "torch-cudagraph", "onnxruntime", "tensorrt", "tensorrt-cudagraph")
 BASELINE_NAME = "torch-eager"
+# Dense peaks (GFLOP/s) from the vendors' data sheets, by a substring of the device's name and
+# the precision; fp32 is left out on GPUs (whether cuDNN uses TF32 decides it). Elsewhere
+# --peak-gflops says it.
+KNOWN_PEAKS_GFLOPS = {("H100", "fp16"): 989_400.0, ("H100", "bf16"): 989_400.0,
+                      ("H200", "fp16"): 989_400.0, ("H200", "bf16"): 989_400.0}
 
 
 def _stderr(msg: str) -> None:
@@ -74,6 +87,7 @@ class BenchConfig:
     store: Path | None = None
     trtexec: bool = False
     seed: int = 0
+    peak_gflops: float | None = None            # the device's peak for every precision
     progress: Callable[[str], None] = field(default=_stderr)
 
     def __post_init__(self) -> None:
@@ -144,23 +158,38 @@ class _Loader:
         return runtime
 
 
-def _time_one(runner: Runner, x: np.ndarray, iterations: int, warmup: int
-              ) -> tuple[list[float], np.ndarray, dict[str, float]]:
+def time_round_robin(runners: list[Runner], x: np.ndarray, iterations: int, warmup: int
+                     ) -> list[tuple[list[float], np.ndarray, dict[str, float]]]:
+    """Per runner: its call latencies (ms), its last output, the medians of its own timings.
+    Each round calls every runner once, starting one further along each round."""
     windows = list(x)
-    out = None
-    for _ in range(warmup):
-        runner.run(windows)
-    times: list[float] = []
-    parts: dict[str, list[float]] = {}
-    for _ in range(iterations):
-        t0 = time.perf_counter()
-        out = runner.run(windows)
-        times.append((time.perf_counter() - t0) * 1e3)
-        for k in ("compute_ms",):
-            if k in runner.last_timings:
-                parts.setdefault(k, []).append(runner.last_timings[k])
-    assert out is not None
-    return times, out, {k: float(np.median(v)) for k, v in parts.items()}
+    for runner in runners:
+        for _ in range(warmup):
+            runner.run(windows)
+    times: list[list[float]] = [[] for _ in runners]
+    parts: list[dict[str, list[float]]] = [{} for _ in runners]
+    outs: list[np.ndarray | None] = [None] * len(runners)
+    for i in range(iterations):
+        for k in range(len(runners)):
+            j = (i + k) % len(runners)
+            t0 = time.perf_counter()
+            outs[j] = runners[j].run(windows)
+            times[j].append((time.perf_counter() - t0) * 1e3)
+            if "compute_ms" in runners[j].last_timings:
+                parts[j].setdefault("compute_ms", []).append(
+                    runners[j].last_timings["compute_ms"])
+    done = [o for o in outs if o is not None]
+    assert len(done) == len(runners)  # iterations >= 1
+    return [(t, o, {k: float(np.median(v)) for k, v in p.items()})
+            for t, o, p in zip(times, done, parts)]
+
+
+def peak_gflops(cfg: BenchConfig, precision: str) -> float | None:
+    if cfg.peak_gflops:
+        return cfg.peak_gflops
+    gpu = gpu_identity() if cfg.device == "cuda" else None
+    return next((v for (part, prec), v in KNOWN_PEAKS_GFLOPS.items()
+                 if gpu and part in str(gpu["name"]) and prec == precision), None)
 
 
 def time_sessions(runtime: Runtime, x: np.ndarray, n: int, iterations: int, warmup: int
@@ -181,7 +210,7 @@ def time_sessions(runtime: Runtime, x: np.ndarray, n: int, iterations: int, warm
         start.wait()
         try:
             if not errors:
-                results[i] = _time_one(sessions[i], x, iterations, 0)
+                results[i] = time_round_robin([sessions[i]], x, iterations, 0)[0]
         except BaseException as exc:
             errors.append(exc)
         finally:
@@ -207,10 +236,11 @@ def time_sessions(runtime: Runtime, x: np.ndarray, n: int, iterations: int, warm
 
 
 def _row(name: str, backend: Any, x: np.ndarray, persons: int, frames: int, sessions: int,
-         timed: dict[str, Any], cfg: BenchConfig) -> dict[str, Any]:
+         timed: dict[str, Any], cfg: BenchConfig, gflop: float | None) -> dict[str, Any]:
     all_times = [t for ts in timed["per_session"] for t in ts]
     stats = latency_stats(all_times)
     batch = x.shape[0]
+    peak = peak_gflops(cfg, backend.info.precision)
     if sessions == 1:
         wps = batch * 1e3 / stats["mean_ms"]
     else:
@@ -222,18 +252,24 @@ def _row(name: str, backend: Any, x: np.ndarray, persons: int, frames: int, sess
         "p99_worst_session_ms": (max(latency_stats(t)["p99_ms"] for t in timed["per_session"])
                                  if sessions > 1 else None),
         **timed["parts"],
+        "load_avg": os.getloadavg()[0],
     }
+    if gflop is not None:
+        row["gflops"] = gflop * row["windows_per_s"]
+        row["peak_share"] = row["gflops"] / peak if peak else None
     return row
 
 
 def _compare(row: dict[str, Any], outputs: list[np.ndarray], ref: np.ndarray,
              base_row: dict[str, Any]) -> None:
-    diffs = [float(np.max(np.abs(o - ref))) for o in outputs]
-    row["max_abs_diff"] = max(diffs)
-    row["top1_agreement"] = float(np.mean([np.mean(o.argmax(1) == ref.argmax(1))
-                                           for o in outputs]))
+    compared = [compare_logits(ref, o) for o in outputs]
+    row["max_abs_diff"] = max(c["max_abs_diff"] for c in compared)
+    row["top1_agreement"] = float(np.mean([c["top1_agreement"] for c in compared]))
+    row["margin_change_median"] = max(c["margin_change_median"] for c in compared)
+    row["margin_change_max"] = max(c["margin_change_max"] for c in compared)
     if row["sessions"] == 1:
         row["speedup"] = base_row["median_ms"] / row["median_ms"]
+        row["speedup_min"] = base_row["min_ms"] / row["min_ms"]
     else:  # throughput of N sessions against the baseline's one
         row["speedup"] = row["windows_per_s"] / base_row["windows_per_s"]
 
@@ -254,11 +290,7 @@ def _trtexec_columns(row: dict[str, Any], engine: str | None, x: np.ndarray,
 
 
 def run_bench(cfg: BenchConfig) -> list[dict[str, Any]]:
-    backends = cfg.backends or default_backends(cfg.device)
-    precisions = cfg.precisions or default_precisions(cfg.device)
-    loader = _Loader(cfg)
     rows: list[dict[str, Any]] = []
-    iters, warm = int(cfg.iterations or 1), int(cfg.warmup or 0)
     for persons in cfg.persons:
         try:
             spec = ModelSpec(checkpoint=cfg.checkpoint, layout=cfg.layout, persons=persons,
@@ -269,36 +301,59 @@ def run_bench(cfg: BenchConfig) -> list[dict[str, Any]]:
         model = load_for_inference(spec)
         for batch in cfg.batches:
             x = synthetic_windows(batch, cfg.frames, persons, spec.num_node, seed=cfg.seed)
-            label = f"M={persons} B={batch}"
-            cfg.progress(f"[{label}] {BASELINE_NAME} fp32 ({cfg.baseline_graph_op}) ...")
-            with runtime_module("torch").TorchRuntime(model, "fp32", cfg.device,
-                                                      max_batch=batch, optimized=False) as base:
-                timed = time_sessions(base, x, 1, iters, warm)
-                base_row = _row(BASELINE_NAME, base, x, persons, cfg.frames, 1, timed, cfg)
-            ref = timed["outputs"][0]
-            base_row.update(speedup=1.0, max_abs_diff=0.0, top1_agreement=1.0,
-                            note=f"baseline: plain network, graph_op={cfg.baseline_graph_op}")
-            rows.append(base_row)
-            cfg.progress(f"[{label}] {BASELINE_NAME} fp32: median {base_row['median_ms']:.2f} ms")
-            for name in backends:
-                for precision in precisions:
-                    try:
-                        backend = loader.open(model, name, precision, batch)
-                    except BackendUnavailable as exc:
-                        cfg.progress(f"[{label}] {name} {precision}: skipped ({exc})")
-                        continue
-                    try:
-                        for n in cfg.sessions:
-                            cfg.progress(f"[{label}] {name} {precision} x{n} sessions ...")
-                            timed = time_sessions(backend, x, n, iters, warm)
-                            row = _row(name, backend, x, persons, cfg.frames, n, timed, cfg)
-                            _compare(row, timed["outputs"], ref, base_row)
-                            if cfg.trtexec and name.startswith("tensorrt") and n == 1:
-                                _trtexec_columns(row, backend.info.artifact, x, cfg, name)
-                            rows.append(row)
-                            cfg.progress(f"[{label}] {name} {precision} x{n}: median "
-                                         f"{row['median_ms']:.2f} ms, {row['speedup']:.2f}x, "
-                                         f"max|diff| {row['max_abs_diff']:.1e}")
-                    finally:
-                        backend.close()
+            rows += _bench_shape(cfg, model, x, persons, gflop_per_window(model, x[0]))
     return rows
+
+
+def _bench_shape(cfg: BenchConfig, model: Any, x: np.ndarray, persons: int,
+                 gflop: float | None) -> list[dict[str, Any]]:
+    """The rows of one (M, B): the baseline and every variant round-robin, then the variants'
+    concurrent sessions (N > 1), each against the baseline."""
+    label = f"M={persons} B={len(x)}"
+    iters, warm = int(cfg.iterations or 1), int(cfg.warmup or 0)
+    loader = _Loader(cfg)
+    opened: list[tuple[str, Runtime]] = [(BASELINE_NAME, runtime_module("torch").TorchRuntime(
+        model, "fp32", cfg.device, max_batch=len(x), optimized=False))]
+    try:
+        for name in cfg.backends or default_backends(cfg.device):
+            for precision in cfg.precisions or default_precisions(cfg.device):
+                try:
+                    opened.append((name, loader.open(model, name, precision, len(x))))
+                except BackendUnavailable as exc:
+                    cfg.progress(f"[{label}] {name} {precision}: skipped ({exc})")
+        cfg.progress(f"[{label}] {len(opened)} runners round-robin, {iters} rounds ...")
+        runners = [runtime.open_runner((len(x),), 0) for _, runtime in opened]
+        try:
+            timed = time_round_robin(runners, x, iters, warm)
+        finally:
+            for runner in runners:
+                runner.close()
+        (base_name, base), *variants = opened
+        base_timed = {"per_session": [timed[0][0]], "parts": timed[0][2]}
+        base_row = _row(base_name, base, x, persons, cfg.frames, 1, base_timed, cfg, gflop)
+        base_row.update(speedup=1.0, speedup_min=1.0, max_abs_diff=0.0, top1_agreement=1.0,
+                        margin_change_median=0.0, margin_change_max=0.0,
+                        note=f"baseline: plain network, graph_op={cfg.baseline_graph_op}")
+        ref = timed[0][1]
+        rows = [base_row]
+        for (name, runtime), (times, out, parts) in zip(variants, timed[1:]):
+            row = _row(name, runtime, x, persons, cfg.frames, 1,
+                       {"per_session": [times], "parts": parts}, cfg, gflop)
+            _compare(row, [out], ref, base_row)
+            if cfg.trtexec and name.startswith("tensorrt"):
+                _trtexec_columns(row, runtime.info.artifact, x, cfg, name)
+            rows.append(row)
+            cfg.progress(f"[{label}] {name} {row['precision']}: median {row['median_ms']:.2f} "
+                         f"ms ({row['speedup']:.2f}x), min {row['min_ms']:.2f} ms "
+                         f"({row['speedup_min']:.2f}x), max|diff| {row['max_abs_diff']:.1e}")
+        for name, runtime in variants:
+            for n in (n for n in cfg.sessions if n > 1):
+                cfg.progress(f"[{label}] {name} {runtime.info.precision} x{n} sessions ...")
+                sessions = time_sessions(runtime, x, n, iters, warm)
+                row = _row(name, runtime, x, persons, cfg.frames, n, sessions, cfg, gflop)
+                _compare(row, sessions["outputs"], ref, base_row)
+                rows.append(row)
+        return rows
+    finally:
+        for _, runtime in opened:
+            runtime.close()

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# The GPU checks and the serving figures of docs/performance.md, on a CUDA machine.
+#
+#   OUT=dir bash scripts/device_check.sh tests    # GPU tests, bench, the ZeroMQ floor
+#   OUT=dir bash scripts/device_check.sh floor    # bench and the ZeroMQ floor alone
+#   OUT=dir bash scripts/device_check.sh serve [TREE]  # the loadtest scenarios (SCENARIOS,
+#                                                 # default all) against this tree's daemon,
+#                                                 # or TREE's (a checkout of another commit)
+#   OUT=dir bash scripts/device_check.sh memory [OLD]  # M=1 + M=5, torch fp16, a 6 GB
+#                                                 # budget: READY, nvidia-smi, 32 + 32 cameras
+#
+# Wheels in .whl/ (if any) are installed to /tmp/site first (a machine without an index).
+# Every daemon runs the demo model on torch fp16 with CUDA graphs; every load comes from this
+# tree's `stgcnd loadtest`, so old and new are measured by the same client.
+set -uo pipefail
+PART=${1:-tests}
+OLD=${2:-}
+TAG=$PART${OLD:+-old}
+OUT=${OUT:-/tmp/device-check}
+mkdir -p "$OUT"
+RAW=$(mktemp -d)  # every log and JSON; $OUT gets summary.txt and raw.tgz of these
+trap 'tar czf "$OUT/raw-$TAG.tgz" -C "$RAW" .' EXIT
+HERE=$PWD
+if [ -d .whl ]; then
+  [ -f /tmp/site/.installed ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && touch /tmp/site/.installed || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONUNBUFFERED=1
+NEW_PATH=$HERE/daemon:$HERE/clients:$HERE:${PYTHONPATH:-}
+TMP=$(mktemp -d)
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/summary-$TAG.txt"
+python3 -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__)' \
+  | tee -a "$OUT/summary-$TAG.txt"
+
+config() {  # $1 name, $2 models; writes $TMP/$1.toml
+  cat >"$TMP/$1.toml" <<EOF
+[server]
+endpoint = "ipc://$TMP/$1.sock"
+engines_dir = "$TMP/engines-$1"
+stats_interval = 5.0
+max_cameras = 200
+$3
+$2
+EOF
+}
+MODEL_M1='[[models]]
+name = "single"
+demo = true
+backend = "torch"
+device = "cuda"
+precision = "fp16"
+labels = ["normal", "shoplifting"]'
+MODEL_M5='[[models]]
+name = "group"
+demo = true
+persons = 5
+backend = "torch"
+device = "cuda"
+precision = "fp16"
+labels = ["normal", "shoplifting"]'
+
+start() {  # $1 name, $2 PYTHONPATH; sets DPID, waits for READY (the ready log line)
+  PYTHONPATH=$2 python3 -m stgcnd --log-format json serve --config "$TMP/$1.toml" \
+    >"$RAW/daemon-$1.log" 2>&1 &
+  DPID=$!
+  for _ in $(seq 1 240); do
+    grep -q '"event": "ready"' "$RAW/daemon-$1.log" && return 0
+    kill -0 $DPID 2>/dev/null || break
+    sleep 0.5
+  done
+  echo "daemon $1 did not start"; tail -5 "$RAW/daemon-$1.log"; return 1
+}
+stop() {
+  kill -TERM $DPID; wait $DPID; echo "daemon exit code $?" | tee -a "$OUT/summary-$TAG.txt"
+}
+lt() {  # $1 name, $2 scenario, rest: extra loadtest args
+  local name=$1 scenario=$2; shift 2
+  echo "== $name $scenario" | tee -a "$OUT/summary-$TAG.txt"
+  PYTHONPATH=$NEW_PATH timeout 150 python3 -m stgcnd loadtest --endpoint "ipc://$TMP/$name.sock" \
+    --scenario "$scenario" --json "$RAW/lt-$name-$scenario.json" "$@" 2>&1 | tail -20 \
+    | tee -a "$OUT/summary-$TAG.txt"
+}
+
+if [ "$PART" = tests ]; then
+  PYTHONPATH=$NEW_PATH timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/runtimes tests/server/test_serving_loop.py 2>&1 | tail -15 | tee -a "$OUT/summary-$TAG.txt"
+fi
+if [ "$PART" = tests ] || [ "$PART" = floor ]; then
+  # The backend's best rate (saturation is judged against it) and the bare ZeroMQ floor.
+  PYTHONPATH=$NEW_PATH timeout 150 python3 -m stgcnd bench --device cuda \
+    --backends torch-cudagraph --precisions fp16 --batch 1 64 --persons 1 --iterations 30 \
+    --json "$RAW/bench.json" 2>&1 | grep -v '^{' | tail -8 | tee -a "$OUT/summary-$TAG.txt"
+  PYTHONPATH=$NEW_PATH python3 scripts/zmq_echo_floor.py 20000 | tee -a "$OUT/summary-$TAG.txt"
+  PYTHONPATH=$NEW_PATH python3 scripts/zmq_echo_floor.py 250 --hold-us 0 --rate 25 \
+    | tee -a "$OUT/summary-$TAG.txt"
+fi
+
+if [ "$PART" = serve ]; then
+  trees=("new:$NEW_PATH")
+  [ -n "$OLD" ] && trees=("old:$HERE/$OLD/daemon:$HERE/$OLD/clients:${PYTHONPATH:-}")
+  for entry in "${trees[@]}"; do
+    name=${entry%%:*}; path=${entry#*:}
+    config "$name" "$MODEL_M1" ""
+    start "$name" "$path" || continue
+    for s in ${SCENARIOS:-one-camera paced-64 saturation joins push}; do
+      lt "$name" "$s" --model single ${FLOOR_US:+--floor-us $FLOOR_US}
+    done
+    # Idle: the daemon's own CPU over 5 s with nobody connected (ticks of 10 ms).
+    t0=$(awk '{print $14+$15}' /proc/$DPID/stat); sleep 5
+    t1=$(awk '{print $14+$15}' /proc/$DPID/stat)
+    echo "idle CPU $name: $(( (t1 - t0) * 10 / 5 )) ms per s ($(( t1 - t0 )) ticks in 5 s)" \
+      | tee -a "$OUT/summary-$TAG.txt"
+    stop
+  done
+fi
+
+if [ "$PART" = memory ]; then
+  trees=("new:$NEW_PATH")
+  [ -n "$OLD" ] && trees+=("old:$HERE/$OLD/daemon:$HERE/$OLD/clients:${PYTHONPATH:-}")
+  for entry in "${trees[@]}"; do
+    name=${entry%%:*}; path=${entry#*:}
+    budget="memory_budget_mb = 6144"
+    [ "$name" = old ] && budget=""
+    config "mem-$name" "$MODEL_M1
+$MODEL_M5" "$budget"
+    start "mem-$name" "$path" || continue
+    echo "== mem-$name" | tee -a "$OUT/summary-$TAG.txt"
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader \
+      | tee -a "$OUT/summary-$TAG.txt"
+    grep '"memory_plan"' "$RAW/daemon-mem-$name.log" | tee -a "$OUT/summary-$TAG.txt"
+    pids=()
+    for m in single group; do
+      PYTHONPATH=$NEW_PATH timeout 60 python3 -m stgcnd loadtest \
+        --endpoint "ipc://$TMP/mem-$name.sock" --model $m --processes 4 --cameras 8 --rate 25 \
+        --duration 10 --warmup 2 --json "$RAW/mem-$name-$m.json" >"$RAW/mem-$name-$m.txt" 2>&1 &
+      pids+=($!)
+    done
+    wait "${pids[@]}"
+    for m in single group; do
+      echo "-- $m" | tee -a "$OUT/summary-$TAG.txt"
+      head -12 "$RAW/mem-$name-$m.txt" | tee -a "$OUT/summary-$TAG.txt"
+    done
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader \
+      | tee -a "$OUT/summary-$TAG.txt"
+    stop
+  done
+fi
