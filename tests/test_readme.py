@@ -153,6 +153,25 @@ def test_python_blocks_run_against_a_demo_daemon(tmp_path):
 
 
 @pytest.mark.slow
+def test_shell_blocks_marked_run_run_as_written(tmp_path):
+    pytest.importorskip("torch")  # `stgcnd example` writes a torch.save checkpoint
+    runnable = [b for b in blocks() if b.kind == "run" and b.lang == "bash"]
+    assert runnable, "the README's example/validate block is not marked runnable"
+    bin_dir = tmp_path / "bin"  # `stgcnd` as this Python runs it, first on PATH
+    bin_dir.mkdir()
+    (bin_dir / "stgcnd").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m stgcnd "$@"\n')
+    (bin_dir / "stgcnd").chmod(0o755)
+    env = {**_env(tmp_path), "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for i, block in enumerate(runnable):
+        work = tmp_path / f"block{i}"
+        work.mkdir()
+        r = subprocess.run(["bash", "-e", "-c", block.code], capture_output=True, text=True,
+                           timeout=600, env=env, cwd=work)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert "passed" in r.stdout and "top-1 agreement" in r.stdout
+
+
+@pytest.mark.slow
 def test_quick_start_demo_runs_as_written(tmp_path):
     for block in (b for b in blocks() if b.kind == "ci"):
         for line in commands(block.code):

@@ -27,6 +27,7 @@ Rules:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -98,6 +99,7 @@ class SkeletonWindow:
             )
         self.select = select
         self._ignored = 0
+        self._warned_ignored = False
         self.frames = frames
         self.persons = persons
         self.keypoints = keypoints
@@ -136,6 +138,12 @@ class SkeletonWindow:
         out = np.zeros((3, self.keypoints, self.persons), dtype=np.float32)
         assigned = self._assign(poses)
         self._ignored = len(poses) - len(assigned)
+        if self._ignored and not self._warned_ignored and len(poses) > self.persons:
+            self._warned_ignored = True  # once per window: a crowded scene is not an error
+            warnings.warn(f"{len(poses)} people in one frame for a window of {self.persons} "
+                          f"person slot(s): {self._ignored} left out (the `ignored` property "
+                          "counts them each frame); a model trained for more people takes "
+                          "them (persons = its M)", stacklevel=2)
         for index, slot in enumerate(self._slots):
             person = assigned.get(index)
             if person is not None:

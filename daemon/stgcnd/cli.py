@@ -26,6 +26,7 @@ COMMANDS = {
     "demo": "stgcnd.commands.demo",
     "camera-sim": "stgcnd.commands.camera_sim",
     "loadtest": "stgcnd.commands.loadtest",
+    "example": "stgcnd.commands.example",
     "export": "stgcnd.commands.export",
     "build": "stgcnd.commands.build",
     "validate": "stgcnd.commands.validate",

@@ -44,6 +44,7 @@ from stgcnd.runtimes import (
     torch_cuda_available,
 )
 from stgcnd.runtimes.base import Runner, Runtime
+from stgcnd.runtimes.timing import time_round_robin
 from stgcnd.versions import module_version
 
 log = get_logger(__name__)
@@ -256,26 +257,18 @@ def model_key(model: Any) -> dict[str, Any]:
 
 
 def time_runtimes(runtimes: dict[str, Runtime], rounds: int = AUTO_ROUNDS) -> dict[str, float]:
-    """Batch-1 milliseconds of each runtime through its runner, the fastest of `rounds`
-    interleaved rounds: a busy machine slows every candidate alike within a round, and the
-    fastest round is the least disturbed (`stgcnd bench` measures the same way)."""
-    runners: dict[str, Runner] = {}
+    """Batch-1 milliseconds of each runtime through its runner: the fastest of `rounds`
+    round-robin rounds (runtimes/timing.py, as `stgcnd bench` measures)."""
+    runners: list[Runner] = []
     try:
-        for name, rt in runtimes.items():
-            runners[name] = rt.open_runner((1,), 0)
+        for rt in runtimes.values():
+            runners.append(rt.open_runner((1,), 0))
         _c, t, v, m = next(iter(runtimes.values())).info.input_shape
-        x = synthetic_windows(1, t, m, v, seed=5)[0]
-        for runner in runners.values():
-            runner.run([x])  # the first run pays one-off allocations
-        best = {name: float("inf") for name in runners}
-        for _ in range(rounds):
-            for name, runner in runners.items():
-                t0 = time.perf_counter()
-                runner.run([x])
-                best[name] = min(best[name], (time.perf_counter() - t0) * 1e3)
-        return best
+        x = synthetic_windows(1, t, m, v, seed=5)
+        timed = time_round_robin(runners, x, rounds, warmup=1)  # warm-up: one-off allocations
+        return {name: min(times) for name, (times, _out, _parts) in zip(runtimes, timed)}
     finally:
-        for runner in runners.values():
+        for runner in runners:
             runner.close()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,6 +16,10 @@ LEFT_HIP, RIGHT_HIP = 23, 24
 SHAPE = np.random.default_rng(0).uniform(-0.5, 0.5, size=(V, 2))
 SHAPE[LEFT_HIP] = (-0.05, 0.0)
 SHAPE[RIGHT_HIP] = (0.05, 0.0)
+
+
+# Crowded frames are the point of several tests here; the warning itself is tested once.
+pytestmark = pytest.mark.filterwarnings("ignore:.*person slot")
 
 
 def person(cx: float, cy: float, size: float = 0.2, vis: float = 0.9) -> np.ndarray:
@@ -227,10 +232,14 @@ def test_selection_keeps_the_best_ranked_seated_in_detector_order():
     sizes = [0.1, 0.3, 0.2, 0.4]
     people = [person(0.2 * (i + 1), 0.5, size) for i, size in enumerate(sizes)]
     win = SkeletonWindow(frames=2, persons=2)
-    frame = win.frame(people)
+    with pytest.warns(UserWarning, match="4 people in one frame for a window of 2"):
+        frame = win.frame(people)
     np.testing.assert_array_equal(slot_pose(frame, 0), people[1])
     np.testing.assert_array_equal(slot_pose(frame, 1), people[3])
     assert win.ignored == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per window, not once per frame
+        win.frame(people)
     win.frame(people[1:2])
     assert win.ignored == 0
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from stgcnd.commands.build import describe
 from stgcnd.engines.keys import key_digest
 from stgcnd.engines.options import BuildOptions
-from stgcnd.engines.store import EngineStore
+from stgcnd.engines.store import BUILT_HERE, EngineStore
 from stgcnd.errors import UserError
 from tests.conftest import write_checkpoint
-from tests.engines.pausing_store import PAUSE_VAR, RELEASE_VAR
 from tests.engines.conftest import (
     FRAMES,
     REPO,
@@ -29,6 +29,7 @@ from tests.engines.conftest import (
     prepare_code,
     run_python,
 )
+from tests.engines.pausing_store import PAUSE_VAR, RELEASE_VAR
 
 ART = "onnxruntime-fp32-cpu-b1"
 
@@ -307,3 +308,18 @@ def test_unwritable_store_is_a_clear_error(store_root, tmp_path):
     finally:
         os.chmod(art.parent, 0o755)
     assert art.read_bytes() == old_bytes
+
+
+def test_an_artefact_built_by_this_store_is_not_announced_as_reused(tmp_path):
+    # auto measures a runtime (building its artefact), then serves it: the second ask is a
+    # reuse with the reason BUILT_HERE, which `stgcnd build` and the demo show as built.
+    store_root = tmp_path / "engines"
+    store = EngineStore(store_root)
+    first = store.prepare(demo_spec(), "onnxruntime", BuildOptions(), validate=False)
+    with capture_logs() as logs:
+        again = store.prepare(demo_spec(), "onnxruntime", BuildOptions())
+    assert not first.reused and again.reused and again.reason == BUILT_HERE
+    assert [e.get("built_here") for e in logs if e["event"] == "engine_reused"] == [True]
+    assert describe(again).startswith("built onnxruntime fp32")
+    later = EngineStore(store_root).prepare(demo_spec(), "onnxruntime", BuildOptions())
+    assert later.reused and later.reason is None and describe(later).startswith("reused")

@@ -124,3 +124,13 @@ def test_other_architecture(tmp_path):
     path = write_checkpoint(tmp_path / "resnet.pt", torch.nn.Conv2d(3, 8, 3).state_dict())
     with pytest.raises(CheckpointError, match="not an st-gcn model"):
         load_model(ModelSpec(checkpoint=path))
+
+
+def test_a_person_count_fold_in_data_bn_is_named():
+    from stgcnd.model.checkpoint import CheckpointInfo, check_against_spec
+
+    info = CheckpointInfo(two_stream=True, num_class=2, partitions=3, num_node=33,
+                          in_channels=15, edge_importance=True, adjacency={})
+    with pytest.raises(CheckpointError, match=r"expects 15 input channels.*5 persons.*"
+                                              r"person-count fold"):
+        check_against_spec(info, "mediapipe", (), "fork.pt")

@@ -166,3 +166,26 @@ def test_tegrastats_parse_command(tmp_path):
     assert [r["ok"] for r in rows] == [False, True, True, True]
     missing = run_cli("tegrastats", "parse", str(tmp_path / "none.log"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
+
+
+def test_plot_without_a_gpu_shows_cpu_and_no_empty_series():
+    pytest.importorskip("matplotlib")
+    from datetime import datetime, timedelta, timezone
+
+    from stgcnd.tools.logs.plot import STREAM_COLOURS, figure
+    from stgcnd.tools.logs.summarize import LogScan
+
+    t0 = datetime(2026, 11, 25, 13, 0, tzinfo=timezone.utc)
+    log = LogScan()
+    for i in range(5):
+        t = t0 + timedelta(seconds=10 * i)
+        log.latency += [{"_t": t, "camera": f"cam{c}", "model": "demo", "p50_ms": 1.0 + c,
+                         "p99_ms": 3.0 + c} for c in range(3)]
+        log.system.append({"_t": t, "cpu_pct": 40.0 + i, "gpu_load_pct": None})
+    fig = figure(log)
+    labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert "CPU %" in labels and not any("GPU" in label for label in labels)
+    assert "cam0 / demo p99" in labels and len(fig.axes) == 2   # one panel and its twin
+    colours = {line.get_color() for line in fig.axes[0].get_lines()}
+    assert len(colours) == 3 and colours <= set(STREAM_COLOURS)
+    assert fig.axes[0].xaxis.get_major_formatter()(0.5).count(":") == 2  # hours:minutes:seconds

@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="untimed calls first (default: 3 on cpu, 20 on cuda)")
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads for torch / ONNX Runtime (default 0: the runtime's choice)")
-    p.add_argument("--store", type=Path, default=None,
+    p.add_argument("--engines", "--store", dest="store", type=Path, default=None,
                    help="engine store directory for ONNX Runtime / TensorRT artefacts")
     p.add_argument("--trtexec", action="store_true",
                    help="also run trtexec on TensorRT engines: GPU-compute median/p99 columns")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from stgcnd.commands._model_args import add_model_arguments, spec_from_args
 from stgcnd.engines.options import BuildOptions
-from stgcnd.engines.store import Artifact, EngineStore
+from stgcnd.engines.store import BUILT_HERE, Artifact, EngineStore
 from stgcnd.errors import UserError
 from stgcnd.model.reference import load_for_inference
 from stgcnd.model.spec import ModelSpec
@@ -114,7 +114,9 @@ def describe(artifact: Artifact) -> str:
     m = artifact.manifest
     where = artifact.path or artifact.manifest_path
     size = f", {m['size_bytes'] / 2**20:.1f} MiB" if m.get("size_bytes") else ""
-    if artifact.reused:
+    if artifact.reused and artifact.reason == BUILT_HERE:  # e.g. while auto measured
+        head = f"built {artifact.backend} {artifact.precision} {where} (above){size}"
+    elif artifact.reused:
         head = f"reused {artifact.backend} {artifact.precision} {where} (built {m.get('built_at')})"
     else:
         head = (f"built {artifact.backend} {artifact.precision} {where} in "
@@ -143,4 +145,5 @@ def run(args: argparse.Namespace) -> int:
         for note in model.notes:
             print(f"note: {note}")
         print(describe(artifact))
+        print(f"  motion stream: {spec.motion}")
     return 0

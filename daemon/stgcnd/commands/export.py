@@ -48,4 +48,7 @@ def run(args: argparse.Namespace) -> int:
                        f"<= {args.tolerance:g}")
     print(f"wrote {res.onnx_path} (sha256 {res.onnx_sha256[:12]}), {check_text}")
     print(f"sidecar: {res.sidecar_path}")
+    spec = model.spec
+    print(f"motion stream: {spec.motion} (the original st-gcn two-stream model uses "
+          "second-difference; --motion must match how the checkpoint was trained)")
     return 0

@@ -100,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
           f"windows from {source}:")
     print(f"  max abs diff {result['max_abs_diff']:.4g}, mean abs diff "
           f"{result['mean_abs_diff']:.4g}, top-1 agreement {result['top1_agreement']:.2%}")
+    if "margin_change_max" in result:
+        print(f"  top-two logit margin moved by {result['margin_change_median']:.3g} (median) "
+              f"/ {result['margin_change_max']:.3g} (max): what a score threshold sees")
     if failures:
         print("FAILED: " + "; ".join(failures))
         return 3

@@ -86,6 +86,10 @@ EXPORT_VARIANT = "optimized"
 DEMO_EXPORT_VARIANT = "numpy-demo"
 
 
+# The reason of a reused artefact that this store built earlier in the same run.
+BUILT_HERE = "built earlier in this run"
+
+
 @dataclass
 class Artifact:
     backend: str
@@ -165,6 +169,9 @@ class EngineStore:
         removed, as soon as the event is set (`BuildCancelled`; engines/child_build.py)."""
         self.root = Path(root)
         self.cancel = cancel
+        # Manifests this store built: asked again (auto measures, then serves), the artefact
+        # is reused with the reason BUILT_HERE, which commands show as built, not as reused.
+        self.built_here: set[Path] = set()
 
     # --- paths ---------------------------------------------------------------------------
 
@@ -290,6 +297,8 @@ class EngineStore:
             raise RuntimeError(f"the {backend} artefact built by the build process is not "
                                f"current in {self.root}; another process may have changed it "
                                "meanwhile")
+        if not reused and found.manifest_path is not None:
+            self.built_here.add(found.manifest_path)
         return dataclasses.replace(found, reused=reused, reason=reason)
 
     def find(self, spec: Any, backend: str, options: BuildOptions | None = None,
@@ -567,12 +576,13 @@ class EngineStore:
                 onnx_path: Path, quiet: bool = False) -> Artifact:
         manifest = _read_json(mdir / f"{stem}.json") or {}
         path = mdir / f"{stem}{builder.suffix}" if builder.suffix else None
+        built_here = mdir / f"{stem}.json" in self.built_here
         if not quiet:
             log.info("engine_reused", backend=builder.name, precision=options.precision,
                      path=str(path or mdir / f"{stem}.json"),
-                     key=str(manifest.get("key"))[:12])
-        return Artifact(builder.name, options.precision, path, onnx_path, manifest, True, None,
-                        mdir / f"{stem}.json")
+                     key=str(manifest.get("key"))[:12], built_here=built_here)
+        return Artifact(builder.name, options.precision, path, onnx_path, manifest, True,
+                        BUILT_HERE if built_here else None, mdir / f"{stem}.json")
 
     def _ensure_qdq(self, model: Any, options: BuildOptions, onnx_path: Path
                     ) -> tuple[Path, Any, dict[str, Any]]:
@@ -671,6 +681,7 @@ class EngineStore:
                  model=mdir.name, reason=reason, path=str(final or manifest_path),
                  build_seconds=round(build_seconds, 3), size_bytes=manifest["size_bytes"],
                  validation=validation)
+        self.built_here.add(manifest_path)
         return Artifact(builder.name, options.precision, final, onnx_path, manifest, False,
                         reason, manifest_path)
 

@@ -171,8 +171,16 @@ def check_against_spec(info: CheckpointInfo, layout: str, labels: tuple[str, ...
         raise CheckpointError(f"{source} has {info.num_class} classes but {len(labels)} labels "
                               f"were given ({', '.join(labels)}); give exactly {info.num_class}")
     if info.in_channels != 3:
+        fold = ""
+        if info.in_channels % 3 == 0:
+            # The original st-gcn's data_bn normalizes V*C features; some forks (2s-AGCN's
+            # style) normalize M*V*C, which reads here as M times the channels.
+            fold = (f". If it was trained for {info.in_channels // 3} persons, its data_bn "
+                    "normalizes persons x joints x 3 (a fork's person-count fold); stgcnd "
+                    "reads the original st-gcn's data_bn over joints x 3 only: retrain with "
+                    "the original's data_bn, or open an issue naming the fork")
         raise CheckpointError(f"{source} expects {info.in_channels} input channels; stgcnd feeds "
-                              "3 (x, y, visibility)")
+                              f"3 (x, y, visibility){fold}")
 
 
 def describe(info: CheckpointInfo) -> dict[str, Any]:

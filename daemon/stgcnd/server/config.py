@@ -154,8 +154,11 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         "for a named backend: cuda when it can use the GPU, else cpu", engine=True)] = "auto"
     precision: Annotated[Literal["fp32", "fp16", "int8"], key(
         "fp32, fp16 (GPU) or int8 (needs calibration)", engine=True)] = "fp32"
-    stride: Annotated[int, key("push mode: one prediction every `stride` frames",
-                               "must be >= 1", ge=1)] = 1
+    stride: Annotated[int, key(
+        "push mode: one prediction every `stride` frames; one must take less than `stride` "
+        "frames (40 ms each at 25 fps) or the camera waits (logged at start: "
+        "camera_rate_at_risk); 25, one a second, keeps a CPU at the camera's rate",
+        "must be >= 1", ge=1)] = 1
     max_batch: Annotated[int, key(
         "largest batch across cameras; 0: 64 on a GPU, 8 on a Jetson, 16 on a CPU (the memory "
         "plan may keep fewer buckets)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -34,6 +35,7 @@ log = get_logger(__name__)
 
 AUTO_MAX_BATCH_GPU = 64
 AUTO_MAX_BATCH_CPU = 16
+FRAMES_PER_S = 25  # the cameras' rate stgcnd is made for (MediaPipe Pose windows at 25 fps)
 BOARD = detect()  # which machine this is (stgcnd/board.py): read once, from files
 
 
@@ -190,6 +192,9 @@ def load_models(config: Config, generation: int = 1,
                      compute_ms={str(b): round(v, 3) for b, v in sorted(
                          first.compute_ms.items())} if first else {},
                      seconds=round(time.perf_counter() - t0, 2))
+            at_risk = camera_rate_at_risk(mc, first.compute_ms if first else {})
+            if at_risk:
+                log.warning("camera_rate_at_risk", model=mc.name, **at_risk)
     except BaseException:
         for name, served in loaded.items():
             if (keep or {}).get(name) is not served:
@@ -224,6 +229,22 @@ class Planner:
     def log(self) -> None:
         if self.plan is not None:
             self.plan.log_plan()
+
+
+def camera_rate_at_risk(mc: ModelConfig, compute_ms: dict[int, float]) -> dict[str, object]:
+    """The numbers, when one window's compute takes longer than a camera's `stride` frames at
+    FRAMES_PER_S: that camera asks for predictions faster than they come, and its pushes
+    (or windows) wait. Empty when it keeps up."""
+    one = compute_ms.get(1)
+    budget_ms = mc.stride * 1e3 / FRAMES_PER_S
+    if not one or one <= budget_ms:
+        return {}
+    return {"compute_ms": round(one, 1), "stride": mc.stride, "frames_per_s": FRAMES_PER_S,
+            "budget_ms": round(budget_ms, 1),
+            "hint": f"each camera asks for a prediction every {budget_ms:.0f} ms (stride "
+                    f"{mc.stride} at {FRAMES_PER_S} fps) and one takes {one:.0f} ms here: set "
+                    f"stride to at least {math.ceil(one * FRAMES_PER_S / 1e3)}, or use a "
+                    "faster runtime or precision"}
 
 
 def _first_that_serves(mc: ModelConfig, store: EngineStore, generation: int,

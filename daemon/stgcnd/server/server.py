@@ -134,7 +134,8 @@ class Server:
         log.info("ready", endpoint=self.config.endpoint,
                  models={n: {"runtime": m.runtime.info.name, "precision":
                              m.runtime.info.precision, "device": m.runtime.info.device,
-                             "why": m.why} for n, m in self.models.items()},
+                             "motion": m.config.motion, "why": m.why}
+                         for n, m in self.models.items()},
                  version=__version__, pid=os.getpid(),
                  loop_timer="timerfd" if self._timer.fd is not None else "poll-ms",
                  cpu_power=cpupower.summary(cpupower.cpu_power()))

@@ -42,7 +42,8 @@ from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd.provision import load_runtime
 from stgcnd.runtimes import available, runtime_module
-from stgcnd.runtimes.base import Runner, Runtime
+from stgcnd.runtimes.base import Runtime
+from stgcnd.runtimes.timing import time_round_robin
 from stgcnd.server.config import engines_root
 from stgcnd.tools.bench.stats import latency_stats
 from stgcnd.tools.profiling import (
@@ -156,32 +157,6 @@ class _Loader:
         runtime = load_runtime(model, base, options, self.store())
         self.artifacts[name] = runtime.info.artifact
         return runtime
-
-
-def time_round_robin(runners: list[Runner], x: np.ndarray, iterations: int, warmup: int
-                     ) -> list[tuple[list[float], np.ndarray, dict[str, float]]]:
-    """Per runner: its call latencies (ms), its last output, the medians of its own timings.
-    Each round calls every runner once, starting one further along each round."""
-    windows = list(x)
-    for runner in runners:
-        for _ in range(warmup):
-            runner.run(windows)
-    times: list[list[float]] = [[] for _ in runners]
-    parts: list[dict[str, list[float]]] = [{} for _ in runners]
-    outs: list[np.ndarray | None] = [None] * len(runners)
-    for i in range(iterations):
-        for k in range(len(runners)):
-            j = (i + k) % len(runners)
-            t0 = time.perf_counter()
-            outs[j] = runners[j].run(windows)
-            times[j].append((time.perf_counter() - t0) * 1e3)
-            if "compute_ms" in runners[j].last_timings:
-                parts[j].setdefault("compute_ms", []).append(
-                    runners[j].last_timings["compute_ms"])
-    done = [o for o in outs if o is not None]
-    assert len(done) == len(runners)  # iterations >= 1
-    return [(t, o, {k: float(np.median(v)) for k, v in p.items()})
-            for t, o, p in zip(times, done, parts)]
 
 
 def peak_gflops(cfg: BenchConfig, precision: str) -> float | None:

@@ -54,8 +54,8 @@ def _validated(e: dict[str, Any]) -> str:
 
 
 # event name -> one line (None: not worth a line). Steps that take long say so as they start.
+# (demo_model is not one: `stgcnd demo` says it once itself, before the daemon starts.)
 STEPS: dict[str, Callable[[dict[str, Any]], str | None]] = {
-    "demo_model": lambda e: "demo model: seeded random weights (predictions mean nothing)",
     "onnx_export_needed": lambda e: f"exporting the model to ONNX ({e.get('reason')}) ...",
     "onnx_exported": lambda e: (f"ONNX exported and checked (max |diff| "
                                 f"{e.get('max_abs_diff') or 0:.1e} vs the reference)"),
@@ -64,16 +64,22 @@ STEPS: dict[str, Callable[[dict[str, Any]], str | None]] = {
     "engine_validated": _validated,
     "engine_rebuilt": lambda e: (f"{e.get('backend')} artefact built and stored in the engine "
                                  f"store (reused next time)"),
-    "engine_reused": lambda e: f"reusing the stored {e.get('backend')} artefact",
+    "engine_reused": lambda e: (f"using the {e.get('backend')} artefact built above"
+                                if e.get("built_here") else
+                                f"reusing the stored {e.get('backend')} artefact"),
     "auto_backend_skipped": lambda e: f"backend choice: skipping {e.get('backend')}: "
                                       f"{e.get('reason')}",
     "auto_backend_measured": lambda e: (f"backend choice: measured {_ms(e)} per window; "
                                         f"using {e.get('backend')}"),
     "auto_backend_cached": lambda e: f"backend choice: {e.get('backend')} (measured earlier)",
     "backend_loaded": lambda e: f"{e.get('backend')} session loaded on {e.get('device')}",
+    "precision_fallback": lambda e: (f"precision: {e.get('asked')} is not offered by "
+                                     f"{e.get('backend')} here, serving {e.get('using')} "
+                                     f"({e.get('reason')})"),
     "model_ready": lambda e: (f"model {e.get('model')!r} warmed up and ready: "
                               f"{e.get('backend')} {e.get('precision')} on {e.get('device')} "
                               f"({e.get('seconds')} s)"),
+    "camera_rate_at_risk": lambda e: f"warning: {e.get('hint')}",
     "ready": lambda e: f"daemon ready on {e.get('endpoint')}",
 }
 

@@ -1,8 +1,9 @@
-"""Latency percentiles over time with the GPU's state beside them (matplotlib, headless).
+"""Latency percentiles over time with the machine's state beside them (matplotlib, headless).
 
-Top panel: p50 (solid) and p99 (dashed) per camera and model, with GPU load and temperature on
-the right axis. Bottom panel: GPU frequency and board power, where clock drops and throttling
-show up.
+Top panel: p50 (solid) and p99 (dashed) per camera and model, with CPU % (always) and GPU load
+and temperature (where the log has them) on the right axis. Bottom panel, only where the log
+has them: GPU frequency and board power, where clock drops and throttling show up. Series
+without data are left out, legend included; the legend sits outside the data.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ from typing import Any
 
 from stgcnd.errors import UserError
 from stgcnd.tools.logs.summarize import LogScan
+
+# The streams' colours: matplotlib's tab10 and its light tones, without those the machine's
+# series use (black CPU, gray GPU load, red temperature, blue clock, orange power).
+STREAM_COLOURS = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf",
+                  "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5")
 
 
 def _series(events: list[dict[str, Any]], key: str) -> tuple[list[Any], list[float]]:
@@ -25,6 +31,22 @@ def _series(events: list[dict[str, Any]], key: str) -> tuple[list[Any], list[flo
 
 
 def plot(log: LogScan, out_path: str | Path, title: str | None = None) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig = figure(log, title)
+    out = Path(out_path)
+    try:
+        fig.savefig(out, dpi=110)
+    except OSError as exc:
+        raise UserError(f"cannot write the plot to {out}: {exc.strerror or exc}; "
+                        "choose a writable path for --plot") from None
+    finally:
+        plt.close(fig)
+    return out
+
+
+def figure(log: LogScan, title: str | None = None) -> Any:
+    """The matplotlib Figure of `log` (headless backend)."""
     try:
         import matplotlib
     except ImportError:
@@ -43,69 +65,74 @@ def plot(log: LogScan, out_path: str | Path, title: str | None = None) -> Path:
         if e.get("gpu_temp_c") is None:
             e["gpu_temp_c"] = e.get("temp_max_c")
 
-    fig, (ax_lat, ax_clk) = plt.subplots(
-        2, 1, figsize=(13, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 1.4]})
+    clock = [k for k in ("gpu_freq_mhz", "power_total_mw") if _series(system, k)[0]]
+    fig, axes = plt.subplots(2 if clock else 1, 1, figsize=(14, 7.5 if clock else 5.5),
+                             sharex=True, squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 1.4] if clock else [1]})
+    ax_lat = axes[0][0]
     streams: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for e in latency:
         streams.setdefault((str(e.get("camera")), str(e.get("model"))), []).append(e)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    palette = STREAM_COLOURS
     for i, ((camera, model), events) in enumerate(sorted(streams.items())):
-        color = colors[i % len(colors)]
+        color = palette[i % len(palette)]
         label = f"{camera} / {model}"
-        xs, ys = _series(events, "p50_ms")
-        ax_lat.plot(xs, ys, color=color, lw=1.6, marker="o", ms=2.5, label=f"{label} p50")
-        xs, ys = _series(events, "p99_ms")
-        ax_lat.plot(xs, ys, color=color, lw=1.2, ls="--", label=f"{label} p99")
+        for key, style, name in (("p50_ms", "-", "p50"), ("p99_ms", "--", "p99")):
+            xs, ys = _series(events, key)
+            if xs:
+                ax_lat.plot(xs, ys, color=color, lw=1.6 if key == "p50_ms" else 1.2, ls=style,
+                            marker="o" if key == "p50_ms" else None, ms=2.5,
+                            label=f"{label} {name}")
     ax_lat.set_ylabel("latency (ms)")
     ax_lat.set_ylim(bottom=0)
     ax_lat.grid(True, alpha=0.3)
 
-    ax_gpu = ax_lat.twinx()
+    # The machine beside it: CPU % always, the GPU's series where the log has them.
+    ax_load = ax_lat.twinx()
     xs, ys = _series(system, "gpu_load_pct")
-    ax_gpu.fill_between(xs, ys, step="mid", color="tab:gray", alpha=0.18, label="GPU load %")
+    if xs:
+        ax_load.fill_between(xs, ys, step="mid", color="tab:gray", alpha=0.18,
+                             label="GPU load %")
+    xs, ys = _series(system, "cpu_pct")
+    ax_load.plot(xs, ys, color="black", lw=1.0, alpha=0.7, label="CPU %")
     xs, ys = _series(system, "gpu_temp_c")
-    ax_gpu.plot(xs, ys, color="tab:red", lw=1.3, label="GPU temp °C")
-    ax_gpu.set_ylabel("GPU load (%) / temperature (°C)")
-    ax_gpu.set_ylim(0, 105)
-    # Draw the latency lines above the GPU-load shading, not under it.
-    ax_lat.set_zorder(ax_gpu.get_zorder() + 1)
+    if xs:
+        ax_load.plot(xs, ys, color="tab:red", lw=1.3, label="GPU temp °C")
+    ax_load.set_ylabel("load (%)" + (" / GPU temperature (°C)" if xs else ""))
+    ax_load.set_ylim(0, 105)
+    # Draw the latency lines above the load shading, not under it.
+    ax_lat.set_zorder(ax_load.get_zorder() + 1)
     ax_lat.patch.set_visible(False)
 
+    if clock:
+        ax_clk = axes[1][0]
+        xs, ys = _series(system, "gpu_freq_mhz")
+        if xs:
+            ax_clk.step(xs, ys, where="mid", color="tab:blue", lw=1.3, label="GPU MHz")
+            ax_clk.set_ylabel("GPU clock (MHz)")
+        ax_clk.set_ylim(bottom=0)
+        ax_clk.grid(True, alpha=0.3)
+        xs, ys = _series(system, "power_total_mw")
+        if xs:
+            ax_pow = ax_clk.twinx()
+            ax_pow.plot(xs, [y / 1000 for y in ys], color="tab:orange", lw=1.3,
+                        label="power W")
+            ax_pow.set_ylabel("power (W)")
+            ax_pow.set_ylim(bottom=0)
+
+    # One legend, outside the data (it hid the p99 peaks inside).
     handles, labels = [], []
-    for ax in (ax_lat, ax_gpu):
+    for ax in fig.axes:
         h, lab = ax.get_legend_handles_labels()
         handles += h
         labels += lab
     if handles:
-        ax_lat.legend(handles, labels, loc="upper left", fontsize=8, ncol=2, framealpha=0.85)
-
-    xs, ys = _series(system, "gpu_freq_mhz")
-    ax_clk.step(xs, ys, where="mid", color="tab:blue", lw=1.3, label="GPU MHz")
-    ax_clk.set_ylabel("GPU clock (MHz)")
-    ax_clk.set_ylim(bottom=0)
-    ax_clk.grid(True, alpha=0.3)
-    ax_pow = ax_clk.twinx()
-    xs, ys = _series(system, "power_total_mw")
-    ax_pow.plot(xs, [y / 1000 for y in ys], color="tab:orange", lw=1.3, label="power W")
-    ax_pow.set_ylabel("power (W)")
-    ax_pow.set_ylim(bottom=0)
-    h1, l1 = ax_clk.get_legend_handles_labels()
-    h2, l2 = ax_pow.get_legend_handles_labels()
-    if h1 or h2:
-        ax_clk.legend(h1 + h2, l1 + l2, loc="upper left", fontsize=8, framealpha=0.85)
-
-    locator = mdates.AutoDateLocator()
-    ax_clk.xaxis.set_major_locator(locator)
-    ax_clk.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
-    ax_clk.set_xlabel("time (UTC)")
-    ax_lat.set_title(title or "stgcnd latency and GPU state")
-    fig.tight_layout()
-    out = Path(out_path)
-    try:
-        fig.savefig(out, dpi=110)
-    except OSError as exc:
-        raise UserError(f"cannot write the plot to {out}: {exc.strerror or exc}; "
-                        "choose a writable path for --plot") from None
-    finally:
-        plt.close(fig)
-    return out
+        fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.80, 0.97), fontsize=8,
+                   framealpha=0.9)
+    bottom = axes[-1][0]
+    bottom.xaxis.set_major_locator(mdates.AutoDateLocator())
+    bottom.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))
+    bottom.set_xlabel("time (UTC, hours:minutes:seconds)")
+    ax_lat.set_title(title or "stgcnd latency and machine state")
+    fig.tight_layout(rect=(0, 0, 0.79, 1))
+    return fig

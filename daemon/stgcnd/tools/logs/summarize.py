@@ -289,7 +289,9 @@ def render_text(summary: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"== camera {s['camera']}  model {s['model']}")
         lines.append(
-            f"requests {s['requests']} (ok {s['ok']}, errors {s['errors']}"
+            # Requests that asked for a prediction (windows, and pushes that completed one):
+            # pushes that only added a frame are not timed, so not counted here.
+            f"prediction requests {s['requests']} (ok {s['ok']}, errors {s['errors']}"
             f" {_pct(s['error_rate'])}, busy {s['busy']} {_pct(s['busy_rate'])},"
             f" expired {s['expired']} {_pct(s['expired_rate'])}) over {s['intervals']} intervals")
         lat = s["latency"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stgcnd.tools.bench.runner import time_round_robin
+from stgcnd.runtimes.timing import time_round_robin
 
 
 class Recorder:
