@@ -16,9 +16,11 @@ from stgcnd import __version__
 from stgcnd.board import detect
 
 TORCH_FLOOR = (2, 0)   # the [torch] extra's floor; CI runs the suite on torch 2.0.1
-TORCH_FIX = ('pip install -e ".[torch]" (or pip install "stgcnd[torch]"); on a Jetson, '
-             "NVIDIA's torch wheel for your JetPack first (JetPack 5.1: 2.0 or 2.1; "
-             "docs/jetson.md)")
+TORCH_FIX = ('pip install -e ".[torch]" (or pip install "stgcnd[torch]"); on a machine '
+             "without an NVIDIA GPU install the CPU build first (pip install torch "
+             "--index-url https://download.pytorch.org/whl/cpu), else pip takes a 2.7 GB CUDA "
+             "build; on a Jetson, NVIDIA's torch wheel for your JetPack first (JetPack 5.1: "
+             "2.0 or 2.1; docs/jetson.md)")
 
 
 def torch_missing(what: str) -> str:

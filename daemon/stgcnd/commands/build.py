@@ -139,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
     for spec, backend_name, options in jobs:
         model = load_for_inference(spec)
         backend, opts = resolve_backend(model, backend_name, options, store)
+        if opts.precision != options.precision:  # e.g. fp16 asked on a CPU
+            print(f"note: {options.precision} is not offered by {backend} on "
+                  f"{opts.device}: building {opts.precision}")
         artifact = store.prepare(model, backend, opts,
                                  rebuild="asked (--rebuild)" if args.rebuild else None,
                                  validate=not args.no_validate)

@@ -179,5 +179,6 @@ def _rate_lines(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[st
     load = Load(cameras=len(rows), fps=args.fps, windows_per_s=per_camera * len(rows),
                 compute_ms=float(np.median(computes)) if computes else None,
                 achieved_hz=float(np.mean(rates)),
-                latency_ms=float(np.median(latencies)) if latencies else None)
+                latency_ms=float(np.median(latencies)) if latencies else None,
+                duration_s=args.duration)
     return explain_rate(load)

@@ -134,7 +134,8 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     demo: Annotated[bool, key(
         "serve the demo model (random weights: its predictions mean nothing)",
         engine=True)] = False
-    layout: Annotated[str, key("skeleton layout: mediapipe (33 keypoints), openpose, ntu",
+    layout: Annotated[str, key("skeleton layout: mediapipe (33 keypoints), openpose, coco, "
+                               "ntu-rgb+d",
                                "must be one of " + ", ".join(sorted(LAYOUTS)),
                                engine=True)] = "mediapipe"
     persons: Annotated[int, key("person slots M", "must be >= 1", engine=True, ge=1)] = 1

@@ -25,7 +25,16 @@ def test_slow_without_saturation_says_so():
 
 def test_kept_rate_is_one_line():
     assert explain_rate(Load(2, 25, 2.0, 50.0, 24.6, 60.0)) == [
-        "cameras kept their rate: 24.6 Hz of 25 fps"]
+        "cameras kept their rate: 24.6 Hz of 25 fps (within 10 %)"]
+
+
+def test_a_run_shorter_than_a_window_is_not_called_slow():
+    # 150 frames at 25 fps take 6 s to fill: a 5 s run can have no prediction at all.
+    lines = explain_rate(Load(4, 25, 4.0, None, 22.3, None, duration_s=5.0))
+    assert lines == ["no prediction yet: a window is 150 frames, 6.0 s at 25 fps, and the "
+                     "cameras ran 5 s; run longer (--duration)"]
+    assert "did not keep up" in "\n".join(explain_rate(Load(4, 25, 4.0, None, 2.0, None,
+                                                            duration_s=20.0)))
 
 
 def test_table_shows_dashes_until_there_is_data():
