@@ -1,7 +1,10 @@
-"""Shared fixtures: small original-format checkpoints written to disk like users have them."""
+"""Shared fixtures: small original-format checkpoints written to disk like users have them;
+running several `stgcnd` commands side by side."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,25 @@ import pytest
 from stgcnd.model.demo import demo_state_dict
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def stgcnd_at_once(*argvs: list[str], cwd: Path | None = None
+                   ) -> list[subprocess.CompletedProcess]:
+    """Independent `stgcnd` commands run side by side (each mostly starts Python and
+    imports); their results in the order given."""
+    procs = [subprocess.Popen([sys.executable, "-m", "stgcnd", *argv], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=cwd) for argv in argvs]
+    done = []
+    try:
+        for argv, proc in zip(argvs, procs):
+            out, err = proc.communicate(timeout=300)
+            done.append(subprocess.CompletedProcess(argv, proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return done
 
 
 def write_checkpoint(path: Path, state: dict, wrap: str | None = None, prefix: str = "") -> Path:

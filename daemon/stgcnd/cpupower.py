@@ -18,6 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from stgcnd.fsutil import parse_int, read_system_file
+
 # An idle state whose exit takes longer than this is worth a hint: it is several times what
 # the daemon itself spends on a request between receipt and launch.
 DEEP_EXIT_US = 100
@@ -26,31 +28,17 @@ CPU0 = Path("sys/devices/system/cpu/cpu0")
 CPUIDLE = Path("sys/devices/system/cpu/cpuidle")
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
-
-
 def idle_states(root: Path = Path("/")) -> list[dict[str, Any]]:
     """cpu0's idle states, shallowest first: name, exit latency (us), disabled."""
     base = root / CPU0 / "cpuidle"
     states = []
     for index in range(64):
         state = base / f"state{index}"
-        name = _read(state / "name")
+        name = read_system_file(state / "name")
         if name is None:
             break
-        states.append({"name": name, "exit_us": _int(_read(state / "latency")),
-                       "disabled": _read(state / "disable") == "1"})
+        states.append({"name": name, "exit_us": parse_int(read_system_file(state / "latency")),
+                       "disabled": read_system_file(state / "disable") == "1"})
     return states
 
 
@@ -61,12 +49,12 @@ def cpu_power(root: Path = Path("/")) -> dict[str, Any]:
     enabled = [s["exit_us"] for s in states if not s["disabled"] and s["exit_us"] is not None]
     freq = root / CPU0 / "cpufreq"
     out: dict[str, Any] = {
-        "idle_driver": _read(root / CPUIDLE / "current_driver"),
+        "idle_driver": read_system_file(root / CPUIDLE / "current_driver"),
         "idle_states": states,
         "deepest_exit_us": max(enabled) if enabled else None,
-        "governor": _read(freq / "scaling_governor"),
-        "min_khz": _int(_read(freq / "scaling_min_freq")),
-        "max_khz": _int(_read(freq / "scaling_max_freq")),
+        "governor": read_system_file(freq / "scaling_governor"),
+        "min_khz": parse_int(read_system_file(freq / "scaling_min_freq")),
+        "max_khz": parse_int(read_system_file(freq / "scaling_max_freq")),
         "hints": [],
     }
     deepest = out["deepest_exit_us"]

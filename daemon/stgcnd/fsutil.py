@@ -1,4 +1,5 @@
-"""Crash-safe file writes: a reader sees the old file or the complete new one, never a part."""
+"""Crash-safe file writes (a reader sees the old file or the complete new one, never a part),
+and tolerant reads of the small system files the doctor and the board checks look at."""
 
 from __future__ import annotations
 
@@ -60,3 +61,20 @@ def file_sha256(path: Path | str, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def read_system_file(path: Path) -> str | None:
+    """A small system file's text (sysfs, /proc, /etc), stripped; NUL bytes (device-tree
+    strings end in one) dropped and undecodable bytes replaced; None when it cannot be read."""
+    try:
+        return path.read_bytes().decode(errors="replace").replace("\x00", "").strip()
+    except OSError:
+        return None
+
+
+def parse_int(text: str | None) -> int | None:
+    """`text` as an int, or None (missing or not a number)."""
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None

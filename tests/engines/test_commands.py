@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+from tests.conftest import stgcnd_at_once
 from tests.engines.conftest import FRAMES, REPO
 
 
@@ -14,32 +15,16 @@ def stgcnd(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, cwd=REPO)
 
 
-def stgcnd_at_once(*argvs: list[str]) -> list[subprocess.CompletedProcess]:
-    """Independent commands run side by side (each mostly starts Python and imports)."""
-    procs = [subprocess.Popen([sys.executable, "-m", "stgcnd", "--log-format", "json", *argv],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              cwd=REPO) for argv in argvs]
-    done = []
-    try:
-        for argv, proc in zip(argvs, procs):
-            out, err = proc.communicate(timeout=300)
-            done.append(subprocess.CompletedProcess(argv, proc.returncode, out, err))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return done
-
-
 def test_build_reuses_and_validate_reports(store_root, tmp_path):
     model = ["--frames", str(FRAMES), "--engines", str(store_root), "--backend", "onnxruntime"]
     r = stgcnd("build", *model)
     assert r.returncode == 0, r.stderr
     assert "reused onnxruntime fp32" in r.stdout
     out = tmp_path / "v.json"
-    r, failed = stgcnd_at_once(["validate", *model, "--count", "6", "--json", str(out)],
-                               ["validate", *model, "--count", "6", "--min-top1", "1.01"])
+    r, failed = stgcnd_at_once(
+        ["--log-format", "json", "validate", *model, "--count", "6", "--json", str(out)],
+        ["--log-format", "json", "validate", *model, "--count", "6", "--min-top1", "1.01"],
+        cwd=REPO)
     assert r.returncode == 0, r.stderr
     v = json.loads(out.read_text())
     assert v["windows"] == 6 and v["passed"] and v["top1_agreement"] == 1.0

@@ -19,6 +19,7 @@ from stgcnd.errors import UserError, ValidationError
 from stgcnd.export.onnx_export import export_model
 from stgcnd.model import ModelSpec, load_model, reference_logits
 from stgcnd.model.synthetic import synthetic_windows
+from tests.conftest import stgcnd_at_once
 
 T = 30
 
@@ -132,23 +133,6 @@ def run_cli(*args, cwd=None):
                           text=True, cwd=cwd, timeout=300)
 
 
-def run_clis(*argvs: list[str]) -> list[subprocess.CompletedProcess]:
-    """Several independent commands at once (each mostly starts Python and imports)."""
-    procs = [subprocess.Popen([sys.executable, "-m", "stgcnd", *argv], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for argv in argvs]
-    done = []
-    try:
-        for argv, proc in zip(argvs, procs):
-            out, err = proc.communicate(timeout=300)
-            done.append(subprocess.CompletedProcess(argv, proc.returncode, out, err))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return done
-
-
 def test_cli_export_and_user_errors(tmp_path, checkpoint_path):
     out = tmp_path / "engines" / "single.onnx"
     errors = [
@@ -160,7 +144,7 @@ def test_cli_export_and_user_errors(tmp_path, checkpoint_path):
     argvs = [["export", *bad, "--frames", str(T), "--output", str(tmp_path / f"x{i}.onnx")]
              for i, (bad, _) in enumerate(errors)]
     # The export and the user errors that do not need its output, at once.
-    r, r_int, *runs = run_clis(
+    r, r_int, *runs = stgcnd_at_once(
         ["export", "--checkpoint", str(checkpoint_path), "--persons", "1", "--frames", str(T),
          "--output", str(out)],
         ["export", "--persons", "one", "--output", "x.onnx"], *argvs)
@@ -183,5 +167,5 @@ def test_every_command_has_help():
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     assert "export" in sub.choices
-    for name, r in zip(sub.choices, run_clis(*[[name, "--help"] for name in sub.choices])):
+    for name, r in zip(sub.choices, stgcnd_at_once(*[[name, "--help"] for name in sub.choices])):
         assert r.returncode == 0 and "usage: stgcnd" in r.stdout, name

@@ -36,6 +36,7 @@ import numpy as np
 
 from stgcnd.board import Board, detect
 from stgcnd.engines.builders.tensorrt import network_flags, strongly_typed_only
+from stgcnd.fsutil import parse_int, read_system_file
 from stgcnd.runtimes import import_tensorrt
 from stgcnd.runtimes.cuda import (
     DriverCalls,
@@ -70,20 +71,6 @@ def _under(root: Path, rel: str) -> Path:
         target = os.readlink(path)
         path = root / target.lstrip("/") if os.path.isabs(target) else path.parent / target
     return path
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(errors="replace").replace("\x00", "").strip()
-    except OSError:
-        return None
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
 
 
 def is_live(root: Path) -> bool:
@@ -154,7 +141,7 @@ def _nvpmodel_query() -> str | None:
 def power_mode(root: Path, live: bool,
                query: Callable[[], str | None] = _nvpmodel_query) -> Check:
     name = "power mode"
-    text = _read(_under(root, NVPMODEL_CONF))
+    text = read_system_file(_under(root, NVPMODEL_CONF))
     if text is None:
         return check(name, WARN, "/etc/nvpmodel.conf not found: the power modes are unknown",
                      "sudo apt install nvidia-l4t-nvpmodel (it installs /etc/nvpmodel.conf for "
@@ -166,7 +153,7 @@ def power_mode(root: Path, live: bool,
         current = parse_nvpmodel_query(query() or "")[1]
         source = "nvpmodel -q"
     if current is None:
-        current = parse_nvpmodel_status(_read(root / NVPMODEL_STATUS))
+        current = parse_nvpmodel_status(read_system_file(root / NVPMODEL_STATUS))
         source = "/var/lib/nvpmodel/status"
     if current is None and default is not None:
         current, source = default, "assumed: the DEFAULT of /etc/nvpmodel.conf"
@@ -202,14 +189,14 @@ def cpu_clocks(root: Path) -> list[dict[str, Any]]:
     base = root / CPU_DIR
     paths = sorted(base.glob("cpu[0-9]*"), key=lambda p: int(p.name[3:]))
     for cpu in paths:
-        if _read(cpu / "online") == "0":
+        if read_system_file(cpu / "online") == "0":
             continue
-        low = _int(_read(cpu / "cpufreq" / "scaling_min_freq"))
-        high = _int(_read(cpu / "cpufreq" / "scaling_max_freq"))
+        low = parse_int(read_system_file(cpu / "cpufreq" / "scaling_min_freq"))
+        high = parse_int(read_system_file(cpu / "cpufreq" / "scaling_max_freq"))
         if low is None or high is None:
             continue
-        cpus.append({"cpu": cpu.name, "min_khz": low, "max_khz": high,
-                     "hw_max_khz": _int(_read(cpu / "cpufreq" / "cpuinfo_max_freq"))})
+        hw_max = parse_int(read_system_file(cpu / "cpufreq" / "cpuinfo_max_freq"))
+        cpus.append({"cpu": cpu.name, "min_khz": low, "max_khz": high, "hw_max_khz": hw_max})
     return cpus
 
 
@@ -221,7 +208,8 @@ def gpu_clocks(root: Path) -> list[dict[str, Any]]:
     for dev in sorted(base.glob("*")) if base.is_dir() else []:
         if not _GPU_DEVFREQ.search(dev.name):
             continue
-        low, high = _int(_read(dev / "min_freq")), _int(_read(dev / "max_freq"))
+        low = parse_int(read_system_file(dev / "min_freq"))
+        high = parse_int(read_system_file(dev / "max_freq"))
         if low is not None and high is not None:
             gpus.append({"device": dev.name, "min_hz": low, "max_hz": high})
     return gpus
@@ -271,7 +259,7 @@ def zram_devices(root: Path) -> dict[str, int]:
     """{zramN: disksize in bytes} of the configured (non-zero) zram devices."""
     out = {}
     for dev in sorted((root / "sys" / "block").glob("zram*")):
-        size = _int(_read(dev / "disksize"))
+        size = parse_int(read_system_file(dev / "disksize"))
         if size:
             out[dev.name] = size
     return out
@@ -279,7 +267,7 @@ def zram_devices(root: Path) -> dict[str, int]:
 
 def memory(root: Path, board: Board) -> Check:
     name = "memory"
-    info = meminfo(_read(root / "proc" / "meminfo"))
+    info = meminfo(read_system_file(root / "proc" / "meminfo"))
     if "MemTotal" not in info or "MemAvailable" not in info:
         return check(name, WARN, "/proc/meminfo unreadable", None)
     gib = 1024 * 1024  # kB per GiB

@@ -129,9 +129,7 @@ class _Loader:
 
     def __init__(self, cfg: BenchConfig) -> None:
         self.cfg = cfg
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        self._store: Any = None
-        self.artifacts: dict[str, Any] = {}
+        self._store: EngineStore | None = None
 
     def store(self) -> EngineStore:
         if self._store is None:
@@ -154,9 +152,7 @@ class _Loader:
                                device="cuda" if base == "tensorrt" else cfg.device,
                                threads=cfg.threads, cuda_graph=graph,
                                allow_synthetic_calibration=True)
-        runtime = load_runtime(model, base, options, self.store())
-        self.artifacts[name] = runtime.info.artifact
-        return runtime
+        return load_runtime(model, base, options, self.store())
 
 
 def peak_gflops(cfg: BenchConfig, precision: str) -> float | None:
@@ -266,6 +262,7 @@ def _trtexec_columns(row: dict[str, Any], engine: str | None, x: np.ndarray,
 
 def run_bench(cfg: BenchConfig) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
+    loader = _Loader(cfg)
     for persons in cfg.persons:
         try:
             spec = ModelSpec(checkpoint=cfg.checkpoint, layout=cfg.layout, persons=persons,
@@ -276,17 +273,17 @@ def run_bench(cfg: BenchConfig) -> list[dict[str, Any]]:
         model = load_for_inference(spec)
         for batch in cfg.batches:
             x = synthetic_windows(batch, cfg.frames, persons, spec.num_node, seed=cfg.seed)
-            rows += _bench_shape(cfg, model, x, persons, gflop_per_window(model, x[0]))
+            rows += _bench_shape(cfg, loader, model, x, persons,
+                                 gflop_per_window(model, x[0]))
     return rows
 
 
-def _bench_shape(cfg: BenchConfig, model: Any, x: np.ndarray, persons: int,
+def _bench_shape(cfg: BenchConfig, loader: _Loader, model: Any, x: np.ndarray, persons: int,
                  gflop: float | None) -> list[dict[str, Any]]:
     """The rows of one (M, B): the baseline and every variant round-robin, then the variants'
     concurrent sessions (N > 1), each against the baseline."""
     label = f"M={persons} B={len(x)}"
     iters, warm = int(cfg.iterations or 1), int(cfg.warmup or 0)
-    loader = _Loader(cfg)
     opened: list[tuple[str, Runtime]] = [(BASELINE_NAME, runtime_module("torch").TorchRuntime(
         model, "fp32", cfg.device, max_batch=len(x), optimized=False))]
     try:
