@@ -8,6 +8,11 @@
 #                                                 # or TREE's (a checkout of another commit)
 #   OUT=dir bash scripts/device_check.sh memory [OLD]  # M=1 + M=5, torch fp16, a 6 GB
 #                                                 # budget: READY, nvidia-smi, 32 + 32 cameras
+#   OUT=dir bash scripts/device_check.sh compile  # torch.compile: its tests, the bench against
+#                                                 # today's graphs and a user's torch.compile,
+#                                                 # first and second start, saturation
+#   OUT=dir bash scripts/device_check.sh autotune # ours against a user's max-autotune
+#                                                 # (BATCHES, default "1 64")
 #
 # Wheels in .whl/ (if any) are installed to /tmp/site first (a machine without an index).
 # Every daemon runs the demo model on torch fp16 with CUDA graphs; every load comes from this
@@ -60,11 +65,11 @@ device = "cuda"
 precision = "fp16"
 labels = ["normal", "shoplifting"]'
 
-start() {  # $1 name, $2 PYTHONPATH; sets DPID, waits for READY (the ready log line)
+start() {  # $1 name, $2 PYTHONPATH, $3 seconds to wait (120); sets DPID, waits for READY
   PYTHONPATH=$2 python3 -m stgcnd --log-format json serve --config "$TMP/$1.toml" \
-    >"$RAW/daemon-$1.log" 2>&1 &
+    >>"$RAW/daemon-$1.log" 2>&1 &
   DPID=$!
-  for _ in $(seq 1 240); do
+  for _ in $(seq 1 $(( ${3:-120} * 2 ))); do
     grep -q '"event": "ready"' "$RAW/daemon-$1.log" && return 0
     kill -0 $DPID 2>/dev/null || break
     sleep 0.5
@@ -94,6 +99,39 @@ if [ "$PART" = tests ] || [ "$PART" = floor ]; then
   PYTHONPATH=$NEW_PATH python3 scripts/zmq_echo_floor.py 20000 | tee -a "$OUT/summary-$TAG.txt"
   PYTHONPATH=$NEW_PATH python3 scripts/zmq_echo_floor.py 250 --hold-us 0 --rate 25 \
     | tee -a "$OUT/summary-$TAG.txt"
+fi
+
+bench() {  # rest: bench args; the table's rows to the summary
+  PYTHONPATH=$NEW_PATH timeout "$BENCH_S" python3 -m stgcnd bench --device cuda --precisions fp16 \
+    --iterations 30 --store "$TMP/bench-store" --json "$RAW/bench-$PART.json" "$@" \
+    >"$RAW/bench-$PART.txt" 2>&1
+  grep -v '^{' "$RAW/bench-$PART.txt" | grep -A40 '^backend' | tee -a "$OUT/summary-$TAG.txt"
+}
+
+if [ "$PART" = compile ]; then
+  config first "$MODEL_M1" ""
+  for run in ${STARTS:-cold warm}; do  # an empty store, then the same store again
+    cp "$TMP/first.toml" "$TMP/$run.toml"
+    t0=$(date +%s.%N)
+    start $run "$NEW_PATH" 400 || break
+    echo "READY $run: $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s," \
+      "$(grep -c '"torch_compiled"' "$RAW/daemon-$run.log") buckets compiled" \
+      | tee -a "$OUT/summary-$TAG.txt"
+    grep '"torch_compile_\(failed\|unavailable\)"' "$RAW/daemon-$run.log" | head -3 \
+      | tee -a "$OUT/summary-$TAG.txt"
+    [ $run = warm ] && lt first saturation --model single
+    stop
+  done
+  PYTHONPATH=$NEW_PATH timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
+    tests/runtimes/test_torch_compile.py ${TESTS_K:+-k "$TESTS_K"} >"$RAW/pytest.txt" 2>&1
+  tail -8 "$RAW/pytest.txt" | tee -a "$OUT/summary-$TAG.txt"
+  [ -n "${NO_BENCH:-}" ] || BENCH_S=200 bench --backends torch-cudagraph torch-compile-cudagraph torch.compile \
+    --batch 1 64 --persons 1 5
+fi
+
+if [ "$PART" = autotune ]; then
+  BENCH_S=${BENCH_S:-500} bench --backends torch-cudagraph torch-compile-cudagraph \
+    torch.compile-max-autotune --batch ${BATCHES:-1 64} --persons 1
 fi
 
 if [ "$PART" = serve ]; then

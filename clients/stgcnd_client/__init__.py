@@ -31,6 +31,7 @@ from .errors import (
     ShuttingDown,
     Timeout,
 )
+from .events import Events
 from .protocol import PROTOCOL_VERSION, ErrorCode, Op, ProtocolError
 from .results import ModelInfo, Result, ServerInfo
 from .window import SkeletonWindow
@@ -46,6 +47,7 @@ __all__ = [
     "ClientError",
     "CrossThreadUse",
     "ErrorCode",
+    "Events",
     "Expired",
     "ModelInfo",
     "Op",

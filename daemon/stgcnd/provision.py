@@ -37,6 +37,7 @@ from stgcnd.model.synthetic import synthetic_windows
 from stgcnd.runtimes import (
     NAMES,
     available,
+    cpu_bf16,
     gpu_present,
     import_onnxruntime,
     import_tensorrt,
@@ -199,7 +200,8 @@ def load_runtime(model: ModelLike, backend: str, options: BuildOptions,
         with at_step("load"):
             return runtime_module("torch").TorchRuntime(
                 model, options.precision, options.device, cuda_graph=options.cuda_graph,
-                max_batch=options.max_batch, threads=options.threads)
+                max_batch=options.max_batch, threads=options.threads,
+                compile_mode=options.compile, compile_cache=store.root)
     raise UserError(f"unknown backend {backend!r}; choose auto, {', '.join(NAMES)}")
 
 
@@ -272,33 +274,49 @@ def time_runtimes(runtimes: dict[str, Runtime], rounds: int = AUTO_ROUNDS) -> di
             runner.close()
 
 
+# On a CPU, `precision` is the lowest the user allows; auto measures every runtime and
+# precision down to it that can run here and serves the fastest. bf16 only where the CPU does
+# it natively (emulated, it is slower than fp32).
+_CPU_CANDIDATES = {"fp32": (("torch", "fp32"), ("onnxruntime", "fp32")),
+                   "bf16": (("torch", "fp32"), ("onnxruntime", "fp32"), ("torch", "bf16"))}
+_CPU_CANDIDATES["fp16"] = _CPU_CANDIDATES["bf16"]
+_CPU_CANDIDATES["int8"] = (*_CPU_CANDIDATES["bf16"], ("onnxruntime", "int8"))
+
+
 def fastest_cpu_runtime(model: Any, options: BuildOptions, store: EngineStore
-                        ) -> tuple[str, str]:
-    """(torch or onnxruntime, why): whichever runs this model faster here; measured once,
-    cached in the store."""
-    if options.precision == "int8":
-        return "onnxruntime", "the only CPU runtime with int8"
+                        ) -> tuple[str, str, str]:
+    """(runtime, precision, why): the fastest here of the CPU runtimes and precisions that
+    `options.precision` allows; measured once, cached in the store."""
     cache_path = store.root / AUTO_CACHE_NAME
+    bf16 = cpu_bf16()
     key = key_digest({"model": model_key(model), "machine": machine_key(),
-                      "precision": options.precision, "threads": options.threads})
+                      "allowed": options.precision, "threads": options.threads, "v": 2})
     try:
         cache = json.loads(cache_path.read_text())
     except (OSError, ValueError):
         cache = {}
     if key in cache:
-        log.info("auto_backend_cached", backend=cache[key]["backend"], key=key[:12])
-        return str(cache[key]["backend"]), _faster(cache[key].get("fastest_ms") or {})
+        entry = cache[key]
+        log.info("auto_backend_cached", backend=entry["backend"], precision=entry["precision"],
+                 key=key[:12])
+        return str(entry["backend"]), str(entry["precision"]), _faster(entry["fastest_ms"])
     candidates: dict[str, Runtime] = {}
     unavailable = available()
     try:
-        for name in ("torch", "onnxruntime"):
-            if unavailable[name] is not None:  # torch is optional: auto runs without it
-                log.info("auto_backend_skipped", backend=name, reason=unavailable[name])
-                continue
-            try:
-                candidates[name] = load_runtime(model, name, options, store)
-            except BackendUnavailable as exc:
-                log.info("auto_backend_skipped", backend=name, reason=str(exc))
+        for name, precision in _CPU_CANDIDATES[options.precision]:
+            label = f"{name} {precision}"
+            reason = unavailable[name] or (None if precision != "bf16" or bf16 else
+                                           "this CPU has no bf16 instructions (AVX512-BF16, "
+                                           "AMX or Arm BF16)")
+            if reason is None:
+                try:
+                    candidates[label] = load_runtime(
+                        model, name, dataclasses.replace(options, precision=precision), store)
+                except (BackendUnavailable, UserError) as exc:
+                    reason = str(exc)
+            if reason is not None:  # torch is optional, int8 may lack calibration: go on
+                log.info("auto_backend_skipped", backend=name, precision=precision,
+                         reason=reason)
         if not candidates:
             raise BackendUnavailable("no CPU runtime can run here; pip install onnxruntime")
         timings = time_runtimes(candidates)
@@ -306,23 +324,25 @@ def fastest_cpu_runtime(model: Any, options: BuildOptions, store: EngineStore
         for runtime in candidates.values():
             runtime.close()
     best = min(timings, key=timings.__getitem__)
-    cache[key] = {"backend": best, "fastest_ms": timings, "machine": machine_key(),
-                  "model": model_key(model), "precision": options.precision,
-                  "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    backend, precision = best.split()
+    cache[key] = {"backend": backend, "precision": precision, "allowed": options.precision,
+                  "fastest_ms": timings, "machine": machine_key(), "model": model_key(model),
+                  "cpu_bf16": bf16, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
     try:
         atomic_write_json(cache_path, cache)
     except OSError as exc:  # a read-only store: measure again next start, serve now
         log.warning("auto_backend_not_cached", path=str(cache_path), error=exc.strerror)
-    log.info("auto_backend_measured", backend=best, rounds=AUTO_ROUNDS,
-             **{f"{k}_ms": round(v, 2) for k, v in timings.items()})
-    return best, _faster(timings)
+    log.info("auto_backend_measured", backend=backend, precision=precision,
+             allowed=options.precision, cpu_bf16=bf16, rounds=AUTO_ROUNDS,
+             **{f"{k.replace(' ', '_')}_ms": round(v, 2) for k, v in timings.items()})
+    return backend, precision, _faster(timings)
 
 
 def _faster(timings: dict[str, float]) -> str:
-    """"the faster CPU runtime here (onnxruntime 2.10 ms, torch 3.40 ms per window)"."""
+    """"the fastest here (onnxruntime fp32 2.10 ms, torch fp32 3.40 ms per window)"."""
     shown = ", ".join(f"{k} {v:.2f} ms" for k, v in sorted(timings.items(),
                                                            key=lambda kv: kv[1]))
-    return f"the faster CPU runtime here ({shown} per window)" if len(timings) > 1 else \
+    return f"the fastest here ({shown} per window)" if len(timings) > 1 else \
         "the only CPU runtime here"
 
 
@@ -361,16 +381,18 @@ def auto_chain(model: ModelLike, options: BuildOptions, store: EngineStore
                                     if trt_skipped else "after tensorrt failed"))
     else:
         _skipped("torch (CUDA)", torch_skipped, gpu)
-    cpu_options = dataclasses.replace(options, device="cpu", cuda_graph=False)
-    if cpu_options.precision == "fp16":
-        log.warning("precision_fallback", backend="cpu", asked="fp16", using="fp32",
-                    reason="CPU runtimes run fp32 (or int8 with onnxruntime)")
-        cpu_options = dataclasses.replace(cpu_options, precision="fp32")
-    first, why = fastest_cpu_runtime(loaded(model, store, cpu_options), cpu_options, store)
-    yield Choice(first, cpu_options, why)
-    other = "torch" if first == "onnxruntime" else "onnxruntime"
-    if unavailable[other] is None and cpu_options.precision != "int8":
-        yield Choice(other, cpu_options, f"the other CPU runtime ({first} failed)")
+    cpu_options = dataclasses.replace(options, device="cpu", cuda_graph=False,
+                                      compile="off")
+    first, precision, why = fastest_cpu_runtime(loaded(model, store, cpu_options),
+                                                cpu_options, store)
+    if precision != options.precision:
+        log.warning("precision_fallback", backend=first, asked=options.precision,
+                    using=precision, reason=f"on this CPU: {why}")
+    yield Choice(first, dataclasses.replace(cpu_options, precision=precision), why)
+    fp32 = dataclasses.replace(cpu_options, precision="fp32")
+    for other in ("torch", "onnxruntime"):
+        if unavailable[other] is None and (other, "fp32") != (first, precision):
+            yield Choice(other, fp32, f"fp32 on the CPU ({first} {precision} failed)")
 
 
 def _skipped(runtime: str, reason: str, gpu: bool) -> None:

@@ -16,7 +16,7 @@ from stgcnd.engines.store import EngineStore
 from stgcnd.model import ModelSpec, load_model, reference_logits
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd.provision import AUTO_CACHE_NAME, open_runtime, resolve_auto, time_runtimes
-from stgcnd.runtimes import available
+from stgcnd.runtimes import available, cpu_bf16
 from stgcnd.runtimes.noop import NoopRuntime
 from stgcnd.runtimes.torch_runtime import TorchRuntime
 from tests.runtimes.conftest import opened
@@ -41,8 +41,9 @@ def test_auto_measures_both_cpu_runtimes_and_remembers(tmp_path):
     cache_path = tmp_path / "engines" / AUTO_CACHE_NAME
     (entry,) = json.loads(cache_path.read_text()).values()
     timings = entry["fastest_ms"]
-    assert set(timings) == {"torch", "onnxruntime"} and all(v > 0 for v in timings.values())
-    assert entry["backend"] == min(timings, key=timings.__getitem__)
+    assert set(timings) == {"torch fp32", "onnxruntime fp32"}  # fp32 allows nothing lower
+    assert all(v > 0 for v in timings.values())
+    assert f"{entry['backend']} {entry['precision']}" == min(timings, key=timings.__getitem__)
     assert entry["precision"] == "fp32" and entry["machine"]["cpus"] >= 1
 
     # The decision is read back, not re-measured: flip it on disk and it is honoured.
@@ -56,14 +57,20 @@ def test_auto_measures_both_cpu_runtimes_and_remembers(tmp_path):
     finally:
         again.close()
 
-    # Without a GPU, fp16 runs as fp32 on the CPU (same cache entry), and int8 only has
-    # ONNX Runtime (nothing to measure); CUDA graphs are for GPUs.
-    name, options = resolve_auto(model, BuildOptions(precision="fp16", cuda_graph=True), store)
-    assert (name, options.device, options.precision, options.cuda_graph) == \
-        (other, "cpu", "fp32", False)
-    name, options = resolve_auto(model, BuildOptions(precision="int8"), store)
-    assert (name, options.device, options.precision) == ("onnxruntime", "cpu", "int8")
-    assert len(json.loads(cache_path.read_text())) == 1
+    # A lower precision allows more: fp16 adds bf16 where this CPU has it natively, int8
+    # adds ONNX Runtime's int8 too; each allowance is its own measurement, the fastest wins.
+    # CUDA graphs are for GPUs.
+    bf16 = {"torch bf16"} if cpu_bf16() else set()
+    for allowed, extra in (("fp16", bf16), ("int8", bf16 | {"onnxruntime int8"})):
+        name, options = resolve_auto(model, BuildOptions(
+            precision=allowed, cuda_graph=True, allow_synthetic_calibration=True), store)
+        entry = next(e for e in json.loads(cache_path.read_text()).values()
+                     if e["allowed"] == allowed)
+        assert set(entry["fastest_ms"]) == {"torch fp32", "onnxruntime fp32"} | extra
+        fastest = min(entry["fastest_ms"], key=entry["fastest_ms"].__getitem__)
+        assert f"{name} {options.precision}" == fastest
+        assert (options.device, options.cuda_graph) == ("cpu", False)
+    assert len(json.loads(cache_path.read_text())) == 3
 
 
 def test_time_runtimes_measures_each_through_a_runner_and_closes_them(small_model):

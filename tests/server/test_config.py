@@ -38,7 +38,8 @@ def test_env_and_flags_override(tmp_path):
     ('[server]\nendpont = "x"\n', "unknown key.*endpont"),
     ('[sever]\n', "unknown section"),
     ('[[models]]\nname = "a"\ndemo = true\nbackend = "cuda"\n', "backend must be"),
-    ('[[models]]\nname = "a"\ndemo = true\n[[models]]\nname = "a"\ndemo = true\n', "unique"),
+    ('[[models]]\nname = "a"\ndemo = true\n[[models]]\nname = "a"\ndemo = true\n',
+     "more than one model is named 'a'.*its own name"),
     ('[[models]]\nname = "a"\npersons = "two"\n', "persons: invalid.*expected an integer"),
     ('[server\n', "invalid TOML"),
 ])
@@ -122,6 +123,36 @@ def test_named_model_without_checkpoint_must_say_demo(tmp_path):
         load_config(p, env={})
     p.write_text("[server]\nqueue_size = 4\n")
     with pytest.raises(UserError, match=r"no \[\[models\]\] entry.*demo = true"):
+        load_config(p, env={})
+
+
+def test_relative_paths_in_the_file_are_relative_to_its_directory(tmp_path, monkeypatch):
+    # One store and the same files whatever directory the daemon is started from; a path
+    # given as a flag or variable is relative to the current directory, as in a shell.
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    p = etc / "c.toml"
+    p.write_text('[server]\nengines_dir = "engines"\n[[models]]\ncheckpoint = "m/a.pt"\n'
+                 f'calibration = "{tmp_path / "w.npz"}"\n')
+    for cwd in (tmp_path, etc):
+        monkeypatch.chdir(cwd)
+        cfg = load_config(p.relative_to(cwd), env={})
+        assert cfg.engines_dir == etc / "engines"
+        assert cfg.models[0].checkpoint == str(etc / "m" / "a.pt")
+        assert cfg.models[0].calibration == str(tmp_path / "w.npz")
+    assert load_config(p, env={"STGCND_ENGINES_DIR": "e"}).engines_dir == Path("e")
+    assert load_config(p, env={}, overrides={"engines_dir": "f"}).engines_dir == Path("f")
+
+
+def test_an_unnamed_model_is_named_after_its_checkpoint(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text('[[models]]\ncheckpoint = "/m/epoch60_model.pt"\n[[models]]\ndemo = true\n'
+                 '[[models]]\nname = "b"\ncheckpoint = "/m/b.onnx"\n')
+    assert [m.name for m in load_config(p, env={}).models] == ["epoch60_model", "demo", "b"]
+    p.write_text('[[models]]\ncheckpoint = "/m/a/model.pt"\n'
+                 '[[models]]\ncheckpoint = "/m/b/model.pt"\n')
+    with pytest.raises(UserError, match=r"more than one model is named 'model' \(a model "
+                                        r"without a name is named after its checkpoint"):
         load_config(p, env={})
 
 

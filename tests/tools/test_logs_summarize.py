@@ -189,3 +189,61 @@ def test_plot_without_a_gpu_shows_cpu_and_no_empty_series():
     colours = {line.get_color() for line in fig.axes[0].get_lines()}
     assert len(colours) == 3 and colours <= set(STREAM_COLOURS)
     assert fig.axes[0].xaxis.get_major_formatter()(0.5).count(":") == 2  # hours:minutes:seconds
+
+
+def test_action_events_become_one_span_each_in_the_table_and_the_timeline():
+    """The daemon's `action_event` lines (server/events.py): a start and its end paired by
+    id, an event still open at the log's end shown as open; a panel of bars per camera."""
+    pytest.importorskip("matplotlib")
+    from stgcnd.tools.logs.plot import figure
+    from stgcnd.tools.logs.summarize import render_text
+
+    t0 = 1764079200.0  # 2025-11-25 14:00:00 UTC
+
+    def line(kind, camera, n, started, **more):
+        return json.dumps({"event": "action_event", "timestamp": "2025-11-25T14:00:00Z",
+                           "kind": kind, "id": f"{camera}/m/1/{n}", "camera": camera,
+                           "model": "m", "class": "shoplifting", "started": t0 + started,
+                           "peak": 0.9, **more})
+
+    lines = [line("start", "cam1", 1, 10), line("start", "cam2", 1, 20),
+             line("end", "cam1", 1, 10, ended=t0 + 18.5, peak=0.97, reason="below-exit"),
+             json.dumps({"event": "latency", "timestamp": "2025-11-25T14:00:30Z",
+                         "camera": "cam1", "model": "m", "p50_ms": 5.0, "p99_ms": 9.0,
+                         "count": 10})]
+    log = scan(lines)
+    spans = summarize(log)["action_events"]
+    assert [(s["camera"], s["reason"]) for s in spans] == [("cam1", "below-exit"),
+                                                          ("cam2", None)]
+    text = render_text(summarize(log))
+    assert "cam1         14:00:10 - 14:00:18     8.5 s  shoplifting  peak 0.97  below-exit" \
+        in text
+    assert "cam2         14:00:20 - -             open  shoplifting  peak 0.90  still open" in text
+    fig = figure(log)
+    timeline = fig.axes[1]
+    assert [t.get_text() for t in timeline.get_yticklabels()] == ["cam1", "cam2"]
+    assert len(timeline.collections) == 2       # one bar collection per camera
+    assert len(scan(lines, camera="cam2").actions) == 1
+
+
+def test_skeleton_quality_is_a_table_per_camera_weighted_by_frames():
+    from stgcnd.tools.logs.summarize import render_text
+
+    def line(camera, frames, no_person, usable, **more):
+        return json.dumps({"event": "skeleton_quality", "timestamp": "2025-11-25T14:00:00Z",
+                           "camera": camera, "frames": frames, "no_person": no_person,
+                           "visibility": 0.9, "low_visibility": 0.1, "out_of_frame": 0.0,
+                           "usable": usable, "silent": frames == 0, "blocked": False,
+                           **more})
+
+    lines = [line("cam1", 300, 0.0, 0.9), line("cam1", 100, 1.0, 0.0), line("cam1", 0, None,
+                                                                         None),
+             line("cam2", 0, None, None, silent=False, blocked=True)]
+    (cam1, cam2) = summarize(scan(lines))["skeleton_quality"]
+    assert cam1["no_person"] == 0.25 and cam1["worst_usable"] == 0.0    # 100 of 400 frames
+    assert (cam1["intervals"], cam1["frames"], cam1["silent"]) == (3, 400, 1)
+    assert cam2["blocked"] == 1 and cam2["no_person"] is None
+    text = render_text(summarize(scan(lines)))
+    assert "== skeleton quality" in text
+    assert "cam1             400      0.25    0.90   0.10    0.00         0.00      1       0" \
+        in text

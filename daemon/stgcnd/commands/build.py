@@ -21,7 +21,7 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--backend", default="auto",
                    choices=["auto", "tensorrt", "torch", "onnxruntime"],
                    help="runtime to build for (default: auto = the fastest that runs here)")
-    g.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"],
+    g.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16", "int8"],
                    help="numeric precision (default: fp32)")
     g.add_argument("--device", default=None, choices=["cpu", "cuda"],
                    help="device for torch/onnxruntime (tensorrt is always cuda; "
@@ -105,7 +105,7 @@ def jobs_from_config(path: Path, args: argparse.Namespace
             base, precision=mc.precision, max_batch=mc.max_batch,
             dynamic_batch=mc.max_batch > 1, calibration=mc.calibration,
             allow_synthetic_calibration=mc.allow_synthetic_calibration,
-            cuda_graph=mc.cuda_graph)
+            cuda_graph=mc.cuda_graph, compile=mc.compile)
         jobs.append((spec, mc.backend, options))
     return jobs, EngineStore(args.engines or config.engines_dir)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from stgcnd.server.config import example, key_table, load_config
+from stgcnd.server.config import check_files, example, key_table, load_config
 
 
 def register(subparsers: Any) -> None:
@@ -31,9 +31,9 @@ def register(subparsers: Any) -> None:
     check = sub.add_parser(
         "check", help="check a configuration file as the daemon would read it",
         description="Read FILE (default: $STGCND_CONFIG, else /etc/stgcnd/stgcnd.toml, else "
-                    "the built-in defaults), apply STGCND_* variables, and print the "
-                    "resolved configuration as JSON. Exit status 2 with the daemon's error "
-                    "when it would refuse it.")
+                    "the built-in defaults), apply STGCND_* variables, check that the files "
+                    "the models name exist, and print the resolved configuration as JSON. "
+                    "Exit status 2 with the daemon's error when it would refuse it.")
     check.add_argument("file", nargs="?", type=Path, metavar="FILE",
                        help="the file to check (default: where the daemon would look)")
     check.set_defaults(func=run_check)
@@ -45,7 +45,7 @@ def _print(text: str) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    config = load_config(args.file)
+    config = check_files(load_config(args.file))
     resolved = msgspec.to_builtins(config)
     resolved["endpoint"] = config.endpoint
     resolved["engines_dir"] = str(config.engines_dir)

@@ -18,6 +18,7 @@ import numpy as np
 from stgcnd.commands._camera_args import add_camera_args
 from stgcnd.errors import UserError
 from stgcnd.tools.demo.camera_sim import simulate
+from stgcnd.tools.demo.event_printer import EventPrinter
 from stgcnd.tools.demo.progress import LogFollower, describe
 from stgcnd.tools.demo.report import LEGEND, Load, explain_rate
 from stgcnd_client import Client, ClientError
@@ -89,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
     # One prediction per camera per second (stride 25 at 25 fps): what a 2-core CPU sustains
     # for several cameras; a Jetson with TensorRT serves stride 1.
     config = tmp / "demo.toml"
-    config.write_text(demo_config(args.stride))
+    events_endpoint = f"ipc://{tmp / 'events.sock'}"
+    config.write_text(demo_config(args.stride, events_endpoint))
+    printer = EventPrinter(events_endpoint, _say)
     cmd = [sys.executable, "-m", "stgcnd", "--log-format", "json", "serve", "--config",
            str(config), "--endpoint", endpoint]
     if args.engines:
@@ -108,7 +111,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             wait_ready(endpoint, proc, timeout=300.0, log_path=log_path, t0=t0)
             timing["startup"] = time.monotonic() - t0
-            _say(f"start-up took {timing['startup']:.1f} s. Clients connect to {endpoint}")
+            _say(f"start-up took {timing['startup']:.1f} s. Clients connect to {endpoint}; "
+                 f"events are published on {events_endpoint}")
+            printer.start()
+            printer.wait_subscribed()
             every = (f"a prediction every {args.stride} frames" if args.mode == "push"
                      else "a prediction per frame")
             _say(f"running {args.cameras} simulated cameras at {args.fps:g} fps for "
@@ -127,10 +133,15 @@ def run(args: argparse.Namespace) -> int:
                     proc.kill()
                     proc.wait()
             timing["shutdown"] = time.monotonic() - t2
+            if printer.is_alive():
+                printer.finish()
     if rows:
         for line in _rate_lines(rows, args):
             _say(line)
     _say(f"daemon stopped (exit code {proc.returncode}); log: {log_path}")
+    _say(f"events: {printer.started_events} started, {printer.ended_events} ended (the demo "
+         "model sees its second class in every window: each camera's event lasts until the "
+         "shutdown closes it)")
     _say("took " + ", ".join(f"{k} {v:.1f} s" for k, v in timing.items())
         + f"; summarize the log: stgcnd logs summarize {log_path}")
     overload, errors = _error_counts(rows)
@@ -158,10 +169,14 @@ def _error_counts(rows: list[dict[str, Any]]) -> tuple[int, int]:
     return overload, other
 
 
-def demo_config(stride: int = 25) -> str:
-    """The daemon configuration the demo serves (tests/test_readme.py serves it too)."""
-    return (f'[server]\nstats_interval = 5.0\n\n[[models]]\nname = "demo"\ndemo = true\n'
-            f'stride = {stride}\n')
+def demo_config(stride: int = 25, events_endpoint: str = "") -> str:
+    """The daemon configuration the demo serves (tests/test_readme.py serves it too), with
+    action events published on `events_endpoint` when given."""
+    text = (f'[server]\nstats_interval = 5.0\nevents_endpoint = "{events_endpoint}"\n\n'
+            f'[[models]]\nname = "demo"\ndemo = true\nstride = {stride}\n')
+    # The demo model's random weights put every window in its second class (probability
+    # ~1.0): each camera's event starts after min_duration_s and ends at the shutdown.
+    return text + ("\n[models.events]\nmin_duration_s = 1.0\n" if events_endpoint else "")
 
 
 def _say(line: str) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from stgcnd.errors import BuildCancelled, UserError
 from stgcnd.log import get_logger, log_is_json
-from stgcnd.server.config import load_config
+from stgcnd.server.config import check_files, load_config
 from stgcnd.server.server import Server
 from stgcnd.server.transport import check_endpoint
 
@@ -67,10 +67,10 @@ def report_fatal(event: str, exc: BaseException) -> int:
 def run(args: argparse.Namespace) -> int:
 
     try:
-        config = load_config(args.config, overrides={
+        config = check_files(load_config(args.config, overrides={
             "endpoint": args.endpoint,
             "engines_dir": str(args.engines) if args.engines else None,
-            "stats_interval": args.stats_interval}, flag_names=FLAG_NAMES)
+            "stats_interval": args.stats_interval}, flag_names=FLAG_NAMES))
         # Before any model is loaded or built: a wrong endpoint fails now, with a fix.
         check_endpoint(config.endpoint)
         server = Server(config, args.config)

@@ -8,7 +8,7 @@ from typing import Any
 
 from stgcnd.errors import UserError
 
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8")  # bf16: the torch runtime on a CPU
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("tensorrt", "torch", "onnxruntime")
 # "qdq": explicit quantization (a Q/DQ ONNX made by stgcnd from calibration windows; every
@@ -31,6 +31,7 @@ class BuildOptions:
     device: str = "cpu"
     threads: int = 0
     cuda_graph: bool = False
+    compile: str = "off"  # the torch runtime on CUDA: runtimes/torch_compile.py
     layer_info: bool = False
     int8_mode: str = "qdq"
     # Runners sharing the engine (the model's `instances`): TensorRT lets an optimization
@@ -74,7 +75,7 @@ class BuildOptions:
     def key_dict(self, backend: str | None = None) -> dict[str, Any]:
         """The options that change what gets built, for the cache key.
 
-        Runtime-only options (threads, cuda_graph) are left out: changing them must not rebuild.
+        Runtime-only options (threads, cuda_graph, compile) are left out: changing them must not rebuild.
         With `backend`, options that backend ignores are left out too, so that e.g. a new
         --workspace-mb does not rebuild an ONNX Runtime model.
         """

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from pathlib import Path
 from types import ModuleType
 
 from stgcnd.errors import BackendUnavailable
+from stgcnd.fsutil import read_system_file
 from stgcnd.runtimes.cuda import device_properties
 from stgcnd.versions import torch_missing, torch_unusable
 
@@ -34,6 +36,16 @@ def importable(name: str) -> bool:
 def gpu_present() -> bool:
     """A CUDA GPU answers the driver (no torch needed; a Jetson's iGPU included)."""
     return device_properties() is not None
+
+
+def cpu_bf16() -> str | None:
+    """The CPU's native bf16 instructions (amx_bf16, avx512_bf16, or Arm's bf16), or None:
+    where the torch runtime's CPU bf16 pays (emulated, it runs slower than fp32)."""
+    flags: set[str] = set()
+    for line in (read_system_file(Path("/proc/cpuinfo")) or "").splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.split(":", 1)[1].split())
+    return next((f for f in ("amx_bf16", "avx512_bf16", "bf16") if f in flags), None)
 
 
 def available() -> dict[str, str | None]:

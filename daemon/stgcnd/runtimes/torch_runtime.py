@@ -9,6 +9,9 @@ Precision: fp32 everywhere; fp16 on CUDA only. fp16 on the CPU is refused rather
 run as bf16 (another number format: ~1e-1 logit differences on the demo model); bf16 is offered
 explicitly on the CPU, for machines with AMX or AVX512-BF16.
 
+`compile` runs the optimized module through torch.compile on CUDA (torch_compile.py), with a
+fall-back to the uncompiled module, logged once, where a compile fails.
+
 `optimized=False` runs the plain network as the user trained it, with the host I/O the seeds'
 benchmark uses (`torch.from_numpy(x).to(device)` ... `.cpu().numpy()`): the eager baseline.
 """
@@ -20,6 +23,8 @@ import inspect
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -28,7 +33,8 @@ from stgcnd.errors import BackendUnavailable
 from stgcnd.log import get_logger
 from stgcnd.model.loader import LoadedModel
 from stgcnd.model.optimized import Form, FusedTwoStream, optimize
-from stgcnd.model.stgcn import motion
+from stgcnd.model.stgcn import MotionFormula, motion
+from stgcnd.runtimes import cpu_bf16, torch_compile
 from stgcnd.runtimes.base import HostRunner, Runner, Runtime, RuntimeInfo
 from stgcnd.runtimes.cuda import CAPTURE_LOCK, GraphsUnavailable
 from stgcnd.runtimes.cuda_batch import LanedBatch
@@ -65,7 +71,8 @@ def cuda_device() -> torch.device:
 class TorchRuntime(Runtime):
     def __init__(self, model: LoadedModel, precision: str = "fp32", device: str = "cpu",
                  cuda_graph: bool = False, max_batch: int = 64, optimized: bool = True,
-                 threads: int = 0, form: Form = "channels_last") -> None:
+                 threads: int = 0, form: Form = "channels_last", compile_mode: str = "off",
+                 compile_cache: Path | None = None, inductor_graphs: bool = False) -> None:
         if precision not in PRECISIONS:
             raise BackendUnavailable(f"the torch runtime runs fp32, fp16 (CUDA) or bf16 (CPU), "
                                      f"not {precision!r}; use tensorrt or onnxruntime for int8")
@@ -86,6 +93,10 @@ class TorchRuntime(Runtime):
                 torch.backends.cuda.matmul.allow_tf32 = False
         elif threads > 0:
             torch.set_num_threads(threads)
+        if self.device.type == "cpu" and precision == "bf16" and cpu_bf16() is None:
+            log.warning("bf16_emulated", reason="this CPU has no bf16 instructions (AVX512-BF16, "
+                        "AMX or Arm BF16): bf16 runs emulated, slower than fp32",
+                        fix='use precision = "fp32"')
         self.dtype = _DTYPES[precision]
         self._window_cost: tuple[int, int] | None = None  # (fixed, per window) bytes
         self.optimized = optimized
@@ -103,32 +114,98 @@ class TorchRuntime(Runtime):
         # summed: on CUDA the motion stream runs on a second CUDA stream, so that (inside a
         # graph, as two parallel branches) their small kernels overlap.
         self.parallel_streams = (optimized and self.device.type == "cuda"
-                                 and hasattr(self.module, "motion")
-                                 and hasattr(self.module, "origin"))
-        variant = ("optimized" if optimized else "eager") + ("+cudagraph" if self.cuda_graph
-                                                              else "")
+                                 and isinstance(self.module, FusedTwoStream))
+        self.compile_mode = "off"
+        self._compiled: set[int] = set()  # batch sizes compiled (each logs once)
+        self.compile_failed = False
+        self._inductor_graphs = inductor_graphs and not self.cuda_graph
+        self._whole: Callable[[torch.Tensor], torch.Tensor] = self.module
+        self._streams: tuple[Callable[[torch.Tensor], torch.Tensor], ...] = ()
+        self._formula: MotionFormula = getattr(model.module, "motion_formula",
+                                               "first-difference")
+        self._use_compile("off")
+        if optimized:
+            mode, why_not = torch_compile.resolve(compile_mode, self.device)
+            if why_not is not None and compile_mode != "auto":
+                log.warning("torch_compile_unavailable", asked=compile_mode, reason=why_not,
+                            action="serving the uncompiled module")
+            try:  # an unusable cache fails as early as dynamo's import
+                if mode != "off" and compile_cache is not None:
+                    torch_compile.use_cache(compile_cache, self.device)
+                self._use_compile(mode)
+            except Exception as exc:
+                self._compile_failed(exc, mode)
+        variant = (("optimized" if optimized else "eager")
+                   + (f"+compile({self.compile_mode})" if self.compile_mode != "off" else "")
+                   + ("+inductor-graphs" if self._inductor_graphs else "")
+                   + ("+cudagraph" if self.cuda_graph else ""))
         self.info = RuntimeInfo(
             name="torch", precision=precision, device=str(self.device),
             input_shape=tuple(model.spec.input_shape), num_class=int(model.num_class),
             max_batch=int(max_batch), artifact=None,
             details={"variant": variant, "torch": torch.__version__,
+                     "compile": "off (failed)" if self.compile_failed else self.compile_mode,
                      "graph_op": model.spec.graph_op, **({"form": form} if optimized else {})})
         log.info("backend_loaded", backend="torch", precision=precision, device=str(self.device),
                  variant=variant, max_batch=max_batch)
 
-    def forward(self, x: torch.Tensor, side: torch.cuda.Stream | None = None) -> torch.Tensor:
-        if side is None or not self.parallel_streams:
-            return self.module(x.to(self.dtype)).float()
+    def _use_compile(self, mode: str) -> None:
+        """What forward() calls: the module (or its two streams) compiled with `mode`, or not."""
+        self.compile_mode = mode
         module = self.module
-        assert isinstance(module, FusedTwoStream)  # what has two streams (parallel_streams)
+
+        def as_run(m: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+            return m if mode == "off" else torch_compile.compiled(
+                m, mode, static=self.cuda_graph, inductor_graphs=self._inductor_graphs)
+
+        self._whole = as_run(module)
+        if isinstance(module, FusedTwoStream) and self.parallel_streams:
+            self._streams = (as_run(module.origin), as_run(module.motion))
+
+    def _compile_failed(self, exc: Exception, mode: str, batch: int | None = None) -> None:
+        log.warning("torch_compile_failed", mode=mode, batch=batch,
+                    error=f"{type(exc).__name__}: {exc}"[:800],
+                    action="serving the uncompiled module")
+        self._use_compile("off")
+        self.compile_failed = True
+
+    def forward(self, x: torch.Tensor, side: torch.cuda.Stream | None = None) -> torch.Tensor:
+        if side is None or not self._streams:
+            return self._whole(x.to(self.dtype)).float()
+        origin, motion_stream = self._streams
         main = torch.cuda.current_stream(self.device)
         x = x.to(self.dtype)
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            y_motion = module.motion(motion(x, module.motion_formula))
-        y = module.origin(x)
+            y_motion = motion_stream(motion(x, self._formula))
+        y = origin(x)
         main.wait_stream(side)
         return (y + y_motion).float()
+
+    def prepare(self, x: torch.Tensor, side: torch.cuda.Stream | None = None) -> None:
+        """Run batch `x` twice, outside any graph: cuDNN's autotuning, the allocator's warm-up
+        and, when compiling, this shape's compile. A failed compile falls back to the
+        uncompiled module (one warning) rather than failing the start."""
+        t0 = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                for _ in range(2):
+                    self.forward(x, side)
+        except Exception as exc:
+            if self.compile_mode == "off":
+                raise
+            torch.cuda.synchronize(self.device)
+            self._compile_failed(exc, self.compile_mode, len(x))
+            self.info.details["compile"] = "off (failed)"
+            with torch.inference_mode():
+                for _ in range(2):
+                    self.forward(x, side)
+            return
+        if self.compile_mode != "off" and len(x) not in self._compiled:
+            torch.cuda.synchronize(self.device)
+            self._compiled.add(len(x))
+            log.info("torch_compiled", mode=self.compile_mode, batch=len(x),
+                     seconds=round(time.perf_counter() - t0, 1))
 
     def _open_runner(self, buckets: Sequence[int], lanes: int) -> Runner:
         if self.device.type == "cpu":
@@ -139,6 +216,11 @@ class TorchRuntime(Runtime):
             except GraphsUnavailable as exc:
                 log.warning("cuda_graph_unavailable", error=str(exc),
                             action="computing each batch on a worker thread, without graphs")
+        if self.compile_mode != "off":
+            # Compiled without our graphs: a second batch size makes inductor's kernels
+            # dynamic in the batch, so that no request pays for a compile.
+            for n in sorted(buckets)[:2]:
+                self.prepare(torch.zeros((n, *self.info.input_shape), device=self.device))
         return HostRunner(self.info, self._compute_cuda, buckets, lanes)
 
     def runner_bytes(self, buckets: Sequence[int]) -> int:
@@ -160,6 +242,7 @@ class TorchRuntime(Runtime):
         dev = self.device
         x = torch.zeros((batch, *self.info.input_shape), dtype=torch.float32, device=dev)
         side = torch.cuda.Stream(device=dev) if self.parallel_streams else None
+        self.prepare(x, side)  # a compile's own allocations are not the runner's
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
         base = torch.cuda.memory_allocated(dev)
@@ -184,6 +267,7 @@ class TorchRuntime(Runtime):
 
     def close(self) -> None:
         self.module = None  # type: ignore[assignment]
+        self._whole, self._streams = None, ()  # type: ignore[assignment]
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -247,9 +331,8 @@ class CudaGraphRunner(Runner):
 
     def _capture(self, b: int) -> None:
         x = self.dev_in[:b]
-        with torch.inference_mode(), torch.cuda.stream(self.stream):
-            for _ in range(2):  # cuDNN autotuning and allocator warm-up happen outside a graph
-                self.runtime.forward(x, self.side)
+        with torch.cuda.stream(self.stream):
+            self.runtime.prepare(x, self.side)
         self.stream.synchronize()
         graph = torch.cuda.CUDAGraph()
         try:

@@ -57,11 +57,12 @@ REMOVED_KEYS = {
 NON_CONFIG_ENV = ("STGCND_CONFIG", "STGCND_ENGINE_DIR")
 
 
-def key(doc: str, rule: str = "", engine: bool = False, **bounds: float) -> Meta:
+def key(doc: str, rule: str = "", engine: bool = False, path: bool = False,
+        **bounds: float) -> Meta:
     """A key's one-line doc; `rule` says its range in words (for errors); `engine`: part of
-    what a model's engine and runners are built from."""
+    what a model's engine and runners are built from; `path`: a file or directory path."""
     # cast: msgspec's overloads spell out each allowed mix of bounds; ours come as a dict.
-    return Meta(description=doc, extra={"rule": rule, "engine": engine},
+    return Meta(description=doc, extra={"rule": rule, "engine": engine, "path": path},
                 **cast("dict[str, Any]", bounds))
 
 
@@ -69,13 +70,23 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     endpoint: Annotated[str, key(
         "ipc:///path/to/socket or tcp://HOST:PORT; empty: stgcnd.sock in the runtime "
         "directory (systemd's RuntimeDirectory, else $XDG_RUNTIME_DIR/stgcnd)")] = ""
+    events_endpoint: Annotated[str, key(
+        "where action events are published (ZeroMQ PUB, topic = camera id; "
+        "docs/protocol.md); empty: events only in the log")] = ""
     engines_dir: Annotated[Optional[str], key(
         "engine store: exported ONNX and one artefact per runtime/precision/device; unset: "
-        "systemd's StateDirectory/engines, else ./engines in a checkout, else the user "
-        "cache")] = None
+        "systemd's StateDirectory/engines, else ./engines when started in a checkout, else the "
+        "user cache", path=True)] = None
     stats_interval: Annotated[float, key(
         "seconds between the latency and system log events", "must be > 0 seconds",
         gt=0)] = 10.0
+    visibility_threshold: Annotated[float, key(
+        "skeleton quality: a joint below this visibility counts as lost",
+        "must be in 0..1", ge=0, le=1)] = 0.5
+    quality_floor: Annotated[float, key(
+        "skeleton quality: a camera whose usable share of joints (frames with a person x "
+        "joints not lost) falls below this in a stats interval logs one warning",
+        "must be in 0..1", ge=0, le=1)] = 0.5
     socket_mode: Annotated[int, key(
         "permissions of the ipc socket file (0o660: camera processes in the daemon's group)",
         "must be a file mode from 0 to 0o777", ge=0, le=0o777)] = 0o660
@@ -126,11 +137,60 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         "log level of the daemon's JSON log")] = "info"
 
 
+class ClassEvents(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """[models.events.classes.NAME]: one class's thresholds."""
+
+    enter: Optional[Annotated[float, Meta(ge=0, le=1)]] = None
+    exit: Optional[Annotated[float, Meta(ge=0, le=1)]] = None
+
+
+class CameraEvents(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """[models.events.cameras.ID]: one camera's overrides (enabled = false: no events)."""
+
+    enabled: bool = True
+    enter: Optional[Annotated[float, Meta(ge=0, le=1)]] = None
+    exit: Optional[Annotated[float, Meta(ge=0, le=1)]] = None
+    min_duration_s: Optional[Annotated[float, Meta(ge=0)]] = None
+    cooldown_s: Optional[Annotated[float, Meta(ge=0)]] = None
+
+
+class EventsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    enter: Annotated[float, key(
+        "a class's event starts when its smoothed probability stays at or above this",
+        "must be in 0..1", ge=0, le=1)] = 0.8
+    exit: Annotated[float, key(
+        "... and ends when it falls below this (<= enter: the hysteresis)",
+        "must be in 0..1", ge=0, le=1)] = 0.5
+    min_duration_s: Annotated[float, key(
+        "how long the smoothed probability must hold above enter before the start",
+        "must be >= 0 seconds", ge=0)] = 2.0
+    cooldown_s: Annotated[float, key(
+        "after an end, how long before the same camera's class may start again",
+        "must be >= 0 seconds", ge=0)] = 30.0
+    smoothing: Annotated[Literal["ema", "k-of-n"], key(
+        "ema: exponential moving average of the probability; k-of-n: its k-th highest "
+        "value over the last n predictions")] = "ema"
+    ema_alpha: Annotated[float, key(
+        "ema: the newest prediction's weight", "must be in (0, 1]", gt=0, le=1)] = 0.5
+    k: Annotated[int, key("k-of-n: k", "must be >= 1", ge=1)] = 3
+    n: Annotated[int, key("k-of-n: n (>= k)", "must be >= 1", ge=1)] = 5
+    quiet_classes: Annotated[Optional[Tuple[str, ...]], key(
+        "classes that never raise events; unset: the first label (e.g. normal)")] = None
+    classes: Annotated[Dict[str, ClassEvents], key(
+        "per class: [models.events.classes.NAME] enter / exit")] = {}
+    cameras: Annotated[Dict[str, CameraEvents], key(
+        "per camera: [models.events.cameras.ID] enabled / enter / exit / min_duration_s / "
+        "cooldown_s")] = {}
+
+
 class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    name: Annotated[str, key("the model's name in requests (nil: the first model)",
-                             "must be a non-empty name", min_length=1)] = "demo"
+    name: Annotated[str, key(
+        "the model's name in requests, replies and logs (a request without one gets the first "
+        "model); unset: the checkpoint's file name without extension, or demo",
+        "must be a non-empty name", min_length=1)] = "demo"
     checkpoint: Annotated[Optional[str], key(
-        "the st-gcn checkpoint (.pt state_dict), or its exported .onnx", engine=True)] = None
+        "the st-gcn checkpoint (.pt state_dict), or its exported .onnx", engine=True,
+        path=True)] = None
     demo: Annotated[bool, key(
         "serve the demo model (random weights: its predictions mean nothing)",
         engine=True)] = False
@@ -146,6 +206,9 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         "two-stream uses second-difference)", "must be one of " + ", ".join(MOTION_FORMULAS),
         engine=True)] = "first-difference"
     labels: Annotated[Tuple[str, ...], key("class names, in class order")] = ()
+    events: Annotated[Optional[EventsConfig], key(
+        "action events from this model's predictions: a [models.events] table (keys below); "
+        "unset: none")] = None
     backend: Annotated[str, key(
         "tensorrt, torch, onnxruntime, or auto (tensorrt, else torch on CUDA, else the "
         "fastest CPU runtime); noop: zero logits, to measure the daemon itself",
@@ -153,8 +216,10 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         "daemon itself)", engine=True)] = "auto"
     device: Annotated[Literal["auto", "cpu", "cuda"], key(
         "for a named backend: cuda when it can use the GPU, else cpu", engine=True)] = "auto"
-    precision: Annotated[Literal["fp32", "fp16", "int8"], key(
-        "fp32, fp16 (GPU) or int8 (needs calibration)", engine=True)] = "fp32"
+    precision: Annotated[Literal["fp32", "fp16", "bf16", "int8"], key(
+        "fp32, fp16 (GPU), bf16 (torch on a CPU with AVX512-BF16/AMX) or int8 (needs "
+        "calibration); with backend auto on a CPU, the lowest allowed: the fastest measured "
+        "of the runtimes and precisions down to it is served", engine=True)] = "fp32"
     stride: Annotated[int, key(
         "push mode: one prediction every `stride` frames; one must take less than `stride` "
         "frames (40 ms each at 25 fps) or the camera waits (logged at start: "
@@ -179,11 +244,15 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         engine=True)] = True
     cuda_graph: Annotated[bool, key(
         "on CUDA: one graph per bucket, captured before READY", engine=True)] = True
+    compile: Annotated[Literal["auto", "off", "reduce-overhead"], key(
+        "torch on CUDA: torch.compile's kernels inside the graphs (auto: reduce-overhead "
+        "where Triton is installed; seconds a bucket, cached in engines_dir)",
+        engine=True)] = "auto"
     threads: Annotated[int, key(
         "CPU runtimes' intra-op threads (0: all cores; leave some to the cameras on a Jetson)",
         "must be >= 0", engine=True, ge=0)] = 0
     calibration: Annotated[Optional[str], key(
-        "int8: .npz/.npy of recorded windows (N, 3, T, V, M)", engine=True)] = None
+        "int8: .npz/.npy of recorded windows (N, 3, T, V, M)", engine=True, path=True)] = None
     allow_synthetic_calibration: Annotated[bool, key(
         "int8: calibrate on generated skeletons when no calibration file is given",
         engine=True)] = False
@@ -228,17 +297,18 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
 
 class KeyDoc(NamedTuple):
     """What key() said of a key: its one-line doc, its range in words, whether it is an engine
-    key."""
+    key or a path."""
 
     description: str
     rule: str
     engine: bool
+    path: bool
 
 
 def _meta(annotation: Any) -> KeyDoc:
     meta = next(a for a in getattr(annotation, "__metadata__", ()) if isinstance(a, Meta))
     extra = meta.extra or {}
-    return KeyDoc(meta.description or "", extra["rule"], extra["engine"])
+    return KeyDoc(meta.description or "", extra["rule"], extra["engine"], extra["path"])
 
 
 def schema(cls: type[msgspec.Struct]) -> list[tuple[str, Any, KeyDoc]]:
@@ -247,6 +317,8 @@ def schema(cls: type[msgspec.Struct]) -> list[tuple[str, Any, KeyDoc]]:
 
 
 ENGINE = tuple(name for name, _, meta in schema(ModelConfig) if meta.engine)
+MODEL_FILES = tuple(name for name, _, meta in schema(ModelConfig) if meta.path)
+PATHS = frozenset(n for c in (ServerConfig, ModelConfig) for n, _, m in schema(c) if m.path)
 
 
 def default_runtime_dir() -> Path:
@@ -283,9 +355,12 @@ _AT = re.compile(r" - at `\$\.?([A-Za-z_0-9]*)")
 
 
 def _decode(cls: type[msgspec.Struct], raw: dict[str, Any], where: str,
-            sources: dict[str, str], strict_keys: frozenset[str] = frozenset()) -> Any:
+            sources: dict[str, str], strict_keys: frozenset[str] = frozenset(),
+            base: Path | None = None) -> Any:
     """msgspec's checks, its errors said the way users read them. Values from the
-    environment or flags (`sources` says which) arrive as text: those are parsed."""
+    environment or flags (`sources` says which) arrive as text: those are parsed. A relative
+    path from the file (`strict_keys`) is made relative to its directory, `base`: the file
+    means the same files and engine store wherever the daemon is started."""
     removed = sorted(set(raw) & set(REMOVED_KEYS))
     if removed:
         raise UserError(f"{where}: {removed[0]} was removed: "
@@ -300,6 +375,9 @@ def _decode(cls: type[msgspec.Struct], raw: dict[str, Any], where: str,
     values = dict(raw)
     for name in set(raw) - strict_keys:  # text from the environment or a flag
         values[name] = _parse(cls, name, raw[name], sources.get(name, f"{where} {name}"))
+    for name in PATHS & strict_keys:  # a flag's or variable's path: as a shell means it
+        if base is not None and isinstance(values[name], str) and values[name]:
+            values[name] = str(base / Path(values[name]).expanduser())
     try:
         return msgspec.convert(values, cls)
     except msgspec.ValidationError as exc:
@@ -342,8 +420,11 @@ def _said(cls: type[msgspec.Struct], message: str, values: dict[str, Any], where
 def _check(config: Config) -> Config:
     """What one key alone cannot say: the models together, and keys that go together."""
     names = [m.name for m in config.models]
-    if len(set(names)) != len(names):
-        raise UserError(f"{config.source}: model names must be unique, got {names}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UserError(f"{config.source}: more than one model is named {twice[0]!r} (a model "
+                        "without a name is named after its checkpoint's file, or demo); give "
+                        "each [[models]] entry its own name = \"...\"")
     for m in config.models:
         where = f"{config.source}: model {m.name!r}"
         # A named model silently answering with random weights looks real ("shoplifting",
@@ -364,6 +445,34 @@ def _check(config: Config) -> Config:
                 meta = next(meta for n, _, meta in schema(ModelConfig) if n == name)
                 raise UserError(f"{where}: {name} {meta.rule}, got "
                                 f"{getattr(m, name)!r}")
+        if m.events is not None:
+            _check_events(m.events, m.labels, where)
+    return config
+
+
+def _check_events(ev: EventsConfig, labels: Tuple[str, ...], where: str) -> None:
+    if ev.exit > ev.enter:
+        raise UserError(f"{where}: [models.events] exit ({ev.exit}) must be <= enter "
+                        f"({ev.enter}): an event ends below exit, after it started at enter")
+    if ev.smoothing == "k-of-n" and ev.k > ev.n:
+        raise UserError(f"{where}: [models.events] k ({ev.k}) must be <= n ({ev.n})")
+    named = [*ev.classes, *(ev.quiet_classes or ())]
+    unknown = [c for c in named if c not in labels]
+    if unknown:
+        raise UserError(f"{where}: [models.events] names class {unknown[0]!r}, not one of "
+                        f"the model's labels {list(labels)}; set labels = [...] in the "
+                        "model, in class order")
+
+
+def check_files(config: Config) -> Config:
+    """Every file a model names exists: all the missing ones said at once, before anything
+    loads (a typo in the second model's path should not wait for the first one's build)."""
+    missing = [f"model {m.name!r}: {name} not found: {getattr(m, name)}"
+               for m in config.models for name in MODEL_FILES
+               if getattr(m, name) and not Path(getattr(m, name)).expanduser().is_file()]
+    if missing:
+        raise UserError(f"{config.source}: {'; '.join(missing)}. Fix the path (in the file, a "
+                        "relative one is relative to the file's directory) or put the file there")
     return config
 
 
@@ -424,8 +533,9 @@ def load_config(path: Path | None = None, env: dict[str, str] | None = None,
             flag = (flag_names or {}).get(name, "--" + name.replace("_", "-"))
             where[name] = f"flag {flag}"
     overridden = {n for n, w in where.items() if not w.startswith(source)}
+    base = Path(os.path.abspath(path)).parent if path is not None else None
     server = _decode(ServerConfig, server_raw, f"{source} [server]", where,
-                     strict_keys=from_file - overridden)
+                     strict_keys=from_file - overridden, base=base)
     models_raw = raw.get("models")
     if models_raw is None and path is not None:
         raise UserError(f"{source}: no [[models]] entry; add one with name and "
@@ -436,12 +546,19 @@ def load_config(path: Path | None = None, env: dict[str, str] | None = None,
     elif not isinstance(models_raw, list) or not models_raw:
         raise UserError(f"{source}: models must be an array of tables: [[models]]")
     else:
-        models = tuple(
-            _decode(ModelConfig, m, f"{source} [[models]] #{i + 1}",
-                    {k: f"{source} [[models]] #{i + 1} {k}" for k in m},
-                    strict_keys=frozenset(m))
-            for i, m in enumerate(models_raw))
+        models = tuple(_model(m, f"{source} [[models]] #{i + 1}", base)
+                       for i, m in enumerate(models_raw))
     return _check(Config(server=server, models=models, source=source))
+
+
+def _model(raw: dict[str, Any], where: str, base: Path | None) -> ModelConfig:
+    model: ModelConfig = _decode(ModelConfig, raw, where, {k: f"{where} {k}" for k in raw},
+                                 strict_keys=frozenset(raw), base=base)
+    if "name" in raw or not model.checkpoint:
+        return model
+    # After its checkpoint (epoch60_model), as the engine store names it: not "demo", which
+    # would pass a real model off as the random-weights one in logs and replies.
+    return msgspec.structs.replace(model, name=Path(model.checkpoint).stem)
 
 
 def with_server(config: Config, **changes: Any) -> Config:
@@ -477,7 +594,8 @@ def example() -> str:
            "# example` prints it). Every [server] key can be overridden by an environment",
            "# variable STGCND_<KEY> (e.g. STGCND_STATS_INTERVAL=5). Unknown keys, and unknown",
            "# STGCND_* variables, are errors. Keys marked (engine) are what a model's engine is",
-           "# built from; a reload that changes only the others keeps its runners.", "",
+           "# built from; a reload that changes only the others keeps its runners. A relative",
+           "# path (checkpoint, calibration, engines_dir) is relative to the file's directory.", "",
            "[server]"]
     for name, default, meta in schema(ServerConfig):
         out += _comment(meta.description)
@@ -490,17 +608,30 @@ def example() -> str:
             out.append(f"{name} = {_toml_value(value)}")
     out += ["", "[[models]]"]
     for name, default, meta in schema(ModelConfig):
+        if name == "events":
+            continue  # its own table, below
         tag = " (engine)" if meta.engine else ""
         out += _comment(meta.description + tag)
         value = model.get(name, default)
         out.append(f"# {name} = " if value is None else f"{name} = {_toml_value(value)}")
+    out += ["", "# Action events from this model's predictions (docs/protocol.md, Events): "
+            "uncomment", "# the table to turn them on.", "# [models.events]"]
+    for name, default, meta in schema(EventsConfig):
+        if name in ("classes", "cameras"):
+            continue
+        out += _comment(meta.description)
+        out.append(f"# {name} = " if default is None else f"# {name} = {_toml_value(default)}")
+    out += ["# One class's thresholds, one camera's overrides:",
+            "# [models.events.classes.shoplifting]", "# enter = 0.9",
+            "# [models.events.cameras.door-1]", "# cooldown_s = 120.0"]
     return "\n".join(out) + "\n"
 
 
 def key_table() -> str:
     """The README's list of keys, as a markdown table made from the schema."""
     rows = ["| key | default | what |", "| --- | --- | --- |"]
-    for section, cls in (("server", ServerConfig), ("models", ModelConfig)):
+    for section, cls in (("server", ServerConfig), ("models", ModelConfig),
+                         ("models.events", EventsConfig)):
         for name, default, meta in schema(cls):
             shown = "unset" if default is None else _toml_value(default)
             tag = " *engine*" if meta.engine else ""

@@ -54,6 +54,7 @@ class Reply:
     frames: list[bytes]
     outcome: str                # "ok", "error", "expired", "shutting-down"
     timings: dict[str, float] = field(default_factory=dict)
+    probs: list[float] | None = None  # a prediction's class probabilities (server/events.py)
 
 
 def error_reply(job: Job, code: ErrorCode, message: str, outcome: str) -> Reply:
@@ -86,7 +87,7 @@ def replies_for(jobs: Sequence[Job], logits: np.ndarray, labels: Sequence[str], 
         result = {**job.extra, "model": model, "logits": row,
                   "probs": [e / total for e in exps], "label": label,
                   "label_name": labels[label], "timings": t}
-        out.append(Reply(job, encode_reply(job.req_id, result), "ok", t))
+        out.append(Reply(job, encode_reply(job.req_id, result), "ok", t, result["probs"]))
     return out
 
 

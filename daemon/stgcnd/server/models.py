@@ -258,6 +258,7 @@ def _first_that_serves(mc: ModelConfig, store: EngineStore, generation: int,
                            dynamic_batch=max_batch > 1, calibration=mc.calibration,
                            allow_synthetic_calibration=mc.allow_synthetic_calibration,
                            cuda_graph=mc.cuda_graph and device != "cpu", threads=mc.threads,
+                           compile=mc.compile,
                            instances=mc.instances,
                            workspace_mb=JETSON_WORKSPACE_MB if BOARD.jetson else 1024)
     spec = spec_of(mc)

@@ -28,6 +28,7 @@ from stgcnd.server.receive import BAN_ABOVE_FRAMES, Incoming, Receiver
 from stgcnd.server.scheduler import Job
 from stgcnd.server.transport import NOBLOCK, NOBLOCK_MORE
 from stgcnd.telemetry.latency import LatencyAggregator
+from stgcnd.telemetry.skeleton_quality import SkeletonQuality
 from stgcnd_client.protocol import (
     ErrorCode,
     Limits,
@@ -57,6 +58,7 @@ class RequestPath:
         self.stats = stats
         self.errors = ClientErrorLog()
         self.latency = LatencyAggregator()
+        self.quality = SkeletonQuality()  # the server sets its threshold and floor
         self.counters = {"requests": 0, "errors": 0, "busy": 0, "expired": 0,
                          "replies_dropped": 0}
         self.trim_due = False  # abuse left memory behind: give it back at the stats tick
@@ -145,6 +147,8 @@ class RequestPath:
                 self.cameras.cameras:
             self.latency.record(req.camera, req.model or next(iter(self.models)), 0.0,
                                 "busy" if busy else "error")
+            if busy:
+                self.quality.refused_busy(req.camera)
         self.send(identity, encode_reply(req_id, error=(exc.code.value, exc.message)))
 
     def _dispatch(self, identity: bytes, req: Request, received: float, peer: str) -> None:
@@ -177,6 +181,7 @@ class RequestPath:
             self.errors.report("camera-evicted", event="camera_evicted", camera=ev.camera,
                                peer=ev.peer, idle_s=ev.idle_s, rule=ev.rule, by=req.camera)
         cam.requests += 1
+        self.quality.add(cam.name, req.arrays[0])
         deadline = None if req.timeout_ms is None else received + req.timeout_ms / 1e3
         if op == "infer":
             self._submit(identity, req, cam, model, req.arrays[0], {}, received, deadline)

@@ -28,8 +28,9 @@ from stgcnd import __version__, cpupower
 from stgcnd.errors import BuildCancelled
 from stgcnd.log import get_logger
 from stgcnd.server.cameras import CameraTable
-from stgcnd.server.config import Config, load_config
+from stgcnd.server.config import Config, check_files, load_config
 from stgcnd.server.connections import Connections, connection_budget, open_fds, raise_fd_limit
+from stgcnd.server.events import EventFeed
 from stgcnd.server.heap import CHECK_EVERY_S, RssWatch, give_back_free_memory
 from stgcnd.server.models import ServedModel, load_models
 from stgcnd.server.notify import Notifier
@@ -82,6 +83,7 @@ class Server:
         self._rss: RssWatch | None = None
         self._next_trim = 0.0
         self._sampler: SystemSampler | None = None
+        self.events: EventFeed | None = None
 
     # -- signals ---------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -117,6 +119,8 @@ class Server:
                                       cancel=self._stop)
         finally:
             keepalive.set()
+        self.events = EventFeed(self._ctx, self.config)
+        self.events.configure(self.models)
         self._router = make_router(self._ctx, self.config)
         self._watch_connections()  # before the bind: no connection accepted unseen
         self._ipc_path = bind_router(self._router, self.config)
@@ -124,6 +128,8 @@ class Server:
         self.requests = RequestPath(self._router, self.connections, self.cameras, self.limits,
                                     self.config.server.queue_size, self.stats)
         self.requests.models = self.models
+        self.requests.quality.threshold = self.config.server.visibility_threshold
+        self.requests.quality.floor = self.config.server.quality_floor
         self._start_sampler()
         names = ", ".join(f"{m.name} ({m.runtime.info.name}/{m.runtime.info.precision})"
                           for m in self.models.values())
@@ -247,6 +253,9 @@ class Server:
                     replies, look = ex.abandon(exc, queued), None
                 for reply in replies:
                     requests.complete(reply)
+                    if reply.probs is not None and self.events is not None:
+                        self.events.observe(reply.job.camera, reply.job.model, reply.probs,
+                                            now)
                 if look is not None and (next_look is None or look < next_look):
                     next_look = look
         timer = self._timer
@@ -266,9 +275,17 @@ class Server:
         assert requests is not None and connections is not None
         for record in requests.latency.drain(self.config.server.stats_interval):
             log.info("latency", **record)
+        records, notes = requests.quality.drain(list(self.cameras.cameras))
+        for record in records:
+            log.info("skeleton_quality", **record)
+        for note in notes:
+            event = str(note.pop("event"))
+            (log.warning if event.endswith("_low") else log.info)(event, **note)
         requests.errors.flush()
         for camera, idle in self.cameras.reclaim_idle(now, self.config.server.idle_timeout):
             log.info("camera_reclaimed", camera=camera, idle_s=round(idle))
+            if self.events is not None:
+                self.events.forget(camera, "camera-idle")
         self._reap_retired()
         connections.enforce(now)
         if requests.trim_due:
@@ -316,7 +333,7 @@ class Server:
 
         def work() -> None:
             try:
-                config = load_config(self.config_path)
+                config = check_files(load_config(self.config_path))
                 if config.endpoint != self.config.endpoint:
                     log.warning("reload_endpoint_ignored", endpoint=config.endpoint,
                                 reason="changing the endpoint needs a restart")
@@ -363,6 +380,8 @@ class Server:
         for name, model in models.items():
             if old.get(name) is model:
                 model.apply_policy(self.config.model(name) or model.config)
+        if self.events is not None:  # open events stay open under the new rules
+            self.events.configure(models)
         for name, model in old.items():
             if models.get(name) is not model:
                 model.stop_accepting(time.monotonic() + RETIRE_TIMEOUT_S)
@@ -408,6 +427,8 @@ class Server:
         if self._sampler is not None:
             self._sampler.stop(2.0)
         self._tick(time.monotonic())
+        if self.events is not None:
+            self.events.close()
         if not stuck:
             for model in everything:
                 model.close()

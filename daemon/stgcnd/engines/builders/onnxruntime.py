@@ -40,9 +40,10 @@ class OnnxRuntimeBuilder(Builder):
         return str(import_onnxruntime().__version__)
 
     def check(self, options: BuildOptions) -> None:
-        if options.precision == "fp16":
-            raise UserError("the onnxruntime backend builds fp32 or int8 (Q/DQ); for fp16 use "
-                            "--backend tensorrt, or torch on a GPU")
+        if options.precision in ("fp16", "bf16"):
+            raise UserError(f"the onnxruntime backend builds fp32 or int8 (Q/DQ); for "
+                            f"{options.precision} use --backend torch (bf16: on a CPU with "
+                            "AVX512-BF16 or AMX), or tensorrt for fp16")
         if options.device == "cuda" and "CUDAExecutionProvider" not in \
                 import_onnxruntime().get_available_providers():
             raise BackendUnavailable("onnxruntime has no CUDA execution provider here; "

@@ -56,7 +56,14 @@ from stgcnd.tools.profiling import (
 
 log = get_logger(__name__)
 
-BENCH_BACKENDS = ("torch", "torch-cudagraph", "onnxruntime", "tensorrt", "tensorrt-cudagraph")
+# The torch variants: (compile mode, CUDA graphs of our runner). "torch.compile*" are what a
+# user would write instead: the same fused module through torch.compile(mode=...) with
+# inductor's own CUDA graphs, host arrays in and out like the baseline.
+TORCH_VARIANTS = {"torch": ("off", False), "torch-cudagraph": ("off", True),
+                  "torch-compile-cudagraph": ("reduce-overhead", True),
+                  "torch.compile": ("reduce-overhead", False),
+                  "torch.compile-max-autotune": ("max-autotune", False)}
+BENCH_BACKENDS = (*TORCH_VARIANTS, "onnxruntime", "tensorrt", "tensorrt-cudagraph")
 BASELINE_NAME = "torch-eager"
 # Dense peaks (GFLOP/s) from the vendors' data sheets, by a substring of the device's name and
 # the precision; fp32 is left out on GPUs (whether cuDNN uses TF32 decides it). Elsewhere
@@ -111,8 +118,8 @@ class BenchConfig:
 def default_backends(device: str) -> tuple[str, ...]:
     avail = available()
     names: list[str] = ["torch"]
-    if device == "cuda":
-        names.append("torch-cudagraph")
+    if device == "cuda":  # max-autotune takes minutes a batch size: named only
+        names += ["torch-cudagraph", "torch-compile-cudagraph", "torch.compile"]
     if avail["onnxruntime"] is None:
         names.append("onnxruntime")
     if device == "cuda" and avail["tensorrt"] is None:
@@ -139,13 +146,15 @@ class _Loader:
     def open(self, model: Any, name: str, precision: str, batch: int) -> Runtime:
         cfg = self.cfg
         graph = name.endswith("-cudagraph")
-        base = name[:-len("-cudagraph")] if graph else name  # str.removesuffix: 3.9+
-        if graph and cfg.device != "cuda":
-            raise BackendUnavailable("CUDA graphs need --device cuda")
-        if base == "torch":
+        if (graph or "compile" in name or "autotune" in name) and cfg.device != "cuda":
+            raise BackendUnavailable("CUDA graphs and torch.compile need --device cuda")
+        if name in TORCH_VARIANTS:
+            compile_mode, graph = TORCH_VARIANTS[name]
             return runtime_module("torch").TorchRuntime(
                 model, precision, cfg.device, cuda_graph=graph, max_batch=batch,
-                threads=cfg.threads)
+                threads=cfg.threads, compile_mode=compile_mode,
+                compile_cache=self.store().root, inductor_graphs=not graph)
+        base = name[:-len("-cudagraph")] if graph else name  # str.removesuffix: 3.9+
         if precision == "bf16":
             raise BackendUnavailable("bf16 is offered by the torch backend on the CPU only")
         options = BuildOptions(precision=precision, max_batch=batch,

@@ -8,11 +8,12 @@ without data are left out, legend included; the legend sits outside the data.
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from stgcnd.errors import UserError
-from stgcnd.tools.logs.summarize import LogScan
+from stgcnd.tools.logs.summarize import LogScan, action_spans
 
 # The streams' colours: matplotlib's tab10 and its light tones, without those the machine's
 # series use (black CPU, gray GPU load, red temperature, blue clock, orange power).
@@ -66,9 +67,10 @@ def figure(log: LogScan, title: str | None = None) -> Any:
             e["gpu_temp_c"] = e.get("temp_max_c")
 
     clock = [k for k in ("gpu_freq_mhz", "power_total_mw") if _series(system, k)[0]]
-    fig, axes = plt.subplots(2 if clock else 1, 1, figsize=(14, 7.5 if clock else 5.5),
-                             sharex=True, squeeze=False,
-                             gridspec_kw={"height_ratios": [3, 1.4] if clock else [1]})
+    spans = [s for s in action_spans(log) if s["started"] is not None]
+    ratios = [3.0] + ([1.4] if clock else []) + ([0.8] if spans else [])
+    fig, axes = plt.subplots(len(ratios), 1, figsize=(14, 3.5 + 2.0 * len(ratios)),
+                             sharex=True, squeeze=False, gridspec_kw={"height_ratios": ratios})
     ax_lat = axes[0][0]
     streams: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for e in latency:
@@ -120,6 +122,9 @@ def figure(log: LogScan, title: str | None = None) -> Any:
             ax_pow.set_ylabel("power (W)")
             ax_pow.set_ylim(bottom=0)
 
+    if spans:  # the events timeline: one row per camera, a bar per event
+        _timeline(axes[-1][0], spans, latency, system)
+
     # One legend, outside the data (it hid the p99 peaks inside).
     handles, labels = [], []
     for ax in fig.axes:
@@ -136,3 +141,23 @@ def figure(log: LogScan, title: str | None = None) -> Any:
     ax_lat.set_title(title or "stgcnd latency and machine state")
     fig.tight_layout(rect=(0, 0, 0.79, 1))
     return fig
+
+
+def _timeline(ax: Any, spans: list[dict[str, Any]], *series: list[dict[str, Any]]) -> None:
+    import matplotlib.dates as mdates
+
+    def day(unix: float) -> float:
+        return float(mdates.date2num(datetime.fromtimestamp(unix, timezone.utc)))
+
+    last = max((e["_t"] for events in series for e in events), default=None)
+    end_open = (float(mdates.date2num(last)) if last is not None else
+                max(day(s["started"]) for s in spans))
+    cameras = sorted({s["camera"] for s in spans})
+    for row, camera in enumerate(cameras):
+        bars = [(day(s["started"]), (day(s["ended"]) if s["ended"] is not None else end_open)
+                 - day(s["started"])) for s in spans if s["camera"] == camera]
+        ax.broken_barh(bars, (row - 0.35, 0.7), color="tab:purple", alpha=0.75)
+    ax.set_yticks(range(len(cameras)))
+    ax.set_yticklabels(cameras)
+    ax.set_ylabel("events")
+    ax.grid(True, axis="x", alpha=0.3)

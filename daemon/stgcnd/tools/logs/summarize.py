@@ -59,6 +59,8 @@ class LogScan:
     latency: list[dict[str, Any]] = field(default_factory=list)
     system: list[dict[str, Any]] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    actions: list[dict[str, Any]] = field(default_factory=list)  # action_event lines
+    quality: list[dict[str, Any]] = field(default_factory=list)  # skeleton_quality lines
     events: Counter[str] = field(default_factory=Counter)
     total_lines: int = 0
     foreign_lines: int = 0
@@ -97,7 +99,8 @@ def scan(lines: Iterable[str], camera: str | None = None, since: datetime | None
             out.filtered_out += 1
             continue
         name = event["event"]
-        if camera is not None and name in ("latency", "request") and \
+        if camera is not None and name in ("latency", "request", "action_event",
+                                           "skeleton_quality") and \
                 str(event.get("camera")) != camera:
             out.filtered_out += 1
             continue
@@ -108,7 +111,55 @@ def scan(lines: Iterable[str], camera: str | None = None, since: datetime | None
             out.system.append(event)
         elif name == "request":
             out.requests.append(event)
+        elif name == "action_event":
+            out.actions.append(event)
+        elif name == "skeleton_quality":
+            out.quality.append(event)
     return out
+
+
+QUALITY_SHARES = ("no_person", "visibility", "low_visibility", "out_of_frame")
+
+
+def skeleton_quality(log: LogScan) -> list[dict[str, Any]]:
+    """Per camera over the span: each share weighted by the frames of its interval, the
+    worst interval's usable share, and how many intervals were silent or blocked."""
+    by_camera: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in log.quality:
+        by_camera[str(e.get("camera"))].append(e)
+    out = []
+    for camera, records in sorted(by_camera.items()):
+        row: dict[str, Any] = {"camera": camera, "intervals": len(records),
+                               "frames": sum(int(r.get("frames") or 0) for r in records),
+                               "silent": sum(bool(r.get("silent")) for r in records),
+                               "blocked": sum(bool(r.get("blocked")) for r in records)}
+        for name in QUALITY_SHARES:
+            pairs: list[tuple[float, int]] = []
+            for r in records:
+                value, frames = _num(r.get(name)), int(r.get("frames") or 0)
+                if value is not None and frames:
+                    pairs.append((value, frames))
+            weight = sum(n for _, n in pairs)
+            row[name] = sum(v * n for v, n in pairs) / weight if weight else None
+        usable = [_num(r.get("usable")) for r in records]
+        row["worst_usable"] = min((u for u in usable if u is not None), default=None)
+        out.append(row)
+    return out
+
+
+def action_spans(log: LogScan) -> list[dict[str, Any]]:
+    """Each action event as one span (its start and end lines paired by id), by camera and
+    start; an event still open when the log ends has `ended` None."""
+    spans: dict[str, dict[str, Any]] = {}
+    for e in log.actions:
+        span = spans.setdefault(str(e.get("id")), {
+            "camera": str(e.get("camera")), "model": e.get("model"), "class": e.get("class"),
+            "started": _num(e.get("started")), "ended": None, "peak": _num(e.get("peak")),
+            "reason": None})
+        if e.get("kind") == "end":
+            span.update(ended=_num(e.get("ended")), peak=_num(e.get("peak")),
+                        reason=e.get("reason"))
+    return sorted(spans.values(), key=lambda s: (s["camera"], s["started"] or 0.0))
 
 
 def _lower_rank(sorted_values: list[float], percent: float) -> float:
@@ -200,6 +251,8 @@ def summarize(log: LogScan) -> dict[str, Any]:
         "events": dict(sorted(log.events.items())),
         "streams": out_streams,
         "system": system,
+        "action_events": action_spans(log),
+        "skeleton_quality": skeleton_quality(log),
     }
 
 
@@ -316,6 +369,27 @@ def render_text(summary: dict[str, Any]) -> str:
                     f"{_fmt(row['gpu_load_pct'], 0):>6}{_fmt(row['gpu_freq_mhz'], 0):>6}"
                     f"{_fmt(row['gpu_temp_c'], 0):>6}"
                     f"{_fmt(power / 1000 if power is not None else None):>6}")
+    if summary["skeleton_quality"]:
+        lines.append("")
+        lines.append("== skeleton quality (shares of frames, or of the present persons' "
+                     "joints)")
+        lines.append(f"{'camera':<12}{'frames':>8}{'no person':>10}{'visib.':>8}"
+                     f"{'lost':>7}{'outside':>8}{'worst usable':>13}{'silent':>7}"
+                     f"{'blocked':>8}")
+        for q in summary["skeleton_quality"]:
+            lines.append(f"{q['camera']:<12}{q['frames']:>8}{_fmt(q['no_person'], 2):>10}"
+                         f"{_fmt(q['visibility'], 2):>8}{_fmt(q['low_visibility'], 2):>7}"
+                         f"{_fmt(q['out_of_frame'], 2):>8}{_fmt(q['worst_usable'], 2):>13}"
+                         f"{q['silent']:>7}{q['blocked']:>8}")
+    if summary["action_events"]:
+        lines.append("")
+        lines.append("== action events (UTC)")
+        for a in summary["action_events"]:
+            start, end = _clock(a["started"]), _clock(a["ended"])
+            took = (f"{a['ended'] - a['started']:.1f} s" if a["ended"] is not None
+                    and a["started"] is not None else "open")
+            lines.append(f"{a['camera']:<12} {start} - {end:<8} {took:>9}  {a['class']}  "
+                         f"peak {_fmt(a['peak'], 2)}  {a['reason'] or 'still open'}")
     sysd = summary["system"]
     lines.append("")
     lines.append(f"== system ({sysd['samples']} samples, source: "
@@ -330,6 +404,12 @@ def render_text(summary: dict[str, Any]) -> str:
     lines.append(f"RAM used     {_fmt_range(sysd['ram_used_mb'], ' MB')}")
     lines.append(f"daemon RSS   {_fmt_range(sysd['rss_mb'], ' MB')}")
     return "\n".join(lines) + "\n"
+
+
+def _clock(unix: float | None) -> str:
+    if unix is None:
+        return "-"
+    return datetime.fromtimestamp(unix, timezone.utc).strftime("%H:%M:%S")
 
 
 def _pct(rate: float | None) -> str:

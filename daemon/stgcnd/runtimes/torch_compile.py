@@ -1,0 +1,106 @@
+"""torch.compile for the torch runtime on CUDA: inductor's fused Triton kernels inside the
+runner's own CUDA graphs.
+
+Modes (config key `compile`):
+- "reduce-overhead": inductor's default kernels (seconds to compile a bucket);
+- "off": the uncompiled module;
+- "auto": "reduce-overhead" where Triton is installed, else "off";
+- "max-autotune" (bench only): inductor benchmarks kernel choices. Not offered to the daemon:
+  on an H100 (torch 2.11) it took 134 s to compile batch 1 (ten buckets: ~20 min first start),
+  and at batch 64 a kernel it chose faulted inside our graph ("unspecified launch failure",
+  which ends the CUDA context). At batch 1 it ran 0.45 ms against 0.54 ms.
+
+Inductor is asked for kernels only ("default", "max-autotune-no-cudagraphs"): the runner
+captures the graphs, one per bucket, around them. With `inductor_graphs` the mode is passed as
+a user writes it, inductor capturing its own graphs: the bench's "what a user would pick"
+rows. Those graphs keep their state in thread-local storage that only the thread which first
+imported them has, so that form is for a single-threaded caller.
+
+Inductor's compiled graphs and autotuning results are cached on disk (its FX graph and
+autotune caches) under the engine store, per torch and Triton version and device, so that a
+second start compiles from cache. On the CPU torch.compile is refused: measured on a 2-core
+Zen 5, demo model M=1 fp32, min of 8 rounds: batch 1 112 ms vs 119.5 ms for the uncompiled
+fused module, batch 8 1,003 ms vs 973 ms, after a 21 s compile.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from stgcnd.log import get_logger
+from stgcnd.versions import module_version
+
+log = get_logger(__name__)
+
+MODES = ("auto", "off", "reduce-overhead", "max-autotune")
+# (inside our graphs, as the user would write it)
+_INDUCTOR_MODE = {"reduce-overhead": ("default", "reduce-overhead"),
+                  "max-autotune": ("max-autotune-no-cudagraphs", "max-autotune")}
+# Every bucket is a static shape of each stream of every model served: well above dynamo's
+# default of 8 recompilations of one function before it falls back to eager.
+_RECOMPILE_LIMIT = 1024
+
+
+def unavailable(device: torch.device) -> str | None:
+    """Why torch.compile cannot serve on `device`, or None."""
+    if device.type != "cuda":
+        return ("torch.compile is for CUDA devices (on a CPU it was measured not to pay: "
+                "see runtimes/torch_compile.py)")
+    if not hasattr(torch, "compile"):
+        return f"torch {torch.__version__} has no torch.compile (torch 2.0 or newer has)"
+    if importlib.util.find_spec("triton") is None:
+        return ("Triton is not installed (inductor's GPU kernels need it; CUDA wheels of torch "
+                "on x86-64 bring it, JetPack's torch does not)")
+    return None
+
+
+def resolve(mode: str, device: torch.device) -> tuple[str, str | None]:
+    """(the mode that will run, why another was asked for but cannot run, or None)."""
+    if mode not in MODES:
+        raise ValueError(f"compile must be one of {', '.join(MODES)}, not {mode!r}")
+    if mode == "off":
+        return "off", None
+    why_not = unavailable(device)
+    if why_not is not None:
+        return "off", why_not
+    return ("reduce-overhead" if mode == "auto" else mode), None
+
+
+def use_cache(root: Path, device: torch.device) -> Path:
+    """Point inductor's on-disk caches at `root`/<torch, Triton, device> unless the user set
+    TORCHINDUCTOR_CACHE_DIR; returns the directory in use. Process-wide, like the caches."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    name = torch.cuda.get_device_name(device)
+    cc = "".join(map(str, torch.cuda.get_device_capability(device)))
+    key = re.sub(r"[^A-Za-z0-9.+-]+", "_", f"torch{torch.__version__}-triton"
+                 f"{module_version('triton')}-{name}-sm{cc}")
+    path = root / "torch-compile" / key
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    return path
+
+
+def compiled(module: torch.nn.Module, mode: str, static: bool, inductor_graphs: bool = False
+             ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`module` compiled lazily: each new batch shape compiles at its first call (`static`),
+    or the second shape makes the kernels dynamic in the batch."""
+    # A submodule `import torch` leaves out (seconds); imported only when compiling.
+    config = importlib.import_module("torch._dynamo.config")
+    for limit in ("cache_size_limit", "recompile_limit"):  # renamed in torch 2.6
+        if hasattr(config, limit):
+            setattr(config, limit, max(getattr(config, limit), _RECOMPILE_LIMIT))
+    kernels_only, as_written = _INDUCTOR_MODE[mode]
+    if inductor_graphs:
+        importlib.import_module("torch._inductor.cudagraph_trees")  # on this thread, first
+    fn: Callable[[torch.Tensor], torch.Tensor] = torch.compile(
+        module, mode=as_written if inductor_graphs else kernels_only,
+        dynamic=False if static else None)
+    return fn

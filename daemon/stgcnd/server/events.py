@@ -1,0 +1,283 @@
+"""Action events: per camera, model and class, a small state machine over the stream of
+predictions, so that a site gets "shoplifting started on cam3 at 14:02:11, ended 14:02:19,
+peak 0.93" instead of one probability a window.
+
+    idle --(smoothed >= enter, outside the cooldown)--> pending
+    pending --(smoothed < enter)--> idle                       (a spike is not an event)
+    pending --(held for min_duration_s)--> active: "start"
+    active --(smoothed < exit)--> idle: "end", then cooldown_s before it may start again
+
+Smoothing is an EMA of the class's probability, or k-of-n: the k-th highest of the last n
+windows' probabilities (k of the last n windows were at least that). exit < enter is the
+hysteresis that keeps a probability hovering at the threshold from flickering.
+
+Plain Python on the I/O loop: a handful of comparisons per prediction. Times come from the
+caller (monotonic for durations, wall clock for what is reported), so scripted sequences test
+the machine exactly.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Mapping, Sequence
+
+import msgpack
+import zmq
+
+from stgcnd.errors import UserError
+from stgcnd.log import get_logger
+from stgcnd.server.config import Config, EventsConfig
+from stgcnd.server.models import ServedModel
+from stgcnd.server.transport import prepare_ipc_path
+
+log = get_logger(__name__)
+
+Event = Dict[str, object]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one class of one camera's model needs to start and end an event."""
+
+    enter: float
+    exit: float
+    min_duration_s: float
+    cooldown_s: float
+    smoothing: str        # "ema" or "k-of-n"
+    alpha: float
+    k: int
+    n: int
+
+
+def rules_for(config: EventsConfig, labels: Sequence[str], camera: str
+              ) -> dict[int, Rule]:
+    """Class index -> its rule for `camera`: the model's thresholds, then the class's, then
+    the camera's overrides. Quiet classes (default: the first, e.g. "normal") get none."""
+    cam = config.cameras.get(camera)
+    if cam is not None and not cam.enabled:
+        return {}
+    quiet = set(config.quiet_classes if config.quiet_classes is not None else labels[:1])
+    out = {}
+    for i, label in enumerate(labels):
+        if label in quiet:
+            continue
+        cls = config.classes.get(label)
+        enter, exit_ = config.enter, config.exit
+        if cls is not None:
+            enter = cls.enter if cls.enter is not None else enter
+            exit_ = cls.exit if cls.exit is not None else exit_
+        if cam is not None:
+            enter = cam.enter if cam.enter is not None else enter
+            exit_ = cam.exit if cam.exit is not None else exit_
+        out[i] = Rule(
+            enter=enter, exit=min(exit_, enter),
+            min_duration_s=_pick(cam.min_duration_s if cam else None, config.min_duration_s),
+            cooldown_s=_pick(cam.cooldown_s if cam else None, config.cooldown_s),
+            smoothing=config.smoothing, alpha=config.ema_alpha, k=config.k, n=config.n)
+    return out
+
+
+def _pick(override: float | None, default: float) -> float:
+    return default if override is None else float(override)
+
+
+@dataclass
+class Track:
+    """One class of one camera's model: its smoothed probability and where it stands."""
+
+    rule: Rule
+    state: str = "idle"                 # idle, pending, active
+    smoothed: float | None = None
+    recent: collections.deque[float] = field(default_factory=collections.deque)
+    since: float = 0.0                  # monotonic: pending since, or active since
+    started_wall: float = 0.0
+    peak: float = 0.0
+    cooldown_until: float = float("-inf")
+    count: int = 0                      # events so far: the id's suffix
+
+    def smooth(self, p: float) -> float:
+        rule = self.rule
+        if rule.smoothing == "ema":
+            self.smoothed = p if self.smoothed is None else (
+                rule.alpha * p + (1.0 - rule.alpha) * self.smoothed)
+            return self.smoothed
+        self.recent.append(p)
+        while len(self.recent) > rule.n:
+            self.recent.popleft()
+        if len(self.recent) < rule.k:
+            return 0.0
+        return sorted(self.recent, reverse=True)[rule.k - 1]
+
+
+class Events:
+    """Every (camera, model)'s tracks; `observe` returns the events a prediction caused."""
+
+    def __init__(self) -> None:
+        self._configs: dict[str, tuple[EventsConfig, tuple[str, ...]]] = {}
+        self._tracks: dict[tuple[str, str], dict[int, Track]] = {}
+
+    def configure(self, models: dict[str, tuple[EventsConfig, tuple[str, ...]]],
+                  now: float, wall: float) -> list[Event]:
+        """New rules (start, reload). Open events stay open under the new rules; those of a
+        model no longer watched (or a class that became quiet) end, with that reason."""
+        self._configs = dict(models)
+        ended: list[Event] = []
+        for (camera, model), tracks in list(self._tracks.items()):
+            if model not in models:
+                ended += self._end_all(camera, model, tracks, now, wall, "model-removed")
+                del self._tracks[(camera, model)]
+                continue
+            config, labels = models[model]
+            rules = rules_for(config, labels, camera)
+            for i in list(tracks):
+                if i not in rules:
+                    ended += self._end_all(camera, model, {i: tracks.pop(i)}, now, wall,
+                                           "reconfigured")
+                else:
+                    tracks[i].rule = rules[i]
+        return ended
+
+    def watches(self, model: str) -> bool:
+        return model in self._configs
+
+    def observe(self, camera: str, model: str, probs: Sequence[float], now: float,
+                wall: float) -> list[Event]:
+        key = (camera, model)
+        tracks = self._tracks.get(key)
+        if tracks is None:
+            if model not in self._configs:
+                return []
+            config, labels = self._configs[model]
+            tracks = self._tracks[key] = {
+                i: Track(rule) for i, rule in rules_for(config, labels, camera).items()}
+        out: list[Event] = []
+        labels = self._configs[model][1]
+        for i, track in tracks.items():
+            if i >= len(probs):
+                continue
+            p = float(probs[i])
+            s = track.smooth(p)
+            rule = track.rule
+            if track.state == "idle":
+                if s >= rule.enter and now >= track.cooldown_until:
+                    track.state, track.since, track.started_wall = "pending", now, wall
+                    track.peak = p
+            elif track.state == "pending":
+                track.peak = max(track.peak, p)
+                if s < rule.enter:
+                    track.state = "idle"
+            else:
+                track.peak = max(track.peak, p)
+            if track.state == "pending" and now - track.since >= rule.min_duration_s:
+                track.state = "active"
+                track.count += 1
+                out.append(self._event("start", camera, model, labels, i, track, s, wall))
+            elif track.state == "active" and s < rule.exit:
+                out.append(self._end(camera, model, labels, i, track, s, now, wall,
+                                     "below-exit"))
+        return out
+
+    def forget(self, camera: str, now: float, wall: float, reason: str) -> list[Event]:
+        """A camera gone (idle, evicted): its open events end."""
+        ended: list[Event] = []
+        for key in [k for k in self._tracks if k[0] == camera]:
+            ended += self._end_all(camera, key[1], self._tracks.pop(key), now, wall, reason)
+        return ended
+
+    def close_all(self, now: float, wall: float, reason: str) -> list[Event]:
+        ended: list[Event] = []
+        for (camera, model), tracks in self._tracks.items():
+            ended += self._end_all(camera, model, tracks, now, wall, reason)
+        return ended
+
+    def open_events(self) -> int:
+        return sum(t.state == "active" for ts in self._tracks.values() for t in ts.values())
+
+    def _end_all(self, camera: str, model: str, tracks: dict[int, Track], now: float,
+                 wall: float, reason: str) -> list[Event]:
+        labels = self._configs.get(model, (None, ()))[1]
+        return [self._end(camera, model, labels, i, t, t.smoothed or 0.0, now, wall, reason)
+                for i, t in tracks.items() if t.state == "active"]
+
+    def _end(self, camera: str, model: str, labels: Sequence[str], i: int, track: Track,
+             s: float, now: float, wall: float, reason: str) -> Event:
+        event = self._event("end", camera, model, labels, i, track, s, wall)
+        event.update(ended=round(wall, 3), duration_s=round(wall - track.started_wall, 3),
+                     reason=reason)
+        track.state = "idle"
+        track.cooldown_until = now + track.rule.cooldown_s
+        return event
+
+    @staticmethod
+    def _event(kind: str, camera: str, model: str, labels: Sequence[str], i: int,
+               track: Track, s: float, wall: float) -> Event:
+        return {"kind": kind, "id": f"{camera}/{model}/{i}/{track.count}", "camera": camera,
+                "model": model, "class": labels[i] if i < len(labels) else str(i),
+                "class_index": i, "started": round(track.started_wall, 3),
+                "at": round(wall, 3), "probability": round(s, 4),
+                "peak": round(track.peak, 4)}
+
+
+class EventFeed:
+    """The events of every watched model: each one a log line (`action_event`) and, where
+    `events_endpoint` is set, a message on a PUB socket: [camera id, msgpack map]. A slow
+    subscriber loses messages at its high-water mark; the daemon never waits for one."""
+
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], config: Config) -> None:
+        self.events = Events()
+        self._pub: zmq.Socket[bytes] | None = None
+        self._ipc_path: Path | None = None
+        endpoint = config.server.events_endpoint
+        if endpoint:
+            pub = ctx.socket(zmq.PUB)
+            pub.setsockopt(zmq.LINGER, 200)  # the shutdown's end events, if they can go
+            pub.setsockopt(zmq.SNDHWM, 10_000)
+            if endpoint.startswith("ipc://"):
+                self._ipc_path = Path(endpoint[len("ipc://"):])
+                prepare_ipc_path(self._ipc_path)
+            try:
+                pub.bind(endpoint)
+            except zmq.ZMQError as exc:
+                pub.close(0)
+                raise UserError(f"cannot publish events on {endpoint}: {exc.strerror}; "
+                                "choose another events_endpoint") from None
+            if self._ipc_path is not None:
+                os.chmod(self._ipc_path, config.server.socket_mode)
+            self._pub = pub
+
+    def configure(self, models: Mapping[str, ServedModel]) -> None:
+        """The rules of the models served (start, reload; after a policy-only reload their
+        config and labels are the new ones)."""
+        watched = {name: (m.config.events, m.labels) for name, m in models.items()
+                   if m.config.events is not None}
+        self.emit(self.events.configure(watched, time.monotonic(), time.time()))
+
+    def observe(self, camera: str, model: str, probs: Sequence[float], now: float) -> None:
+        if self.events.watches(model):
+            self.emit(self.events.observe(camera, model, probs, now, time.time()))
+
+    def forget(self, camera: str, reason: str) -> None:
+        self.emit(self.events.forget(camera, time.monotonic(), time.time(), reason))
+
+    def close(self) -> None:
+        """End every open event (reason: shutdown), then close the socket."""
+        self.emit(self.events.close_all(time.monotonic(), time.time(), "shutdown"))
+        if self._pub is not None:
+            self._pub.close()
+            self._pub = None
+        if self._ipc_path is not None:
+            self._ipc_path.unlink(missing_ok=True)
+
+    def emit(self, events: list[Event]) -> None:
+        for event in events:
+            log.info("action_event", **event)
+            if self._pub is not None:
+                try:
+                    self._pub.send_multipart(
+                        [str(event["camera"]).encode(), msgpack.packb(event)], zmq.NOBLOCK)
+                except zmq.Again:  # PUB drops at its high-water mark rather than block
+                    pass
