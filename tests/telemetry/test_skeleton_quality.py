@@ -20,11 +20,16 @@ def one(q, camera="cam1", cameras=()):
     return record, notes
 
 
+def frames(q, w, camera="cam1"):
+    for t in range(w.shape[1]):
+        q.add(camera, w[:, t])          # push mode: one (3, V, M) frame at a time
+
+
 def test_a_clean_camera_is_fully_usable():
     q = SkeletonQuality()
     w = window()
     assert (w[2, :, :, 0] > 0.5).all()                      # the generator's visibility
-    q.add("cam1", w)
+    frames(q, w)
     record, notes = one(q)
     assert record["frames"] == 30 and record["no_person"] == 0.0
     assert record["low_visibility"] == 0.0 and record["usable"] == 1.0
@@ -39,7 +44,7 @@ def test_empty_frames_lost_joints_and_joints_outside_the_picture_are_counted():
     w[:, :10] = 0.0                     # nobody in the first 10 of 30 frames
     w[2, 10:, :11, 0] = 0.2             # the face's 11 joints lost in the others
     w[0, 10:, 30:, 0] = 1.3             # the feet's 3 joints right of the picture
-    q.add("cam1", w)
+    frames(q, w)
     record, _ = one(q)
     assert record["no_person"] == pytest.approx(10 / 30, abs=1e-4)
     assert record["low_visibility"] == pytest.approx(11 / 33, abs=1e-4)
@@ -54,6 +59,18 @@ def test_pixel_coordinates_are_not_judged_out_of_frame_and_frames_count_alike():
         q.add("cam1", frame)            # push mode: (3, V, M)
     record, _ = one(q)
     assert record["frames"] == 5 and record["out_of_frame"] is None
+
+
+def test_a_window_counts_its_newest_frame():
+    q = SkeletonQuality()
+    w = window()
+    w[:, :-1] = 0.0                     # empty but for the newest frame
+    q.add("cam1", w)
+    w2 = window()
+    w2[:, -1] = 0.0                     # full but for the newest frame
+    q.add("cam1", w2)
+    record, _ = one(q)
+    assert record["frames"] == 2 and record["no_person"] == 0.5
 
 
 def test_silent_and_blocked_cameras():
@@ -71,7 +88,7 @@ def test_one_warning_when_quality_drops_and_one_line_when_it_recovers():
     empty = np.zeros((3, 30, 33, 1), np.float32)
     notes = []
     for w in (window(persons=1), empty, empty, empty, window(persons=1), window(persons=1)):
-        q.add("cam1", w)
+        frames(q, w)
         notes += one(q)[1]
     assert [n["event"] for n in notes] == ["skeleton_quality_low", "skeleton_quality_recovered"]
     assert notes[0]["usable"] == 0.0 and notes[0]["floor"] == 0.5
