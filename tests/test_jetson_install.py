@@ -460,8 +460,14 @@ def test_documented_install_runs_as_an_unprivileged_user():
 
         r = run_as(user, [stgcnd, "config", "example"], env, cwd=home, timeout=120)
         assert r.returncode == 0 and "[server]" in r.stdout and "[[models]]" in r.stdout, r.stderr
+        # `config check` checks that the files it names exist: the example's checkpoint
+        # (/var/lib/stgcnd/models/...) stands here beside the file.
+        checkpoint = tmp / "epoch60_model.pt"
+        checkpoint.write_bytes(b"")
+        checkpoint.chmod(0o644)
         example = tmp / "stgcnd.toml"
-        example.write_text(r.stdout)
+        example.write_text(r.stdout.replace("/var/lib/stgcnd/models/epoch60_model.pt",
+                                            str(checkpoint)))
         example.chmod(0o644)
         r = run_as(user, [stgcnd, "config", "check", str(example)], env, cwd=home, timeout=120)
         assert r.returncode == 0 and '"models"' in r.stdout, \

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from .curve import ClientKey, KeySource, curve_options
 from .errors import (
     BadReply,
     ClientClosed,
@@ -49,6 +50,9 @@ class Client:
     >>> with Client("ipc:///run/stgcnd/stgcnd.sock", camera_id="aisle-3") as client:
     ...     result = client.infer(window)          # window: (3, T, V, M) float32
     ...     print(result.label_name, result.probs)
+
+    A daemon on another machine (tcp with CURVE) also needs ``server_key`` (its public key)
+    and ``client_key`` (this camera's pair), as files or z85 text: see stgcnd_client.curve.
     """
 
     def __init__(
@@ -61,6 +65,8 @@ class Client:
         context: zmq.Context | None = None,
         hwm: int = 64,
         max_reply_bytes: int = 16 * 1024 * 1024,
+        server_key: KeySource | None = None,
+        client_key: ClientKey | None = None,
     ) -> None:
         if not isinstance(endpoint, str) or "://" not in endpoint:
             raise ValueError(
@@ -71,6 +77,7 @@ class Client:
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
         self.endpoint = endpoint
+        self._curve = curve_options(server_key, client_key)  # bad keys fail here, not later
         self.camera_id = camera_id or (
             f"{_socket.gethostname()}-{os.getpid()}-{next(_camera_counter)}"
         )
@@ -255,6 +262,8 @@ class Client:
             sock.setsockopt(zmq.RCVHWM, self._hwm)
             sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.setsockopt(zmq.MAXMSGSIZE, self._max_reply_bytes)
+            for option, value in self._curve:
+                sock.setsockopt(option, value)
             sock.connect(self.endpoint)
             self._socket = sock
             if self._lost_reply:

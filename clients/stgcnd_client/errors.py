@@ -51,10 +51,15 @@ class ShuttingDown(ServerError):
     """The server is stopping and no longer takes requests."""
 
 
+class Forbidden(ServerError):
+    """This client's CURVE key is bound to other camera ids than the one asked for."""
+
+
 _BY_CODE: dict[str, type[ServerError]] = {
     ErrorCode.BUSY.value: Busy,
     ErrorCode.EXPIRED.value: Expired,
     ErrorCode.SHUTTING_DOWN.value: ShuttingDown,
+    ErrorCode.FORBIDDEN.value: Forbidden,
 }
 
 

@@ -19,6 +19,8 @@ from typing import Dict, Iterable, Iterator, Union
 import msgpack
 import zmq
 
+from .curve import ClientKey, KeySource, curve_options
+
 Event = Dict[str, Union[str, float]]  # see docs/protocol.md "Events" for the keys
 
 
@@ -26,11 +28,17 @@ class Events:
     """A SUB socket on the daemon's events endpoint; `cameras`: only these (default: all)."""
 
     def __init__(self, endpoint: str, cameras: Iterable[str] | None = None,
-                 context: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+                 context: zmq.Context[zmq.Socket[bytes]] | None = None,
+                 server_key: KeySource | None = None,
+                 client_key: ClientKey | None = None) -> None:
+        """`server_key` and `client_key`: for a daemon whose [server] curve is on, as for
+        `Client` (stgcnd_client.curve)."""
         self._ctx = context or zmq.Context.instance()
         self._sock: zmq.Socket[bytes] = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, 1 << 20)  # an event is a few hundred bytes
+        for option, value in curve_options(server_key, client_key):
+            self._sock.setsockopt(option, value)
         # Topics are prefixes: the camera id and its NUL-free end are matched exactly by
         # checking the topic frame again on receipt.
         self._cameras = None if cameras is None else {c.encode() for c in cameras}

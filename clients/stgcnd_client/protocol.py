@@ -43,6 +43,7 @@ class ErrorCode(str, Enum):
     EXPIRED = "expired"
     SHUTTING_DOWN = "shutting-down"
     INTERNAL = "internal"
+    FORBIDDEN = "forbidden"
 
     def __str__(self) -> str:
         return self.value

@@ -35,6 +35,7 @@ COMMANDS = {
     "doctor": "stgcnd.commands.doctor",
     "tegrastats": "stgcnd.commands.tegrastats",
     "logs": "stgcnd.commands.logs",
+    "keys": "stgcnd.commands.keys",
     "trtexec": "stgcnd.commands.trtexec",
 }
 LOG_LEVELS = ["debug", "info", "warning", "error"]

@@ -31,6 +31,9 @@ def write_config(path: Path, endpoint: str, engines: Path, models: str | None = 
     lines = ["[server]", f'endpoint = "{endpoint}"', f'engines_dir = "{engines}"',
              "stats_interval = 1.0", "warmup_runs = 1"]
     for k, v in server.items():
+        if isinstance(v, bool):  # TOML's spelling, not Python's
+            lines.append(f"{k} = {str(v).lower()}")
+            continue
         lines.append(f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"')
     lines.append(models if models is not None else
                  f'[[models]]\nname = "demo"\ndemo = true\nframes = {FRAMES}\n'

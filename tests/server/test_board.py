@@ -49,7 +49,7 @@ def test_auto_falls_back_to_a_cpu_runtime_with_one_line_per_failure(board_daemon
     (ready,) = events(d, "ready")
     serving = ready["models"]["cam"]
     assert serving["runtime"] in ("onnxruntime", "torch") and serving["device"] == "cpu"
-    assert "CPU runtime" in serving["why"]
+    assert serving["why"].startswith("the fastest here (")
     (plan,) = events(d, "memory_plan")  # the plan was made for TensorRT, then given back
     assert plan["models"] == [] and plan["reserve_mb"] == 1536  # a Jetson's default reserve
     (model,) = events(d, "model_ready")

@@ -31,6 +31,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="the daemon's endpoint (required unless --serve)")
     target.add_argument("--model", default=None, help="model name (default: the daemon's "
                                                       "default model)")
+    target.add_argument("--server-key", default=None, metavar="KEY",
+                        help="CURVE: the daemon's public key, a file or z85 (`stgcnd keys "
+                             "server`); with --client-key, for a daemon with curve on")
+    target.add_argument("--client-key", default=None, metavar="KEY",
+                        help="CURVE: the cameras' key pair, a NAME.key_secret file (`stgcnd "
+                             "keys create`); unbound to camera ids: the load's ids are made up")
     p.add_argument("--scenario", choices=sorted(SCENARIOS), default=None,
                    help="a named load and its goals (docs/performance.md); it sets the load "
                         "options below and prints whether each goal was met: "
@@ -98,13 +104,15 @@ def _plan(args: argparse.Namespace, endpoint: str) -> LoadPlan:
     if args.scenario:
         load = SCENARIOS[args.scenario].load
         return LoadPlan(endpoint=endpoint, model=args.model, timeout_ms=args.timeout_ms,
-                        seed=args.seed, **load)
+                        seed=args.seed, server_key=args.server_key,
+                        client_key=args.client_key, **load)
     return LoadPlan(endpoint=endpoint, processes=args.processes, cameras=args.cameras,
                     mode=args.mode, rate_hz=None if args.closed_loop else
                     (args.rate if args.rate is not None else DEFAULT_RATE_HZ),
                     duration=args.duration, warmup=args.warmup, join=args.join,
                     join_at=args.join_at, join_window=args.join_window, model=args.model,
-                    timeout_ms=args.timeout_ms, seed=args.seed)
+                    timeout_ms=args.timeout_ms, seed=args.seed, server_key=args.server_key,
+                    client_key=args.client_key)
 
 
 def _emit(report: dict[str, Any], json_path: str | None) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from stgcnd.errors import BuildCancelled, UserError
 from stgcnd.log import get_logger, log_is_json
 from stgcnd.server.config import check_files, load_config
+from stgcnd.server.curve import check_security
 from stgcnd.server.server import Server
 from stgcnd.server.transport import check_endpoint
 
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
             "stats_interval": args.stats_interval}, flag_names=FLAG_NAMES))
         # Before any model is loaded or built: a wrong endpoint fails now, with a fix.
         check_endpoint(config.endpoint)
+        check_security(config)
         server = Server(config, args.config)
         server.install_signal_handlers()
     except Exception as exc:

@@ -77,6 +77,19 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         "engine store: exported ONNX and one artefact per runtime/precision/device; unset: "
         "systemd's StateDirectory/engines, else ./engines when started in a checkout, else the "
         "user cache", path=True)] = None
+    curve: Annotated[Literal["auto", "on", "off"], key(
+        "ZeroMQ CURVE: encryption and a key per client (docs/remote-cameras.md); auto: on "
+        "where endpoint or events_endpoint is tcp on an address other than loopback")] = "auto"
+    keys_dir: Annotated[Optional[str], key(
+        "CURVE: the daemon's key pair (server.key, server.key_secret), made on first start; "
+        "unset: systemd's StateDirectory/keys, else ~/.local/state/stgcnd/keys",
+        path=True)] = None
+    authorized_keys_dir: Annotated[Optional[str], key(
+        "CURVE: one NAME.key per client allowed (`stgcnd keys create`), reread on SIGHUP; "
+        "unset: keys_dir/authorized", path=True)] = None
+    insecure: Annotated[bool, key(
+        "allow a tcp endpoint other machines can reach without CURVE (anyone who reaches the "
+        "port may use every camera)")] = False
     stats_interval: Annotated[float, key(
         "seconds between the latency and system log events", "must be > 0 seconds",
         gt=0)] = 10.0
@@ -586,7 +599,8 @@ def example() -> str:
     """The annotated configuration: every key with its doc and default (the defaults of the
     example's own values where it sets them: a systemd deployment serving a checkpoint)."""
     shown = {"endpoint": "ipc:///run/stgcnd/stgcnd.sock",
-             "engines_dir": "/var/lib/stgcnd/engines", "socket_mode": 0o660}
+             "engines_dir": "/var/lib/stgcnd/engines", "keys_dir": "/var/lib/stgcnd/keys",
+             "socket_mode": 0o660}
     model = {"name": "single", "checkpoint": "/var/lib/stgcnd/models/epoch60_model.pt",
              "labels": ("normal", "shoplifting"), "precision": "fp16", "stride": 25}
     out = ["# /etc/stgcnd/stgcnd.toml - stgcnd daemon configuration (annotated example; "

@@ -23,7 +23,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Mapping, Sequence
+from typing import Callable, Dict, Mapping, Sequence
 
 import msgpack
 import zmq
@@ -227,7 +227,10 @@ class EventFeed:
     `events_endpoint` is set, a message on a PUB socket: [camera id, msgpack map]. A slow
     subscriber loses messages at its high-water mark; the daemon never waits for one."""
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], config: Config) -> None:
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], config: Config,
+                 secure: Callable[[zmq.Socket[bytes]], None] | None = None) -> None:
+        """`secure`: CURVE for the PUB socket (server/curve.py), where the daemon has it: a
+        subscriber then needs an authorized key (any: camera bindings are not applied)."""
         self.events = Events()
         self._pub: zmq.Socket[bytes] | None = None
         self._ipc_path: Path | None = None
@@ -236,6 +239,8 @@ class EventFeed:
             pub = ctx.socket(zmq.PUB)
             pub.setsockopt(zmq.LINGER, 200)  # the shutdown's end events, if they can go
             pub.setsockopt(zmq.SNDHWM, 10_000)
+            if secure is not None:
+                secure(pub)
             if endpoint.startswith("ipc://"):
                 self._ipc_path = Path(endpoint[len("ipc://"):])
                 prepare_ipc_path(self._ipc_path)

@@ -39,6 +39,7 @@ class Incoming:
     fd: int                      # the connection it came on (ZMQ_SRCFD; -1 if unknown)
     peer: str                    # who sent it (connections.peer_key)
     too_many: bool = False       # more than MAX_FRAMES frames: the rest is being dropped
+    user: str = ""               # CURVE: the sender's public key (ZAP User-Id); else ""
 
 
 def _origin(frame: zmq.Frame) -> tuple[int, str]:
@@ -55,9 +56,18 @@ def _origin(frame: zmq.Frame) -> tuple[int, str]:
     return fd, peer_key(address, fd)
 
 
+def _user(frame: zmq.Frame) -> str:
+    try:
+        return str(frame.get("User-Id"))
+    except zmq.ZMQError:
+        return ""
+
+
 class Receiver:
-    def __init__(self, router: zmq.Socket[bytes], max_frames: int = MAX_FRAMES) -> None:
+    def __init__(self, router: zmq.Socket[bytes], max_frames: int = MAX_FRAMES,
+                 users: bool = False) -> None:
         self.router = router
+        self.users = users  # read each message's ZAP User-Id (CURVE only: a property lookup)
         self.max_frames = max_frames
         self.discarding = False
         self.discarded_frames = 0     # ever, for the stats reply
@@ -88,7 +98,8 @@ class Receiver:
             frame = recv(NOBLOCK, copy=False)
             frames.append(frame)
             more = frame.more
-        return Incoming(identity.bytes, frames, *_origin(identity))
+        return Incoming(identity.bytes, frames, *_origin(identity),
+                        user=_user(identity) if self.users else "")
 
     def _discard_some(self) -> None:
         """Drop up to DISCARD_PER_PASS frames of the oversized message."""

@@ -21,6 +21,7 @@ from stgcnd.log import debug_enabled, get_logger
 from stgcnd.server.admission import admit, check_queue, model_for
 from stgcnd.server.cameras import CameraState, CameraTable, PushRecord
 from stgcnd.server.connections import Connections
+from stgcnd.server.curve import ClientKey, Curve
 from stgcnd.server.errorlog import ClientErrorLog
 from stgcnd.server.executor import Reply
 from stgcnd.server.models import ServedModel
@@ -65,6 +66,11 @@ class RequestPath:
         # (fd, peer) of an oversized message, banned once the rest of it is dropped
         self._ban_when_discarded: tuple[int, str] | None = None
         self._log_requests = debug_enabled()  # per-request events only at --log-level debug
+        self.curve: Curve | None = None  # CURVE on: each request's key, and its cameras
+
+    def use_curve(self, curve: Curve) -> None:
+        self.curve = curve
+        self.receiver.users = True
 
     # -- reading ---------------------------------------------------------------------------
     def read(self, limit: int = READ_BURST) -> None:
@@ -123,10 +129,22 @@ class RequestPath:
         if not self.connections.seen(msg.fd, msg.peer, received):
             return  # a banned peer's connection, closing: nobody reads an answer there
         identity = msg.identity
+        key = None
+        if self.curve is not None:
+            key = self.curve.keys.get(msg.user)
         req = None
         try:
             req = decode_request(msg.frames, self.limits)
-            self._dispatch(identity, req, received, msg.peer)
+            if self.curve is not None and key is None:
+                # Its key was revoked (SIGHUP) after it connected; new connections with it
+                # fail the handshake. Every request still gets its one answer.
+                self.curve.dropped += 1
+                raise ProtocolError(ErrorCode.FORBIDDEN, "this client's CURVE key was revoked; "
+                                    "ask the daemon's operator for a new one (`stgcnd keys "
+                                    "create`)", req.id)
+            if key is not None and not key.allows(req.camera):
+                raise ProtocolError(ErrorCode.FORBIDDEN, forbidden(key, req.camera), req.id)
+            self._dispatch(identity, req, received, msg.peer, key)
         except ProtocolError as exc:
             self._reject(identity, exc, req)
         except Exception as exc:  # a daemon bug: answered, logged rate-limited, never fatal
@@ -151,7 +169,8 @@ class RequestPath:
                 self.quality.refused_busy(req.camera)
         self.send(identity, encode_reply(req_id, error=(exc.code.value, exc.message)))
 
-    def _dispatch(self, identity: bytes, req: Request, received: float, peer: str) -> None:
+    def _dispatch(self, identity: bytes, req: Request, received: float, peer: str,
+                  key: ClientKey | None = None) -> None:
         op = req.op
         if op == "ping":
             self.send(identity, encode_reply(req.id, {"pong": True, "server_time": time.time()}))
@@ -163,7 +182,11 @@ class RequestPath:
                 "models": [m.describe(name == default) for name, m in self.models.items()]}))
             return
         if op == "stats":
-            self.send(identity, encode_reply(req.id, self.stats()))
+            stats = self.stats()
+            if key is not None and key.cameras:  # a camera's key sees its own cameras only
+                stats["cameras"] = {c: s for c, s in stats["cameras"].items()
+                                    if c in key.cameras}
+            self.send(identity, encode_reply(req.id, stats))
             return
         if op == "reset":
             # No model named: every model's push state of this camera (as protocol.md says).
@@ -290,7 +313,15 @@ class RequestPath:
         return {"pid": os.getpid(), "process_cpu_s": round(time.process_time(), 6),
                 "camera_evictions": self.cameras.evictions,
                 "connections": self.connections.stats(),
-                "oversized_messages": self.receiver.oversized_messages}
+                "oversized_messages": self.receiver.oversized_messages,
+                **({"curve": {"denied": self.curve.denied, "dropped": self.curve.dropped,
+                              "clients": len(self.curve.keys)}} if self.curve else {})}
+
+
+def forbidden(key: ClientKey, camera: str) -> str:
+    return (f"camera {camera!r} is not one of this client's key ({key.name}): it may use "
+            f"{', '.join(key.cameras)}; use one of those ids, or bind the key to more cameras "
+            "(`stgcnd keys create NAME --cameras ...`)")
 
 
 def request_id(header: Any, limits: Limits) -> int | None:

@@ -30,6 +30,7 @@ from stgcnd.log import get_logger
 from stgcnd.server.cameras import CameraTable
 from stgcnd.server.config import Config, check_files, load_config
 from stgcnd.server.connections import Connections, connection_budget, open_fds, raise_fd_limit
+from stgcnd.server.curve import Curve, curve_enabled
 from stgcnd.server.events import EventFeed
 from stgcnd.server.heap import CHECK_EVERY_S, RssWatch, give_back_free_memory
 from stgcnd.server.models import ServedModel, load_models
@@ -77,6 +78,7 @@ class Server:
         self._timer = WakeTimer()  # polled runners' next look (poll wakes on it)
         self._pipe = SelfPipe()    # signals and worker threads wake the loop through it
         self._router: zmq.Socket[bytes] | None = None
+        self.curve: Curve | None = None  # CURVE's keys and ZAP handler (server/curve.py)
         self._ipc_path: Path | None = None
         self.connections: Connections | None = None
         self.requests: RequestPath | None = None
@@ -119,15 +121,22 @@ class Server:
                                       cancel=self._stop)
         finally:
             keepalive.set()
-        self.events = EventFeed(self._ctx, self.config)
+        if curve_enabled(self.config):  # before the binds: no connection without a key
+            self.curve = Curve(self._ctx, self.config)
+        self.events = EventFeed(self._ctx, self.config,
+                                self.curve.secure if self.curve is not None else None)
         self.events.configure(self.models)
         self._router = make_router(self._ctx, self.config)
+        if self.curve is not None:
+            self.curve.secure(self._router)
         self._watch_connections()  # before the bind: no connection accepted unseen
         self._ipc_path = bind_router(self._router, self.config)
         assert self.connections is not None
         self.requests = RequestPath(self._router, self.connections, self.cameras, self.limits,
                                     self.config.server.queue_size, self.stats)
         self.requests.models = self.models
+        if self.curve is not None:
+            self.requests.use_curve(self.curve)
         self.requests.quality.threshold = self.config.server.visibility_threshold
         self.requests.quality.floor = self.config.server.quality_floor
         self._start_sampler()
@@ -333,6 +342,8 @@ class Server:
 
         def work() -> None:
             try:
+                if self.curve is not None:  # revoked keys: their connections get nothing
+                    self.curve.reload()
                 config = check_files(load_config(self.config_path))
                 if config.endpoint != self.config.endpoint:
                     log.warning("reload_endpoint_ignored", endpoint=config.endpoint,
@@ -471,6 +482,8 @@ class Server:
         if self._router is not None:
             # Linger: the shutting-down replies just queued leave before the socket goes.
             self._router.close(CLOSE_LINGER_MS if wait else 0)
+        if self.curve is not None:
+            self.curve.close()
         self._timer.close()
         self._pipe.close()
         if wait:  # term() waits for every socket's linger

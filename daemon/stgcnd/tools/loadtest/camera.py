@@ -140,7 +140,8 @@ class Camera:
     def _connect(self) -> Client:
         # retries=0: a lost reply is reported as lost, not hidden by a resend.
         self.client = Client(self.plan.endpoint, camera_id=self.camera.camera_id,
-                             timeout=self.plan.timeout_ms / 1e3, retries=0)
+                             timeout=self.plan.timeout_ms / 1e3, retries=0,
+                             server_key=self.plan.server_key, client_key=self.plan.client_key)
         return self.client
 
     def _sleep_until(self, t: float) -> bool:

@@ -33,6 +33,8 @@ class LoadPlan:
     timeout_ms: float = 5000.0
     seed: int = 0
     run_id: str = ""               # prefixes camera ids so that every run's cameras are new
+    server_key: str | None = None  # CURVE: the daemon's public key and the cameras' pair
+    client_key: str | None = None  # (files or z85; stgcnd_client.curve)
 
     def __post_init__(self) -> None:
         if not self.run_id:

@@ -43,7 +43,8 @@ class _Control:
         self.served_pid = served_pid
         timeout = max(CONTROL_TIMEOUT_S, plan.timeout_ms / 1e3)
         self.client = Client(plan.endpoint, camera_id=f"lt-{plan.run_id}-control",
-                             timeout=timeout, retries=1)
+                             timeout=timeout, retries=1, server_key=plan.server_key,
+                             client_key=plan.client_key)
 
     def hello(self) -> tuple[Any, ModelTarget]:
         try:

@@ -1,0 +1,69 @@
+"""CURVE keys for a daemon on another machine (its [server] curve is on).
+
+The daemon's public key, and this client's key pair, each as a file of pyzmq's certificate
+format or as z85 text (40 characters): what `stgcnd keys` prints and writes::
+
+    Client("tcp://10.0.0.5:5555", camera_id="cam1",
+           server_key="/etc/stgcnd-client/server.key",       # the daemon's public key
+           client_key="/etc/stgcnd-client/cam1.key_secret")  # this camera's pair
+
+`client_key` may also be a (public, secret) pair of z85 strings. A key the daemon does not know
+is refused during ZeroMQ's handshake: no reply ever comes (the calls time out), and the
+daemon logs `curve_denied` with the key.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Tuple, Union
+
+import zmq
+import zmq.auth
+
+KeySource = Union[str, bytes, "os.PathLike[str]"]
+# A client's pair: its NAME.key_secret file, or (public, secret) as z85 text.
+ClientKey = Union[KeySource, Tuple[str, str]]
+Z85_KEY_LENGTH = 40
+
+
+def curve_options(server_key: KeySource | None, client_key: ClientKey | None
+                  ) -> list[tuple[int, bytes]]:
+    """Socket options (option, value) that make a DEALER a CURVE client; [] for no keys."""
+    if server_key is None and client_key is None:
+        return []
+    if server_key is None or client_key is None:
+        raise ValueError("CURVE needs both server_key (the daemon's public key: `stgcnd keys "
+                         "server`) and client_key (this camera's pair: `stgcnd keys create "
+                         "NAME`)")
+    server_public, _ = _load(server_key, "server_key")
+    if isinstance(client_key, tuple):
+        public, secret = (_z85(k, "client_key") for k in client_key)
+    else:
+        public, secret_or_none = _load(client_key, "client_key")
+        if secret_or_none is None:
+            raise ValueError(f"client_key {client_key!r} holds no secret key; pass the "
+                             "NAME.key_secret file, not NAME.key")
+        secret = secret_or_none
+    return [(zmq.CURVE_SERVERKEY, server_public), (zmq.CURVE_PUBLICKEY, public),
+            (zmq.CURVE_SECRETKEY, secret)]
+
+
+def _load(source: KeySource, what: str) -> tuple[bytes, bytes | None]:
+    """(public, secret or None) from z85 text or a certificate file."""
+    text = os.fsdecode(source) if not isinstance(source, bytes) else source.decode("ascii",
+                                                                                   "replace")
+    if len(text) == Z85_KEY_LENGTH and not os.path.exists(text):
+        return _z85(text, what), None
+    try:
+        return zmq.auth.load_certificate(text)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{what}: cannot read a CURVE key from {text!r} ({exc}); pass a "
+                         "40-character z85 key or a file written by `stgcnd keys`") from None
+
+
+def _z85(key: str | bytes, what: str) -> bytes:
+    raw = key.encode("ascii") if isinstance(key, str) else bytes(key)
+    if len(raw) != Z85_KEY_LENGTH:
+        raise ValueError(f"{what}: a z85 CURVE key has {Z85_KEY_LENGTH} characters, got "
+                         f"{len(raw)}")
+    return raw
