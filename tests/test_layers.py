@@ -63,10 +63,10 @@ SERVE_ENTRY = ("stgcnd.__main__", "stgcnd.commands.serve")
 # Raised again on 2026-11-25 (from 11,650 / 21,200): torch.compile in the torch runtime with
 # its cache and fall-back, auto's CPU precision choice (#26, ~200 lines), config files checked
 # and relative paths anchored to the config file (#27, ~40), action events with their PUB
-# endpoint, skeleton quality per camera and CURVE for remote cameras (#25, ~760; the log
+# endpoint, skeleton quality per camera and CURVE for remote cameras (#25, ~820; the log
 # timeline, the demo's subscriber and `stgcnd keys` are tools or commands, outside it).
-MAX_DAEMON_LINES = 12600
-MAX_PACKAGE_LINES = 22850
+MAX_DAEMON_LINES = 12650
+MAX_PACKAGE_LINES = 22900
 
 
 def modules() -> dict[str, Path]:

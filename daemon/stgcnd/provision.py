@@ -289,13 +289,19 @@ def fastest_cpu_runtime(model: Any, options: BuildOptions, store: EngineStore
     `options.precision` allows; measured once, cached in the store."""
     cache_path = store.root / AUTO_CACHE_NAME
     bf16 = cpu_bf16()
+    # int8's candidate loads or not by its calibration: a new file (or synthetic calibration
+    # allowed) measures again.
+    int8 = ({"calibration": options.key_dict("onnxruntime").get("calibration_sha256"),
+             "synthetic": options.allow_synthetic_calibration}
+            if options.precision == "int8" else None)
     key = key_digest({"model": model_key(model), "machine": machine_key(),
-                      "allowed": options.precision, "threads": options.threads, "v": 2})
+                      "allowed": options.precision, "threads": options.threads, "int8": int8,
+                      "v": 2})
     try:
         cache = json.loads(cache_path.read_text())
     except (OSError, ValueError):
         cache = {}
-    if key in cache:
+    if key in cache and not store.remeasure_auto:
         entry = cache[key]
         log.info("auto_backend_cached", backend=entry["backend"], precision=entry["precision"],
                  key=key[:12])
@@ -312,14 +318,14 @@ def fastest_cpu_runtime(model: Any, options: BuildOptions, store: EngineStore
                 try:
                     candidates[label] = load_runtime(
                         model, name, dataclasses.replace(options, precision=precision), store)
-                except (BackendUnavailable, UserError) as exc:
-                    reason = str(exc)
+                except Exception as exc:  # any candidate may fail: the others still serve
+                    reason = f"{type(exc).__name__}: {exc}"
             if reason is not None:  # torch is optional, int8 may lack calibration: go on
                 log.info("auto_backend_skipped", backend=name, precision=precision,
                          reason=reason)
         if not candidates:
             raise BackendUnavailable("no CPU runtime can run here; pip install onnxruntime")
-        timings = time_runtimes(candidates)
+        timings = _time_each_that_runs(candidates)
     finally:
         for runtime in candidates.values():
             runtime.close()
@@ -336,6 +342,27 @@ def fastest_cpu_runtime(model: Any, options: BuildOptions, store: EngineStore
              allowed=options.precision, cpu_bf16=bf16, rounds=AUTO_ROUNDS,
              **{f"{k.replace(' ', '_')}_ms": round(v, 2) for k, v in timings.items()})
     return backend, precision, _faster(timings)
+
+
+def _time_each_that_runs(candidates: dict[str, Runtime]) -> dict[str, float]:
+    """time_runtimes over all candidates; where one fails, each alone, without the failures."""
+    try:
+        return time_runtimes(candidates)
+    except Exception as exc:
+        log.warning("auto_backend_timing_failed", error=f"{type(exc).__name__}: {exc}",
+                    action="timing each candidate alone")
+    timings: dict[str, float] = {}
+    for label, runtime in candidates.items():
+        try:
+            timings.update(time_runtimes({label: runtime}))
+        except Exception as exc:
+            backend, precision = label.split()
+            log.info("auto_backend_skipped", backend=backend, precision=precision,
+                     reason=f"{type(exc).__name__}: {exc}")
+    if not timings:
+        raise BackendUnavailable("no CPU runtime ran a window here (auto_backend_skipped "
+                                 "lines say why)")
+    return timings
 
 
 def _faster(timings: dict[str, float]) -> str:

@@ -56,6 +56,14 @@ def test_auto_measures_both_cpu_runtimes_and_remembers(tmp_path):
         assert again.info.name == other
     finally:
         again.close()
+    # `stgcnd build --rebuild` measures again: the flipped choice is replaced by a new one.
+    store.remeasure_auto = True
+    resolve_auto(model, BuildOptions(), store)
+    store.remeasure_auto = False
+    (remeasured,) = json.loads(cache_path.read_text()).values()
+    assert remeasured["fastest_ms"] != timings
+    assert f"{remeasured['backend']} {remeasured['precision']}" == \
+        min(remeasured["fastest_ms"], key=remeasured["fastest_ms"].__getitem__)
 
     # A lower precision allows more: fp16 adds bf16 where this CPU has it natively, int8
     # adds ONNX Runtime's int8 too; each allowance is its own measurement, the fastest wins.

@@ -51,14 +51,14 @@ def test_an_unknown_mode_is_refused():
 
 @pytest.mark.parametrize("precision,tol", [("fp32", 1e-4), ("fp16", 1e-2)])
 @pytest.mark.parametrize("cuda_graph", [True, False])
-@pytest.mark.usefixtures("compile_cache")
 @gpu_with_triton
-def test_compiled_buckets_match_the_reference(small_model, precision, tol, cuda_graph):
+def test_compiled_buckets_match_the_reference(small_model, precision, tol, cuda_graph,
+                                              compile_cache):
     spec = small_model.spec
     x = synthetic_windows(8, spec.frames, spec.persons, spec.num_node, seed=5)
     ref = reference_logits(small_model, x)
     with TorchRuntime(small_model, precision, "cuda", cuda_graph=cuda_graph, max_batch=8,
-                      compile_mode="reduce-overhead") as runtime, \
+                      compile_mode="reduce-overhead", compile_cache=compile_cache) as runtime, \
             opened(runtime, (1, 4, 8), lanes=2) as runner:
         assert runtime.info.details["compile"] == "reduce-overhead"
         full = runner.run(list(x))

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"no key named {args.name!r} in {authorized}; `stgcnd keys list` "
                             "shows the names")
         path.unlink()
-        print(f"removed {path}; {RELOAD}: its connections then get no replies")
+        print(f"removed {path}; {RELOAD}: its connections' requests then get `forbidden`")
         return 0
     public = keys_dir(config) / f"{SERVER_NAME}.key"
     if not public.is_file():

@@ -172,6 +172,9 @@ class EngineStore:
         # Manifests this store built: asked again (auto measures, then serves), the artefact
         # is reused with the reason BUILT_HERE, which commands show as built, not as reused.
         self.built_here: set[Path] = set()
+        # backend auto on a CPU: measure again rather than read auto-backend.json (a choice
+        # measured on a busy machine would otherwise stay): `stgcnd build --rebuild`.
+        self.remeasure_auto = False
 
     # --- paths ---------------------------------------------------------------------------
 

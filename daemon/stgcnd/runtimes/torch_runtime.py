@@ -216,6 +216,9 @@ class TorchRuntime(Runtime):
             except GraphsUnavailable as exc:
                 log.warning("cuda_graph_unavailable", error=str(exc),
                             action="computing each batch on a worker thread, without graphs")
+                if self.compile_mode != "off":  # static kernels were per bucket: dynamic now
+                    self.cuda_graph = False
+                    self._use_compile(self.compile_mode)
         if self.compile_mode != "off":
             # Compiled without our graphs: a second batch size makes inductor's kernels
             # dynamic in the batch, so that no request pays for a compile.

@@ -634,7 +634,8 @@ def example() -> str:
         if name in ("classes", "cameras"):
             continue
         out += _comment(meta.description)
-        out.append(f"# {name} = " if default is None else f"# {name} = {_toml_value(default)}")
+        sample = ("normal",) if name == "quiet_classes" else default  # not left blank
+        out.append(f"# {name} = {_toml_value(sample)}")
     out += ["# One class's thresholds, one camera's overrides:",
             "# [models.events.classes.shoplifting]", "# enter = 0.9",
             "# [models.events.cameras.door-1]", "# cooldown_s = 120.0"]

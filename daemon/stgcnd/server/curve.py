@@ -206,7 +206,13 @@ class Curve:
             if not zap.poll(POLL_MS):
                 continue
             request = zap.recv_multipart()
-            zap.send_multipart(self._answer(request))
+            try:
+                answer = self._answer(request)
+            except Exception as exc:  # never leave libzmq waiting for an answer
+                log.error("curve_zap_error", error=f"{type(exc).__name__}: {exc}")
+                answer = [b"1.0", request[1] if len(request) > 1 else b"", b"500",
+                          b"internal error", b"", b""]
+            zap.send_multipart(answer)
 
     def _answer(self, request: list[bytes]) -> list[bytes]:
         # RFC 27: version, request id, domain, address, routing id, mechanism, credentials

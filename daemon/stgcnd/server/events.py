@@ -97,7 +97,6 @@ class Track:
     started_wall: float = 0.0
     peak: float = 0.0
     cooldown_until: float = float("-inf")
-    count: int = 0                      # events so far: the id's suffix
 
     def smooth(self, p: float) -> float:
         rule = self.rule
@@ -108,9 +107,16 @@ class Track:
         self.recent.append(p)
         while len(self.recent) > rule.n:
             self.recent.popleft()
-        if len(self.recent) < rule.k:
-            return 0.0
-        return sorted(self.recent, reverse=True)[rule.k - 1]
+        self.smoothed = (sorted(self.recent, reverse=True)[rule.k - 1]
+                         if len(self.recent) >= rule.k else 0.0)
+        return self.smoothed
+
+    def retarget(self, rule: Rule) -> None:
+        """A reload's rule. Switched to k-of-n, the window starts full of the last smoothed
+        value, so that an open event is judged by the new rule, not ended by an empty one."""
+        if rule.smoothing == "k-of-n" and self.rule.smoothing != "k-of-n":
+            self.recent = collections.deque([self.smoothed or 0.0] * rule.n)
+        self.rule = rule
 
 
 class Events:
@@ -123,11 +129,11 @@ class Events:
     def configure(self, models: dict[str, tuple[EventsConfig, tuple[str, ...]]],
                   now: float, wall: float) -> list[Event]:
         """New rules (start, reload). Open events stay open under the new rules; those of a
-        model no longer watched (or a class that became quiet) end, with that reason."""
-        self._configs = dict(models)
+        model no longer watched (or a class that became quiet) end, with that reason; a class
+        that became watched is tracked from now on."""
         ended: list[Event] = []
         for (camera, model), tracks in list(self._tracks.items()):
-            if model not in models:
+            if model not in models:  # ended with the old labels, then forgotten
                 ended += self._end_all(camera, model, tracks, now, wall, "model-removed")
                 del self._tracks[(camera, model)]
                 continue
@@ -138,8 +144,14 @@ class Events:
                     ended += self._end_all(camera, model, {i: tracks.pop(i)}, now, wall,
                                            "reconfigured")
                 else:
-                    tracks[i].rule = rules[i]
+                    tracks[i].retarget(rules[i])
+            for i in rules.keys() - tracks.keys():
+                tracks[i] = Track(rules[i])
+        self._configs = dict(models)
         return ended
+
+    def cameras(self) -> set[str]:
+        return {camera for camera, _ in self._tracks}
 
     def watches(self, model: str) -> bool:
         return model in self._configs
@@ -174,7 +186,6 @@ class Events:
                 track.peak = max(track.peak, p)
             if track.state == "pending" and now - track.since >= rule.min_duration_s:
                 track.state = "active"
-                track.count += 1
                 out.append(self._event("start", camera, model, labels, i, track, s, wall))
             elif track.state == "active" and s < rule.exit:
                 out.append(self._end(camera, model, labels, i, track, s, now, wall,
@@ -199,7 +210,7 @@ class Events:
 
     def _end_all(self, camera: str, model: str, tracks: dict[int, Track], now: float,
                  wall: float, reason: str) -> list[Event]:
-        labels = self._configs.get(model, (None, ()))[1]
+        labels = self._configs[model][1] if model in self._configs else ()
         return [self._end(camera, model, labels, i, t, t.smoothed or 0.0, now, wall, reason)
                 for i, t in tracks.items() if t.state == "active"]
 
@@ -215,7 +226,9 @@ class Events:
     @staticmethod
     def _event(kind: str, camera: str, model: str, labels: Sequence[str], i: int,
                track: Track, s: float, wall: float) -> Event:
-        return {"kind": kind, "id": f"{camera}/{model}/{i}/{track.count}", "camera": camera,
+        # The id: unique across restarts and forgotten cameras by its start, in milliseconds.
+        return {"kind": kind, "id": f"{camera}/{model}/{i}/{int(track.started_wall * 1e3)}",
+                "camera": camera,
                 "model": model, "class": labels[i] if i < len(labels) else str(i),
                 "class_index": i, "started": round(track.started_wall, 3),
                 "at": round(wall, 3), "probability": round(s, 4),

@@ -295,6 +295,9 @@ class Server:
             log.info("camera_reclaimed", camera=camera, idle_s=round(idle))
             if self.events is not None:
                 self.events.forget(camera, "camera-idle")
+        if self.events is not None:  # evicted for another camera: its events end too
+            for camera in self.events.events.cameras() - self.cameras.cameras.keys():
+                self.events.forget(camera, "camera-evicted")
         self._reap_retired()
         connections.enforce(now)
         if requests.trim_due:
@@ -342,12 +345,17 @@ class Server:
 
         def work() -> None:
             try:
-                if self.curve is not None:  # revoked keys: their connections get nothing
+                if self.curve is not None:  # revoked keys: their requests get `forbidden`
                     self.curve.reload()
                 config = check_files(load_config(self.config_path))
                 if config.endpoint != self.config.endpoint:
                     log.warning("reload_endpoint_ignored", endpoint=config.endpoint,
                                 reason="changing the endpoint needs a restart")
+                for name in ("events_endpoint", "curve", "keys_dir", "authorized_keys_dir",
+                             "insecure", "visibility_threshold", "quality_floor"):
+                    if getattr(config.server, name) != getattr(self.config.server, name):
+                        log.warning("reload_key_ignored", key=name,
+                                    reason=f"changing {name} needs a restart")
                 if config.server.max_cameras != self.config.server.max_cameras:
                     log.warning("reload_max_cameras_ignored",
                                 max_cameras=config.server.max_cameras,

@@ -12,7 +12,7 @@ anyway, so the newest frame samples the camera.) Each stats interval gives one
 - `visibility`: mean visibility of the joints of present persons, and `low_visibility`: the
   share of those joints below the threshold;
 - `out_of_frame`: the share of visible joints with x or y outside 0..1 (None where the
-  camera sends pixel coordinates: values beyond 2);
+  camera sends pixel coordinates: values beyond 10);
 - `silent`: no frame in the interval; `blocked`: frames refused busy and none accepted.
 
 `usable` = (1 - no_person) x (1 - low_visibility): the share of joints the model can use. A
@@ -28,6 +28,9 @@ from typing import Dict, Union
 import numpy as np
 
 Record = Dict[str, Union[str, int, float, bool, None]]
+# Coordinates beyond this are pixels, not MediaPipe's 0..1 (whose joints off the picture reach
+# a little past 1): out-of-frame is then not judged.
+PIXELS_ABOVE = 10.0
 
 
 @dataclass
@@ -65,11 +68,11 @@ class SkeletonQuality:
         seen = joints >= self.threshold
         n_seen = int(seen.sum())
         c.joints += joints.size
-        c.vis_sum += float(joints.sum())
+        c.vis_sum += float(joints.sum(dtype=np.float64))
         c.low += joints.size - n_seen
         c.visible += n_seen
         xy = frame[:2][:, :, present][:, seen]           # (2, visible joints)
-        if xy.size and float(np.abs(xy).max()) > 2.0:
+        if xy.size and float(np.abs(xy).max()) > PIXELS_ABOVE:
             c.pixels = True
         elif xy.size:
             c.outside += int(((xy < 0.0) | (xy > 1.0)).any(axis=0).sum())

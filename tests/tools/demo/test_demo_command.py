@@ -44,5 +44,5 @@ def test_stgcnd_demo_runs_cameras_and_stops_the_daemon(tmp_path):
     assert '"event": "ready"' in text and '"exit_code": 0' in text
     # Events: each camera's starts on the demo model's constant class, ends at the shutdown.
     assert "events: 2 started, 2 ended" in err
-    assert re.search(r"^event cam1/demo/1/1: abnormal started on cam1 at ", err, re.M)
-    assert re.search(r"^event cam2/demo/1/1: ended at .* \(shutdown\)$", err, re.M)
+    assert re.search(r"^event cam1/demo/1/\d+: abnormal started on cam1 at ", err, re.M)
+    assert re.search(r"^event cam2/demo/1/\d+: ended at .* \(shutdown\)$", err, re.M)

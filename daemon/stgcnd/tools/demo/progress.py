@@ -71,7 +71,9 @@ STEPS: dict[str, Callable[[dict[str, Any]], str | None]] = {
                                       f"{e.get('reason')}",
     "auto_backend_measured": lambda e: (f"backend choice: measured {_ms(e)} per window; "
                                         f"using {e.get('backend')}"),
-    "auto_backend_cached": lambda e: f"backend choice: {e.get('backend')} (measured earlier)",
+    "auto_backend_cached": lambda e: (f"backend choice: {e.get('backend')} "
+                                      f"{e.get('precision')} (measured earlier; `stgcnd build "
+                                      "--rebuild` measures again)"),
     "backend_loaded": lambda e: f"{e.get('backend')} session loaded on {e.get('device')}",
     "precision_fallback": lambda e: (f"precision: {e.get('asked')} is not offered by "
                                      f"{e.get('backend')} here, serving {e.get('using')} "

@@ -373,8 +373,8 @@ def render_text(summary: dict[str, Any]) -> str:
         lines.append("")
         lines.append("== skeleton quality (shares of frames, or of the present persons' "
                      "joints)")
-        lines.append(f"{'camera':<12}{'frames':>8}{'no person':>10}{'visib.':>8}"
-                     f"{'lost':>7}{'outside':>8}{'worst usable':>13}{'silent':>7}"
+        lines.append(f"{'camera':<12}{'frames':>8}{'nobody':>10}{'visib.':>8}"
+                     f"{'lost':>7}{'outside':>8}{'worst-usable':>13}{'silent':>7}"
                      f"{'blocked':>8}")
         for q in summary["skeleton_quality"]:
             lines.append(f"{q['camera']:<12}{q['frames']:>8}{_fmt(q['no_person'], 2):>10}"
