@@ -125,8 +125,8 @@ if [ "$PART" = compile ]; then
   PYTHONPATH=$NEW_PATH timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
     tests/runtimes/test_torch_compile.py ${TESTS_K:+-k "$TESTS_K"} >"$RAW/pytest.txt" 2>&1
   tail -8 "$RAW/pytest.txt" | tee -a "$OUT/summary-$TAG.txt"
-  [ -n "${NO_BENCH:-}" ] || BENCH_S=200 bench --backends torch-cudagraph torch-compile-cudagraph torch.compile \
-    --batch 1 64 --persons 1 5
+  [ -n "${NO_BENCH:-}" ] || BENCH_S=200 bench --backends torch-cudagraph \
+    torch-compile-cudagraph torch.compile --batch 1 64 --persons 1 5
 fi
 
 if [ "$PART" = autotune ]; then

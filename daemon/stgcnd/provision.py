@@ -288,7 +288,6 @@ def fastest_cpu_runtime(model: Any, options: BuildOptions, store: EngineStore
     """(runtime, precision, why): the fastest here of the CPU runtimes and precisions that
     `options.precision` allows; measured once, cached in the store."""
     cache_path = store.root / AUTO_CACHE_NAME
-    bf16 = cpu_bf16()
     # int8's candidate loads or not by its calibration: a new file (or synthetic calibration
     # allowed) measures again.
     int8 = ({"calibration": options.key_dict("onnxruntime").get("calibration_sha256"),
@@ -308,6 +307,7 @@ def fastest_cpu_runtime(model: Any, options: BuildOptions, store: EngineStore
         return str(entry["backend"]), str(entry["precision"]), _faster(entry["fastest_ms"])
     candidates: dict[str, Runtime] = {}
     unavailable = available()
+    bf16 = cpu_bf16()
     try:
         for name, precision in _CPU_CANDIDATES[options.precision]:
             label = f"{name} {precision}"

@@ -34,10 +34,7 @@ from typing import Callable
 
 import torch
 
-from stgcnd.log import get_logger
 from stgcnd.versions import module_version
-
-log = get_logger(__name__)
 
 MODES = ("auto", "off", "reduce-overhead", "max-autotune")
 # (inside our graphs, as the user would write it)

@@ -186,20 +186,21 @@ class TorchRuntime(Runtime):
         """Run batch `x` twice, outside any graph: cuDNN's autotuning, the allocator's warm-up
         and, when compiling, this shape's compile. A failed compile falls back to the
         uncompiled module (one warning) rather than failing the start."""
-        t0 = time.perf_counter()
-        try:
+        def twice() -> None:
             with torch.inference_mode():
                 for _ in range(2):
                     self.forward(x, side)
+
+        t0 = time.perf_counter()
+        try:
+            twice()
         except Exception as exc:
             if self.compile_mode == "off":
                 raise
             torch.cuda.synchronize(self.device)
             self._compile_failed(exc, self.compile_mode, len(x))
             self.info.details["compile"] = "off (failed)"
-            with torch.inference_mode():
-                for _ in range(2):
-                    self.forward(x, side)
+            twice()
             return
         if self.compile_mode != "off" and len(x) not in self._compiled:
             torch.cuda.synchronize(self.device)

@@ -19,11 +19,10 @@ the machine exactly.
 from __future__ import annotations
 
 import collections
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Mapping, Sequence
+from typing import AbstractSet, Callable, Dict, Mapping, Sequence
 
 import msgpack
 import zmq
@@ -32,7 +31,7 @@ from stgcnd.errors import UserError
 from stgcnd.log import get_logger
 from stgcnd.server.config import Config, EventsConfig
 from stgcnd.server.models import ServedModel
-from stgcnd.server.transport import prepare_ipc_path
+from stgcnd.server.transport import bind_endpoint
 
 log = get_logger(__name__)
 
@@ -66,23 +65,19 @@ def rules_for(config: EventsConfig, labels: Sequence[str], camera: str
         if label in quiet:
             continue
         cls = config.classes.get(label)
-        enter, exit_ = config.enter, config.exit
-        if cls is not None:
-            enter = cls.enter if cls.enter is not None else enter
-            exit_ = cls.exit if cls.exit is not None else exit_
-        if cam is not None:
-            enter = cam.enter if cam.enter is not None else enter
-            exit_ = cam.exit if cam.exit is not None else exit_
+        enter = _first(cam.enter if cam else None, cls.enter if cls else None, config.enter)
+        exit_ = _first(cam.exit if cam else None, cls.exit if cls else None, config.exit)
         out[i] = Rule(
             enter=enter, exit=min(exit_, enter),
-            min_duration_s=_pick(cam.min_duration_s if cam else None, config.min_duration_s),
-            cooldown_s=_pick(cam.cooldown_s if cam else None, config.cooldown_s),
+            min_duration_s=_first(cam.min_duration_s if cam else None, config.min_duration_s),
+            cooldown_s=_first(cam.cooldown_s if cam else None, config.cooldown_s),
             smoothing=config.smoothing, alpha=config.ema_alpha, k=config.k, n=config.n)
     return out
 
 
-def _pick(override: float | None, default: float) -> float:
-    return default if override is None else float(override)
+def _first(*values: float | None) -> float:
+    """The most specific setting: the first one given (the model's own is always given)."""
+    return float(next(v for v in values if v is not None))
 
 
 @dataclass
@@ -186,10 +181,9 @@ class Events:
                 track.peak = max(track.peak, p)
             if track.state == "pending" and now - track.since >= rule.min_duration_s:
                 track.state = "active"
-                out.append(self._event("start", camera, model, labels, i, track, s, wall))
+                out.append(self._event("start", camera, model, labels, i, track, wall))
             elif track.state == "active" and s < rule.exit:
-                out.append(self._end(camera, model, labels, i, track, s, now, wall,
-                                     "below-exit"))
+                out.append(self._end(camera, model, labels, i, track, now, wall, "below-exit"))
         return out
 
     def forget(self, camera: str, now: float, wall: float, reason: str) -> list[Event]:
@@ -211,12 +205,12 @@ class Events:
     def _end_all(self, camera: str, model: str, tracks: dict[int, Track], now: float,
                  wall: float, reason: str) -> list[Event]:
         labels = self._configs[model][1] if model in self._configs else ()
-        return [self._end(camera, model, labels, i, t, t.smoothed or 0.0, now, wall, reason)
+        return [self._end(camera, model, labels, i, t, now, wall, reason)
                 for i, t in tracks.items() if t.state == "active"]
 
     def _end(self, camera: str, model: str, labels: Sequence[str], i: int, track: Track,
-             s: float, now: float, wall: float, reason: str) -> Event:
-        event = self._event("end", camera, model, labels, i, track, s, wall)
+             now: float, wall: float, reason: str) -> Event:
+        event = self._event("end", camera, model, labels, i, track, wall)
         event.update(ended=round(wall, 3), duration_s=round(wall - track.started_wall, 3),
                      reason=reason)
         track.state = "idle"
@@ -225,13 +219,13 @@ class Events:
 
     @staticmethod
     def _event(kind: str, camera: str, model: str, labels: Sequence[str], i: int,
-               track: Track, s: float, wall: float) -> Event:
+               track: Track, wall: float) -> Event:
         # The id: unique across restarts and forgotten cameras by its start, in milliseconds.
         return {"kind": kind, "id": f"{camera}/{model}/{i}/{int(track.started_wall * 1e3)}",
                 "camera": camera,
                 "model": model, "class": labels[i] if i < len(labels) else str(i),
                 "class_index": i, "started": round(track.started_wall, 3),
-                "at": round(wall, 3), "probability": round(s, 4),
+                "at": round(wall, 3), "probability": round(track.smoothed or 0.0, 4),
                 "peak": round(track.peak, 4)}
 
 
@@ -254,17 +248,13 @@ class EventFeed:
             pub.setsockopt(zmq.SNDHWM, 10_000)
             if secure is not None:
                 secure(pub)
-            if endpoint.startswith("ipc://"):
-                self._ipc_path = Path(endpoint[len("ipc://"):])
-                prepare_ipc_path(self._ipc_path)
             try:
-                pub.bind(endpoint)
-            except zmq.ZMQError as exc:
+                self._ipc_path = bind_endpoint(pub, endpoint, config.server.socket_mode,
+                                               f"cannot publish events on {endpoint}",
+                                               "choose another events_endpoint")
+            except UserError:
                 pub.close(0)
-                raise UserError(f"cannot publish events on {endpoint}: {exc.strerror}; "
-                                "choose another events_endpoint") from None
-            if self._ipc_path is not None:
-                os.chmod(self._ipc_path, config.server.socket_mode)
+                raise
             self._pub = pub
 
     def configure(self, models: Mapping[str, ServedModel]) -> None:
@@ -280,6 +270,11 @@ class EventFeed:
 
     def forget(self, camera: str, reason: str) -> None:
         self.emit(self.events.forget(camera, time.monotonic(), time.time(), reason))
+
+    def forget_all_but(self, cameras: AbstractSet[str], reason: str) -> None:
+        """The cameras no longer in the table (evicted): their open events end."""
+        for camera in self.events.cameras() - cameras:
+            self.forget(camera, reason)
 
     def close(self) -> None:
         """End every open event (reason: shutdown), then close the socket."""

@@ -48,7 +48,8 @@ LATENCY_STAGES = ("queue_ms", "compute_ms")  # a reply's timings kept per camera
 
 class RequestPath:
     def __init__(self, router: zmq.Socket[bytes], connections: Connections, cameras: CameraTable,
-                 limits: Limits, queue_size: int, stats: Callable[[], dict[str, Any]]) -> None:
+                 limits: Limits, queue_size: int, stats: Callable[[], dict[str, Any]],
+                 quality: SkeletonQuality) -> None:
         self.router = router
         self.receiver = Receiver(router)
         self.connections = connections
@@ -59,7 +60,7 @@ class RequestPath:
         self.stats = stats
         self.errors = ClientErrorLog()
         self.latency = LatencyAggregator()
-        self.quality = SkeletonQuality()  # the server sets its threshold and floor
+        self.quality = quality
         self.counters = {"requests": 0, "errors": 0, "busy": 0, "expired": 0,
                          "replies_dropped": 0}
         self.trim_due = False  # abuse left memory behind: give it back at the stats tick

@@ -40,6 +40,7 @@ from stgcnd.server.timer import WakeTimer
 from stgcnd.server.transport import bind_router, make_router
 from stgcnd.server.wakeup import SelfPipe
 from stgcnd.telemetry.sampler import SystemSampler
+from stgcnd.telemetry.skeleton_quality import SkeletonQuality
 from stgcnd_client.protocol import Limits
 
 log = get_logger(__name__)
@@ -133,12 +134,12 @@ class Server:
         self._ipc_path = bind_router(self._router, self.config)
         assert self.connections is not None
         self.requests = RequestPath(self._router, self.connections, self.cameras, self.limits,
-                                    self.config.server.queue_size, self.stats)
+                                    self.config.server.queue_size, self.stats,
+                                    SkeletonQuality(self.config.server.visibility_threshold,
+                                                    self.config.server.quality_floor))
         self.requests.models = self.models
         if self.curve is not None:
             self.requests.use_curve(self.curve)
-        self.requests.quality.threshold = self.config.server.visibility_threshold
-        self.requests.quality.floor = self.config.server.quality_floor
         self._start_sampler()
         names = ", ".join(f"{m.name} ({m.runtime.info.name}/{m.runtime.info.precision})"
                           for m in self.models.values())
@@ -296,8 +297,7 @@ class Server:
             if self.events is not None:
                 self.events.forget(camera, "camera-idle")
         if self.events is not None:  # evicted for another camera: its events end too
-            for camera in self.events.events.cameras() - self.cameras.cameras.keys():
-                self.events.forget(camera, "camera-evicted")
+            self.events.forget_all_but(self.cameras.cameras.keys(), "camera-evicted")
         self._reap_retired()
         connections.enforce(now)
         if requests.trim_due:

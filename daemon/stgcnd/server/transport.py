@@ -47,18 +47,25 @@ def make_router(ctx: zmq.Context[zmq.Socket[bytes]], config: Config) -> zmq.Sock
 
 def bind_router(router: zmq.Socket[bytes], config: Config) -> Path | None:
     """Bind the ROUTER on the configured endpoint; its ipc socket file, if any."""
-    endpoint = config.endpoint
+    return bind_endpoint(router, config.endpoint, config.server.socket_mode,
+                         f"cannot listen on {config.endpoint}", "is another stgcnd running, "
+                         "or is the address wrong?")
+
+
+def bind_endpoint(sock: zmq.Socket[bytes], endpoint: str, socket_mode: int, failed: str,
+                  fix: str) -> Path | None:
+    """Bind `sock` (a stale ipc socket file removed first, the new one given `socket_mode`);
+    its ipc socket file, if any. A failed bind is a UserError: "`failed`: why; `fix`"."""
     ipc_path = Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
     if ipc_path is not None:
         prepare_ipc_path(ipc_path)
     try:
-        router.bind(endpoint)
+        sock.bind(endpoint)
     except zmq.ZMQError as exc:
-        raise UserError(f"cannot listen on {endpoint}: {exc.strerror}; is another stgcnd "
-                        "running, or is the address wrong?") from None
+        raise UserError(f"{failed}: {exc.strerror}; {fix}") from None
     if ipc_path is not None:
         # Camera processes in the socket's group may connect (RuntimeDirectory is ours).
-        os.chmod(ipc_path, config.server.socket_mode)
+        os.chmod(ipc_path, socket_mode)
     return ipc_path
 
 

@@ -39,8 +39,7 @@ class _Counts:
     empty: int = 0
     joints: int = 0          # joints of present persons
     vis_sum: float = 0.0
-    low: int = 0
-    visible: int = 0         # joints at or above the threshold
+    low: int = 0             # joints below the threshold
     outside: int = 0
     pixels: bool = False
     busy: int = 0
@@ -66,11 +65,9 @@ class SkeletonQuality:
             return
         joints = vis[:, present]                         # (V, persons present)
         seen = joints >= self.threshold
-        n_seen = int(seen.sum())
         c.joints += joints.size
         c.vis_sum += float(joints.sum(dtype=np.float64))
-        c.low += joints.size - n_seen
-        c.visible += n_seen
+        c.low += joints.size - int(seen.sum())
         xy = frame[:2][:, :, present][:, seen]           # (2, visible joints)
         if xy.size and float(np.abs(xy).max()) > PIXELS_ABOVE:
             c.pixels = True
@@ -83,9 +80,11 @@ class SkeletonQuality:
     def drain(self, cameras: list[str]) -> tuple[list[Record], list[Record]]:
         """(one record per camera in `cameras` or seen, the warnings and recoveries due)."""
         counts, self._counts = self._counts, {}
+        known = set(cameras) | set(counts)
+        self._low &= known  # a camera gone is not remembered
         records: list[Record] = []
         notes: list[Record] = []
-        for camera in sorted(set(cameras) | set(counts)):
+        for camera in sorted(known):
             c = counts.get(camera, _Counts())
             record = _record(camera, c)
             records.append(record)
@@ -114,6 +113,6 @@ def _record(camera: str, c: _Counts) -> Record:
     return {"camera": camera, "frames": c.frames, "no_person": no_person,
             "visibility": round(c.vis_sum / c.joints, 4) if c.joints else None,
             "low_visibility": low,
-            "out_of_frame": None if c.pixels else _share(c.outside, c.visible),
+            "out_of_frame": None if c.pixels else _share(c.outside, c.joints - c.low),
             "usable": usable, "refused_busy": c.busy,
             "silent": c.frames == 0 and c.busy == 0, "blocked": c.frames == 0 and c.busy > 0}

@@ -145,11 +145,10 @@ class _Loader:
 
     def open(self, model: Any, name: str, precision: str, batch: int) -> Runtime:
         cfg = self.cfg
-        graph = name.endswith("-cudagraph")
-        if (graph or "compile" in name or "autotune" in name) and cfg.device != "cuda":
+        compile_mode, graph = TORCH_VARIANTS.get(name, ("off", name.endswith("-cudagraph")))
+        if (graph or compile_mode != "off") and cfg.device != "cuda":
             raise BackendUnavailable("CUDA graphs and torch.compile need --device cuda")
         if name in TORCH_VARIANTS:
-            compile_mode, graph = TORCH_VARIANTS[name]
             return runtime_module("torch").TorchRuntime(
                 model, precision, cfg.device, cuda_graph=graph, max_batch=batch,
                 threads=cfg.threads, compile_mode=compile_mode,
