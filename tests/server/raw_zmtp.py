@@ -1,8 +1,9 @@
 """A peer that speaks ZMTP 3.0 on a raw socket, as an attacker that does not use libzmq would:
 a NULL-mechanism handshake as a DEALER, then frames of its choosing.
 
-Run as a script: `python raw_zmtp.py ENDPOINT SECONDS` sends 1 MiB frames that all say "more
-follows" for SECONDS (a message that never ends), then reports how far it got.
+Run as a script: `python raw_zmtp.py ENDPOINT SECONDS [SOCKET_TYPE [FRAME_BYTES]]` sends frames
+(1 MiB unless FRAME_BYTES) that all say "more follows" for SECONDS (a message that never ends),
+as a DEALER unless SOCKET_TYPE (SUB for the events socket), then reports how far it got.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 MORE, LONG, COMMAND = 0x01, 0x02, 0x04
 
 
-def connect(endpoint: str) -> socket.socket:
+def connect(endpoint: str, socket_type: bytes = b"DEALER") -> socket.socket:
     scheme, address = endpoint.split("://", 1)
     if scheme == "ipc":
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -32,7 +33,7 @@ def connect(endpoint: str) -> socket.socket:
         if not part:
             raise ConnectionError("the daemon closed the connection during the greeting")
         got += part
-    name, value = b"Socket-Type", b"DEALER"
+    name, value = b"Socket-Type", socket_type
     body = b"\x05READY" + bytes([len(name)]) + name + struct.pack(">I", len(value)) + value
     sock.sendall(bytes([COMMAND, len(body)]) + body)
     return sock
@@ -47,8 +48,11 @@ def frame(body: bytes, more: bool) -> bytes:
 
 def main() -> None:
     endpoint, seconds = sys.argv[1], float(sys.argv[2])
-    sock = connect(endpoint)
-    chunk = frame(b"x" * (1 << 20), more=True)
+    socket_type = sys.argv[3].encode() if len(sys.argv) > 3 else b"DEALER"
+    size = int(sys.argv[4]) if len(sys.argv) > 4 else 1 << 20
+    sock = connect(endpoint, socket_type)
+    # Whole MiB a send, whatever the frame size.
+    chunk = frame(b"x" * size, more=True) * max((1 << 20) // size, 1)
     print("sending", flush=True)
     sent, end = 0, time.monotonic() + seconds
     try:

@@ -1,11 +1,13 @@
-"""The connection budget on a real ROUTER: counted from its monitor, silent and quiet peers
-closed above the cap, busy ones past the hard mark, banned peers refused, fds never shut down
-once reused, and a monitor that never blocks libzmq however many events pile up."""
+"""The connection budget on a real ROUTER: counted from its monitor, admitted one at a time
+through the accept gate so that the count never passes the cap, silent and quiet peers closed
+at the cap, busy ones of a peer over its share, banned peers refused, fds never shut down once
+reused, and a monitor that never blocks libzmq however many events pile up."""
 
 from __future__ import annotations
 
 import os
 import resource
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ from stgcnd.server.connections import (
     connection_budget,
     peer_key,
     raise_fd_limit,
+    split_budget,
 )
 from stgcnd.server.receive import _origin
 from tests.conftest import REPO
@@ -28,12 +31,17 @@ from tests.conftest import REPO
 def test_the_budget_keeps_a_reserve_below_the_fd_limit():
     free = 1024 - 60
     usable = free - free // 4
-    cap, hard = connection_budget(soft_limit=1024, in_use=60, configured=0)
-    assert cap == usable * 3 // 4 and hard == cap + (usable - cap) // 2 < usable
-    assert connection_budget(1024, 60, configured=100)[0] == 100
-    assert connection_budget(1024, 60, configured=5000) == (usable, usable)
-    assert connection_budget(1 << 20, 60, configured=0)[0] == conn_mod.CONNECTIONS_AUTO_MAX
-    assert connection_budget(70, 60, configured=0) == (1, 1)  # nearly nothing free
+    assert connection_budget(soft_limit=1024, in_use=60, configured=0) == usable * 3 // 4
+    assert connection_budget(1024, 60, configured=100) == 100
+    assert connection_budget(1024, 60, configured=5000) == usable
+    assert connection_budget(1 << 20, 60, configured=0) == conn_mod.CONNECTIONS_AUTO_MAX
+    assert connection_budget(70, 60, configured=0) == 1  # nearly nothing free
+
+
+def test_subscribers_get_an_eighth_of_the_budget_and_cameras_the_rest():
+    assert split_budget(569, events=True) == (569 - 71, 71)
+    assert split_budget(569, events=False) == (569, 0)
+    assert split_budget(1, events=True) == (1, 0)
 
 
 def test_the_soft_fd_limit_is_raised_to_the_hard_one():
@@ -87,8 +95,8 @@ def setup(tmp_path):
     peers = Peers(ctx, endpoint)
     made: list[Connections] = []
 
-    def make(cap: int, hard: int | None = None) -> Connections:
-        c = Connections(ctx, router, cap, hard if hard is not None else 10 * cap)
+    def make(cap: int) -> Connections:
+        c = Connections(ctx, router, cap)
         made.append(c)
         if len(made) == 1:
             router.bind(endpoint)  # after the monitor, as the daemon does
@@ -135,40 +143,105 @@ def test_connections_are_counted_and_named_by_process(setup):
     settle(conns, 2)
 
 
-def test_above_the_cap_silent_then_quiet_peers_are_closed_never_a_talking_one(setup,
-                                                                               monkeypatch):
+def test_at_the_cap_silent_then_quiet_peers_give_way_never_a_talking_one(setup, monkeypatch):
     make, peers, router = setup
     conns = make(cap=3)
     talker = peers.open(1)[0]
     talker.send(b"hello")
     request(router, conns)  # a camera that just sent
-    peers.open(5)  # silent peers: closed above the cap whatever their age
-    settle(conns, 3)
-    assert conns.closed_idle == 3
+    peers.open(5)  # silent peers: each gives way at the cap to the next one waiting
+    most = settle_counting(conns, 2)
+    assert most <= 3 and conns.closed_idle == 4
     talker.send(b"still here")
     request(router, conns)
     # Silent peers go first whatever their age; a talker quiet for CLOSE_IDLE_S goes next.
     monkeypatch.setattr(conn_mod, "CLOSE_IDLE_S", 0.0)
     conns.cap = 1
     conns.enforce(time.monotonic() + 1)
-    settle(conns, 1)
-    assert conns.closed_idle == 5
-    talker.send(b"and now?")
-    assert router.poll(5000)
+    settle(conns, 0)
+    assert conns.closed_idle == 6
 
 
-def test_past_the_hard_mark_even_busy_connections_of_the_biggest_peer_go(setup):
+def settle_counting(conns: Connections, want: int, timeout: float = 10.0) -> int:
+    """settle(), and the most connections held open at any time on the way."""
+    most = len(conns)
+    end = time.monotonic() + timeout
+    quiet_from = time.monotonic()
+    while time.monotonic() < end:
+        if conns.monitor.poll(20):
+            conns.on_monitor(time.monotonic())
+            most = max(most, conns.count)
+            quiet_from = time.monotonic()
+        elif len(conns) == want and time.monotonic() - quiet_from > 0.3:
+            return most
+    raise AssertionError(f"{len(conns)} connections, expected {want}")
+
+
+def test_at_the_cap_busy_connections_of_a_peer_over_its_share_go(setup):
     make, peers, router = setup
-    conns = make(cap=100, hard=100)
+    conns = make(cap=100)
     for s in peers.open(6):
         s.send(b"busy")
     settle(conns, 6)
     for _ in range(6):
         request(router, conns)  # every one of them sends
-    conns.cap, conns.hard = 2, 4
+    conns.cap = 6  # one peer holds all six: more than its share with anyone waiting
     conns.enforce(time.monotonic())
-    settle(conns, 4)  # none was quiet: the hard mark held by closing busy ones
-    assert conns.closed_idle == 2
+    settle(conns, 5)  # none was quiet: one of them made room, busy as it was
+    assert conns.closed_idle == 1
+    conns.cap = 2
+    for _ in range(5):
+        conns.enforce(time.monotonic())
+    settle(conns, 1)  # never below the share it would have with one more peer waiting
+    assert conns.closed_idle == 5
+
+
+def test_the_gate_holds_a_flood_at_the_cap_and_lets_the_rest_wait_in_the_backlog(tmp_path):
+    """Raw connects far faster than the loop reads the monitor: never more than the cap are
+    accepted, however long the loop is away; the rest wait in the kernel, and a camera that
+    connects behind them gets in once the silent ones gave way."""
+    ctx = zmq.Context()
+    path = tmp_path / "g.sock"
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.BACKLOG, 1000)
+    conns = Connections(ctx, router, cap=20)
+    router.bind(f"ipc://{path}")
+    raw = []
+    try:
+        end = time.monotonic() + 5
+        while not conns.gates and time.monotonic() < end:
+            conns.on_monitor(time.monotonic())
+            time.sleep(0.01)
+        assert conns.gates and conns.gates[0].available, "no accept gate on this system"
+        for _ in range(300):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(path))
+            raw.append(s)
+        time.sleep(0.5)  # the loop is away: libzmq may accept what the gate allowed, no more
+        conns.on_monitor(time.monotonic())
+        assert conns.count <= 20 + 1, conns.count
+        most = conns.count
+        camera = ctx.socket(zmq.DEALER)
+        camera.setsockopt(zmq.LINGER, 0)
+        camera.connect(f"ipc://{path}")
+        camera.send(b"hello")
+        end = time.monotonic() + 20
+        served = False
+        while time.monotonic() < end and not served:
+            conns.on_monitor(time.monotonic())
+            most = max(most, conns.count)
+            served = bool(router.poll(1))
+        assert served, "the camera waiting behind 300 silent connections never got in"
+        assert most <= 20 + 1, most
+        assert conns.closed_idle >= 280
+        camera.close(0)
+    finally:
+        for s in raw:
+            s.close()
+        conns.close()
+        router.close(0)
+        ctx.term()
 
 
 def test_a_banned_peer_is_disconnected_and_refused_for_a_while(setup):
@@ -234,7 +307,7 @@ sys.path.insert(0, {daemon!r})
 from stgcnd.server.connections import Connections
 ctx = zmq.Context()
 router = ctx.socket(zmq.ROUTER)
-conns = Connections(ctx, router, 10_000, 10_000)
+conns = Connections(ctx, router, 10_000, gate=False)
 router.bind("ipc://{path}")
 clients = [socket.socket(socket.AF_UNIX) for _ in range(2500)]
 for c in clients:

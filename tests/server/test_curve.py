@@ -244,3 +244,41 @@ def test_events_over_curve_reach_only_subscribers_with_a_key(curve_daemon, tmp_p
         assert event is not None and event["kind"] == "start"
         assert event["camera"].startswith("cam")
         assert plain.recv(timeout_ms=500) is None       # no key: never connected
+
+
+@pytest.mark.slow
+def test_a_revoked_keys_subscriber_gets_no_event_after_the_reload(curve_daemon, tmp_path):
+    """Hardening III (#36, item 6): a subscriber connected with a key that is then revoked is
+    cut at the reload (its SUB reconnects, and the handshake refuses the key), while one with
+    a key still authorized keeps getting every event."""
+    d = curve_daemon(events_endpoint=f"tcp://127.0.0.1:{_port()}")
+    d.config_path.write_text(d.config_path.read_text().split("[[models]]")[0] + EVENTS_NOOP)
+    good = _create(d.config_path, "good", tmp_path / "out")
+    doomed = _create(d.config_path, "doomed", tmp_path / "out")
+    d.start()
+    server = tmp_path / "keys" / "server.key"
+    events_at = d.config_path.read_text().split('events_endpoint = "')[1].split('"')[0]
+
+    def next_event(subscribers: list[Events], prefix: str) -> list[dict | None]:
+        """Throwaway cameras until the first subscriber hears one; what each then got."""
+        for i in range(50):
+            with Client(d.endpoint, f"{prefix}{i}", server_key=server, client_key=good) as cam:
+                cam.infer(WINDOW)
+            got = [s.recv(timeout_ms=300) for s in subscribers]
+            if got[0] is not None:
+                return got
+        raise AssertionError("the subscriber with a valid key heard no event")
+
+    with Events(events_at, server_key=server, client_key=good) as kept, \
+            Events(events_at, server_key=server, client_key=doomed) as revoked:
+        before = next_event([kept, revoked], "before")
+        assert before[1] is not None and before[1]["kind"] == "start"
+        (tmp_path / "keys" / "authorized" / "doomed.key").unlink()
+        d.notify.skip_seen()
+        d.signal(signal.SIGHUP)
+        d.notify.wait_for("READY", timeout=60)
+        after = next_event([kept, revoked], "after")
+        assert after[0]["kind"] == "start"
+        late = revoked.recv(timeout_ms=1000)
+        assert after[1] is None and late is None, (after, late)
+    assert "events_subscriber_cut" in [e["event"] for e in d.log_events()]

@@ -1,24 +1,24 @@
 """Who is connected, and how many: the daemon's file-descriptor budget.
 
-ZeroMQ accepts connections in its own I/O thread and has no per-listener cap. Every accepted
-connection costs the process one file descriptor, and when none is left libzmq 4.3 aborts the
-process on an ipc listener (`Too many open files (src/ipc_listener.cpp)`) or spins on a tcp one.
-A thousand idle peers would kill the daemon. So the I/O loop keeps count, from the ROUTER's
-socket monitor (an event with the connection's fd for each accept and each disconnect):
+ZeroMQ accepts connections in its own I/O thread, one file descriptor each, and when none is
+left libzmq 4.3 aborts the process on an ipc listener (`Too many open files
+(src/ipc_listener.cpp)`) or spins on a tcp one. So each listening socket (the requests
+ROUTER, the events XPUB) has a Connections: its monitor reports each accept and disconnect
+(with the fd), and its accept gate (server/accept_gate.py) lets libzmq accept only while the
+socket is under its share of the budget: the count never passes the cap, whatever the rate
+of connects, and what waits stays in the kernel's backlog.
 
 - at start, the soft fd limit is raised to the hard one (systemd's default soft limit is 1024);
-- above `max_connections` the loop closes connections at once: first those that never sent a
-  request (oldest first), then those quiet for CLOSE_IDLE_S. Past the hard mark, half way
-  into the reserve the cap leaves below the fd limit, it closes the least recently active
-  connections of the peer holding the most, whether they send or not: a peer that keeps a
-  thousand connections busy cannot exhaust the fds either;
-- a peer whose message broke the frame limit is refused for BAN_S and its connection closed.
+- at the cap the loop makes room: first connections that never sent anything (oldest first),
+  then those quiet for CLOSE_IDLE_S, else the least recently active of a peer holding more
+  than its share, busy or not: no peer keeps the others out;
+- a peer whose message broke a limit is refused for BAN_S and its connection closed.
 
-Pausing the listener is no option: zmq_unbind closes every connection accepted through it.
 A connection is closed with shutdown(2) on its fd, after checking that the fd is still the
 socket that was accepted (its inode): libzmq owns the fd, sees the hang-up and closes it
-itself; the descriptor is never closed behind its back. The monitor's socket takes events
-without a bound: libzmq's I/O thread blocks on a full monitor pipe (socket_base.cpp).
+itself; the descriptor is never closed behind its back, and it counts until the monitor's
+disconnect event says it is gone. The monitor's socket takes events without a bound:
+libzmq's I/O thread blocks on a full monitor pipe (socket_base.cpp).
 
 The peer of a request (`peer_key`) comes from the connection's own metadata (Peer-Address),
 not from its fd number, which a new connection may reuse: the process for an ipc client
@@ -36,6 +36,7 @@ import os
 import resource
 import socket
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -43,22 +44,29 @@ from typing import cast
 import zmq
 
 from stgcnd.log import get_logger
+from stgcnd.server.accept_gate import AcceptGate
 
 log = get_logger(__name__)
 
 FD_LIMIT_CEILING = 65536   # raise the soft limit this far at most (large fd tables cost)
 FD_RESERVE_MIN = 64        # fds kept for what the daemon opens after READY (reloads, logs)
 CONNECTIONS_AUTO_MAX = 4096
+EVENTS_SHARE = 8           # the events socket's subscribers get 1/8 of the connection cap
 CLOSE_IDLE_S = 1.0         # a connection quiet this long may be closed above the cap
 BAN_S = 10.0               # a peer that broke the frame limit is refused this long
 CLOSE_BANNED_AFTER_S = 0.2  # the banned connection's last reply (too-large) leaves first
 LOG_EVERY_S = 60.0         # the connections_limited line, at most once a minute
+ROOM_DIVISOR = 16          # at the cap, 1/16 of it is closed to let waiting peers in
+GATE_FIND_S = 2.0          # how long libzmq's I/O thread may take to register a listener
+CLOSING_FORGET_S = 5.0     # a shut-down fd whose disconnect event never came stops counting
 _SHUT_RDWR = 2
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _LOOPBACK = ("127.", "::1", "::ffff:127.")
 
 _ACCEPTED = int(zmq.EVENT_ACCEPTED)
 _DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
+_LISTENING = int(zmq.EVENT_LISTENING)
+_ACCEPT_FAILED = int(zmq.EVENT_ACCEPT_FAILED)
 _EVENT = struct.Struct("=HI")     # a monitor message's first frame: event id, value (the fd)
 _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
@@ -88,17 +96,25 @@ def open_fds() -> int:
         return 32
 
 
-def connection_budget(soft_limit: int, in_use: int, configured: int) -> tuple[int, int]:
-    """(cap, hard mark) of connections, from the fd limit and the fds open now.
-
-    Of the free fds, a quarter (at least FD_RESERVE_MIN) stays for what the daemon itself
-    opens later (reloads, logs); of the rest, the cap takes three quarters (or what is
-    configured, up to all of it) and the hard mark sits half way from the cap to the end."""
+def connection_budget(soft_limit: int, in_use: int, configured: int) -> int:
+    """The most connections the daemon's listeners may hold together, from the fd limit and
+    the fds open now: of the free fds, a quarter (at least FD_RESERVE_MIN) stays for what the
+    daemon itself opens later (reloads, logs); the cap takes three quarters of the rest (or
+    what is configured, up to all of it). The accept gate (server/accept_gate.py) holds the
+    count to it exactly, so what is left below the fd limit is spare."""
     free = max(soft_limit - in_use, 0)
     usable = max(free - max(free // 4, FD_RESERVE_MIN), 1)
     cap = min(configured, usable) if configured else min(usable * 3 // 4, CONNECTIONS_AUTO_MAX)
-    cap = max(cap, 1)
-    return cap, max(cap + (usable - cap) // 2, cap)
+    return max(cap, 1)
+
+
+def split_budget(cap: int, events: bool) -> tuple[int, int]:
+    """(requests, events) shares of the connection cap: subscribers get an eighth (at least
+    one), cameras the rest; no events socket, cameras get all of it."""
+    if not events or cap < 2:
+        return cap, 0
+    subscribers = max(cap // EVENTS_SHARE, 1)
+    return cap - subscribers, subscribers
 
 
 def peer_key(address: str, fd: int) -> str:
@@ -156,23 +172,35 @@ class Connection:
 
 
 class Connections:
-    """The ROUTER's connections, counted from its monitor; see the module docstring.
+    """One socket's connections, counted from its monitor and admitted through its accept
+    gate; see the module docstring. Made before the socket binds, so that no connection is
+    accepted unseen.
 
-    Made before the ROUTER binds, so that no connection is accepted unseen."""
+    `quiet_gives_way`: at the cap, connections quiet for CLOSE_IDLE_S make room (cameras
+    send all the time, so a quiet one reconnects when it next needs to); False for the
+    events socket, whose subscribers are quiet by nature and only never-subscribed ones give
+    way. `gate`: False only for tests of the monitor itself."""
 
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], router: zmq.Socket[bytes],
-                 cap: int, hard: int) -> None:
-        self.router = router
+    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], sock: zmq.Socket[bytes],
+                 cap: int, name: str = "requests", quiet_gives_way: bool = True,
+                 gate: bool = True) -> None:
+        self.sock = sock
         self.cap = cap
-        self.hard = hard
+        self.name = name
+        self.quiet_gives_way = quiet_gives_way
         self.by_fd: dict[int, Connection] = {}
         address = f"inproc://stgcnd-monitor-{next(_unique)}"
-        router.monitor(address, _ACCEPTED | _DISCONNECTED)
+        sock.monitor(address, _ACCEPTED | _DISCONNECTED | _LISTENING | _ACCEPT_FAILED)
         self.monitor = ctx.socket(zmq.PAIR)
         self.monitor.setsockopt(zmq.RCVHWM, 0)  # never full: libzmq would block its I/O thread
         self.monitor.setsockopt(zmq.LINGER, 0)
         self.monitor.connect(address)
-        self.closed_idle = 0        # connections closed above the cap, ever
+        self.gates: list[AcceptGate] = []
+        self._use_gate = gate
+        self._listeners: list[tuple[int, float]] = []  # (fd, give up at): not gated yet
+        # Shut down, and not yet closed by libzmq: their fds still count.
+        self._closing: dict[int, float] = {}
+        self.closed_idle = 0        # connections closed at the cap, ever
         self.refused_banned = 0     # connections of banned peers closed on sight, ever
         self.shed = 0               # connections closed under memory pressure, ever
         self._banned: dict[str, float] = {}   # peer -> monotonic time the ban ends
@@ -183,6 +211,12 @@ class Connections:
 
     def __len__(self) -> int:
         return len(self.by_fd)
+
+    @property
+    def count(self) -> int:
+        """Descriptors this socket's connections hold: open ones and those shut down that
+        libzmq has not closed yet."""
+        return len(self.by_fd) + len(self._closing)
 
     # -- what the I/O loop calls -----------------------------------------------------------
     def on_monitor(self, now: float) -> None:
@@ -196,11 +230,19 @@ class Connections:
         while cast(int, monitor.get(_EVENTS)) & _POLLIN:
             head = monitor.recv(_NOBLOCK)
             monitor.recv(_NOBLOCK)  # the endpoint frame
-            event, fd = _EVENT.unpack_from(head)
+            event, value = _EVENT.unpack_from(head)
             if event == _ACCEPTED:
-                self._accepted(fd, now)
+                self._accepted(value, now)
+                for gate in self.gates:
+                    gate.consumed()
             elif event == _DISCONNECTED:
-                self.by_fd.pop(fd, None)
+                self.by_fd.pop(value, None)
+                self._closing.pop(value, None)
+            elif event == _ACCEPT_FAILED:  # value: errno; the arming is spent all the same
+                for gate in self.gates:
+                    gate.consumed()
+            elif event == _LISTENING and self._use_gate:
+                self._listeners.append((value, now + GATE_FIND_S))
 
     def seen(self, fd: int, peer: str, now: float) -> bool:
         """A request from `peer` came in on connection `fd`; False when the peer is banned
@@ -226,7 +268,15 @@ class Connections:
         conn = self.by_fd.get(fd)
         if conn is not None and conn.peer == peer:
             self._close_later.append((now + CLOSE_BANNED_AFTER_S, fd, conn.ino))
-        log.warning("peer_banned", peer=peer, seconds=BAN_S, reason=reason)
+        log.warning("peer_banned", peer=peer, seconds=BAN_S, reason=reason, socket=self.name)
+
+    def close_connection(self, fd: int) -> bool:
+        """Close connection `fd` now (a revoked key's subscriber); False if it is gone."""
+        conn = self.by_fd.get(fd)
+        if conn is None:
+            return False
+        self._close(fd, conn.ino)
+        return True
 
     def enforce(self, now: float) -> None:
         if self._close_later:
@@ -234,11 +284,17 @@ class Connections:
             self._close_later = [c for c in self._close_later if c[0] > now]
             for _, fd, ino in due:
                 self._close(fd, ino)
-        count = len(self.by_fd)
-        if count > self.cap:
-            self._close_idle(count - self.cap, now)
-        if len(self.by_fd) > self.hard:
-            self._close_busiest_peer(len(self.by_fd) - self.hard)
+        if self._listeners:
+            self._attach_gates(now)
+        if self._closing:
+            for fd in [fd for fd, since in self._closing.items()
+                       if now - since > CLOSING_FORGET_S]:
+                del self._closing[fd]  # its disconnect event was lost: no longer counted
+        if len(self.by_fd) >= self.cap:
+            self._make_room(now)
+        if self.count < self.cap:
+            for gate in self.gates:
+                gate.arm()
         if self._banned:
             for peer, until in list(self._banned.items()):
                 if until <= now:
@@ -246,8 +302,9 @@ class Connections:
         counts = (self.closed_idle, self.refused_banned)
         if counts != self._logged_counts and now - self._logged_at >= LOG_EVERY_S:
             closed, refused = (a - b for a, b in zip(counts, self._logged_counts))
-            log.warning("connections_limited", connections=len(self.by_fd), cap=self.cap,
-                        closed_idle=closed, refused_banned=refused, window_s=LOG_EVERY_S)
+            log.warning("connections_limited", socket=self.name, connections=len(self.by_fd),
+                        cap=self.cap, closed_idle=closed, refused_banned=refused,
+                        window_s=LOG_EVERY_S)
             self._logged_at, self._logged_counts = now, counts
 
     def shed_quiet(self, now: float) -> int:
@@ -263,24 +320,47 @@ class Connections:
         return len(quiet)
 
     def stats(self) -> dict[str, int]:
-        return {"connections": len(self.by_fd), "cap": self.cap, "hard": self.hard,
+        return {"connections": len(self.by_fd), "cap": self.cap,
+                "gated": int(any(g.available for g in self.gates)),
                 "closed_idle": self.closed_idle, "refused_banned": self.refused_banned,
                 "shed": self.shed}
 
     def close(self) -> None:
-        """Stop monitoring (the monitor's events are unbounded: stopping never blocks)."""
+        """Stop arming and monitoring (the monitor's events are unbounded: stopping never
+        blocks)."""
+        for gate in self.gates:
+            gate.close()
         try:
-            self.router.disable_monitor()
+            self.sock.disable_monitor()
         except zmq.ZMQError:
             pass
         self.monitor.close(0)
 
     # -- inside ------------------------------------------------------------------------------
+    def _attach_gates(self, now: float) -> None:
+        """Gate each new listener once libzmq's I/O thread has registered it."""
+        waiting = []
+        for fd, give_up in self._listeners:
+            gate = AcceptGate.attach(fd, self.name)
+            if gate is not None:
+                self.gates.append(gate)
+                log.info("accept_gate", socket=self.name, fd=fd, cap=self.cap)
+            elif now < give_up:
+                waiting.append((fd, give_up))
+            else:
+                log.warning("accept_gate_unavailable", socket=self.name, fd=fd,
+                            reason="libzmq's epoll registration of the listener was not "
+                                   "found (no /proc, or libzmq not on epoll)",
+                            effect="connections are counted after they are accepted; a "
+                                   "flood faster than the loop can exhaust the fds")
+        self._listeners = waiting
+
     def _accepted(self, fd: int, now: float) -> None:
         found = accepted_peer(fd)
         if found is None:
             return  # already gone: its disconnect event follows
         peer, ino = found
+        self._closing.pop(fd, None)  # the number is reused: the old one was closed
         until = self._banned.get(peer)
         if until is not None and until > now:
             self.refused_banned += 1
@@ -288,32 +368,33 @@ class Connections:
             return
         self.by_fd[fd] = Connection(fd, ino, peer, now)
 
-    def _close_idle(self, excess: int, now: float) -> None:
-        """Close up to `excess` connections: those that never sent a request, oldest first,
-        then those quiet for CLOSE_IDLE_S, quietest first."""
-        quiet_before = now - CLOSE_IDLE_S
-        idle = heapq.nsmallest(excess, (c for c in self.by_fd.values()
-                                        if not c.last_request
-                                        or c.last_request <= quiet_before),
+    def _make_room(self, now: float) -> None:
+        """At the cap: close a few connections so that those waiting get in. First those
+        that never sent anything, oldest first, then (where quiet ones give way) those quiet
+        for CLOSE_IDLE_S; else the least recently active of a peer holding more than its
+        share of the cap, busy or not: no peer can keep the others out."""
+        room = max(self.cap // ROOM_DIVISOR, 1)
+        quiet_before = now - CLOSE_IDLE_S if self.quiet_gives_way else 0.0
+        idle = heapq.nsmallest(room, (c for c in self.by_fd.values()
+                                      if not c.last_request
+                                      or c.last_request <= quiet_before),
                                key=lambda c: (c.last_request > 0, c.quiet_since()))
+        if not idle:
+            by_peer: dict[str, list[Connection]] = {}
+            for conn in self.by_fd.values():
+                by_peer.setdefault(conn.peer, []).append(conn)
+            share = -(-self.cap // (len(by_peer) + 1))  # +1: whoever waits to get in
+            busiest = max(by_peer.values(), key=len)
+            if len(busiest) > share:
+                idle = heapq.nsmallest(min(room, len(busiest) - share), busiest,
+                                       key=Connection.quiet_since)
         for conn in idle:
             self._close(conn.fd, conn.ino)
             self.closed_idle += 1
 
-    def _close_busiest_peer(self, excess: int) -> None:
-        """Past the hard mark: the least recently active connections of the peer that holds
-        the most, busy or not."""
-        by_peer: dict[str, list[Connection]] = {}
-        for conn in self.by_fd.values():
-            by_peer.setdefault(conn.peer, []).append(conn)
-        busiest = max(by_peer.values(), key=len)
-        for conn in heapq.nsmallest(excess, busiest, key=Connection.quiet_since):
-            self._close(conn.fd, conn.ino)
-            self.closed_idle += 1
-
     def _close(self, fd: int, ino: int) -> None:
-        # Counted out now; the monitor's disconnect event follows (a new accept on the same
-        # fd number replaces the entry).
+        # Counted out of the open ones now, and among the closing ones until the monitor's
+        # disconnect event (or a new accept on the same number) says libzmq closed it.
         conn = self.by_fd.get(fd)
         if conn is not None and conn.ino == ino:
             del self.by_fd[fd]
@@ -324,3 +405,4 @@ class Connections:
             return
         if self._shutdown is not None:
             self._shutdown(fd, _SHUT_RDWR)
+            self._closing[fd] = time.monotonic()

@@ -22,7 +22,7 @@ import collections
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AbstractSet, Callable, Dict, Mapping, Sequence
+from typing import AbstractSet, Dict, Mapping, Sequence
 
 import msgpack
 import zmq
@@ -30,12 +30,28 @@ import zmq
 from stgcnd.errors import UserError
 from stgcnd.log import get_logger
 from stgcnd.server.config import Config, EventsConfig
+from stgcnd.server.connections import Connections, peer_key
+from stgcnd.server.curve import Curve
 from stgcnd.server.models import ServedModel
-from stgcnd.server.transport import bind_endpoint
+from stgcnd.server.transport import HANDSHAKE_MS, bind_endpoint
 
 log = get_logger(__name__)
 
 Event = Dict[str, object]
+
+EVENTS_SNDHWM = 1000           # events queued per subscriber (a few hundred bytes each)
+MAX_SUBSCRIPTION_BYTES = 1024  # a camera id is at most 128 characters (512 bytes of UTF-8)
+MAX_SUBSCRIPTIONS = 1024       # topics one events connection may hold
+MAX_SUBSCRIPTION_MESSAGES = 8192  # (un)subscriptions one connection may send, ever
+READ_BURST = 256               # subscriptions read per loop pass
+_SRCFD = int(zmq.SRCFD)
+
+
+def _user(frame: zmq.Frame) -> str:
+    try:
+        return str(frame.get("User-Id"))
+    except zmq.ZMQError:
+        return ""
 
 
 @dataclass(frozen=True)
@@ -231,31 +247,123 @@ class Events:
 
 class EventFeed:
     """The events of every watched model: each one a log line (`action_event`) and, where
-    `events_endpoint` is set, a message on a PUB socket: [camera id, msgpack map]. A slow
-    subscriber loses messages at its high-water mark; the daemon never waits for one."""
+    `events_endpoint` is set, a message on an XPUB socket: [camera id, msgpack map]. A slow
+    subscriber loses messages at its high-water mark; the daemon never waits for one.
+
+    The socket is guarded like the requests one: its connections are counted and gated
+    (server/connections.py), a subscription longer than any camera id drops its connection
+    inside libzmq (MAXMSGSIZE), and the loop reads every subscription (XPUB_VERBOSER), so
+    that a subscriber over MAX_SUBSCRIPTIONS, or sending more than MAX_SUBSCRIPTION_MESSAGES,
+    is cut off and its peer banned, and one whose CURVE key was revoked is cut at the reload.
+    """
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], config: Config,
-                 secure: Callable[[zmq.Socket[bytes]], None] | None = None) -> None:
-        """`secure`: CURVE for the PUB socket (server/curve.py), where the daemon has it: a
-        subscriber then needs an authorized key (any: camera bindings are not applied)."""
+                 curve: Curve | None = None, cap: int = 0) -> None:
+        """`curve`: CURVE for the socket (server/curve.py), where the daemon has it: a
+        subscriber then needs an authorized key (any: camera bindings are not applied).
+        `cap`: the most subscriber connections (server/connections.py's split_budget)."""
         self.events = Events()
+        self.curve = curve
         self._pub: zmq.Socket[bytes] | None = None
+        self.connections: Connections | None = None
         self._ipc_path: Path | None = None
+        self._subscribed: dict[int, tuple[int, int, int]] = {}  # fd -> (inode, now, ever)
+        self._users: dict[int, tuple[int, str]] = {}  # fd -> (inode, CURVE key)
+        self.refused_subscribers = 0
         endpoint = config.server.events_endpoint
         if endpoint:
-            pub = ctx.socket(zmq.PUB)
+            pub = ctx.socket(zmq.XPUB)
             pub.setsockopt(zmq.LINGER, 200)  # the shutdown's end events, if they can go
-            pub.setsockopt(zmq.SNDHWM, 10_000)
-            if secure is not None:
-                secure(pub)
+            pub.setsockopt(zmq.SNDHWM, EVENTS_SNDHWM)
+            pub.setsockopt(zmq.XPUB_VERBOSER, 1)  # every (un)subscription, for the counts
+            pub.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES)
+            pub.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
+            if curve is not None:
+                curve.secure(pub)
+            self.connections = Connections(ctx, pub, max(cap, 1), name="events",
+                                           quiet_gives_way=False)
             try:
                 self._ipc_path = bind_endpoint(pub, endpoint, config.server.socket_mode,
                                                f"cannot publish events on {endpoint}",
                                                "choose another events_endpoint")
             except UserError:
+                self.connections.close()
                 pub.close(0)
                 raise
             self._pub = pub
+
+    @property
+    def socket(self) -> zmq.Socket[bytes] | None:
+        return self._pub
+
+    def read(self, now: float) -> None:
+        """The subscriptions waiting (at most READ_BURST a pass): each is counted against its
+        connection, which is cut off past the limits or when its key is not (or no longer)
+        authorized."""
+        pub, connections = self._pub, self.connections
+        if pub is None or connections is None:
+            return
+        for _ in range(READ_BURST):
+            try:
+                frame = pub.recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                fd = int(frame.get(_SRCFD))
+                peer = peer_key(str(frame.get("Peer-Address")), fd)
+            except zmq.ZMQError:  # a pipe's end (libzmq's own unsubscription): no origin
+                continue
+            if not connections.seen(fd, peer, now):
+                continue  # a banned peer's: its connection is being closed
+            conn = connections.by_fd.get(fd)
+            if conn is None:
+                continue
+            ino, held, ever = self._subscribed.get(fd, (conn.ino, 0, 0))
+            if ino != conn.ino:
+                held, ever = 0, 0  # a reused number: a new subscriber
+            subscribe = frame.bytes[:1] == b"\x01"
+            held = held + 1 if subscribe else max(held - 1, 0)
+            self._subscribed[fd] = (conn.ino, held, ever + 1)
+            if held > MAX_SUBSCRIPTIONS or ever + 1 > MAX_SUBSCRIPTION_MESSAGES:
+                self.refused_subscribers += 1
+                self._subscribed.pop(fd, None)
+                connections.ban(fd, peer, now, f"more than {MAX_SUBSCRIPTIONS} subscriptions "
+                                f"or {MAX_SUBSCRIPTION_MESSAGES} (un)subscriptions on one "
+                                "events connection")
+                continue
+            if self.curve is not None:
+                user = _user(frame)
+                self._users[fd] = (conn.ino, user)
+                if user not in self.curve.keys:
+                    self._cut(fd, user, "key-revoked")
+
+    def drop_revoked(self) -> None:
+        """After a reload of the authorized keys: cut every subscriber whose key went (its
+        SUB reconnects, and the handshake refuses the key)."""
+        if self.curve is None or self.connections is None:
+            return
+        keys = self.curve.keys
+        for fd, (_, user) in list(self._users.items()):
+            if user not in keys:
+                self._cut(fd, user, "key-revoked")
+
+    def tidy(self) -> None:
+        """Forget the counts of connections that are gone (every stats tick)."""
+        if self.connections is None:
+            return
+        live = self.connections.by_fd
+        for table in (self._subscribed, self._users):
+            for fd in [fd for fd, v in table.items()
+                       if fd not in live or live[fd].ino != v[0]]:
+                del table[fd]
+
+    def _cut(self, fd: int, user: str, reason: str) -> None:
+        assert self.connections is not None
+        ino = self._users.pop(fd, (0, ""))[0]
+        self._subscribed.pop(fd, None)
+        conn = self.connections.by_fd.get(fd)
+        if conn is not None and conn.ino == ino and self.connections.close_connection(fd):
+            log.warning("events_subscriber_cut", client_key=user, reason=reason)
 
     def configure(self, models: Mapping[str, ServedModel]) -> None:
         """The rules of the models served (start, reload; after a policy-only reload their
@@ -279,6 +387,8 @@ class EventFeed:
     def close(self) -> None:
         """End every open event (reason: shutdown), then close the socket."""
         self.emit(self.events.close_all(time.monotonic(), time.time(), "shutdown"))
+        if self.connections is not None:
+            self.connections.close()
         if self._pub is not None:
             self._pub.close()
             self._pub = None

@@ -29,7 +29,13 @@ from stgcnd.errors import BuildCancelled
 from stgcnd.log import get_logger
 from stgcnd.server.cameras import CameraTable
 from stgcnd.server.config import Config, check_files, load_config
-from stgcnd.server.connections import Connections, connection_budget, open_fds, raise_fd_limit
+from stgcnd.server.connections import (
+    Connections,
+    connection_budget,
+    open_fds,
+    raise_fd_limit,
+    split_budget,
+)
 from stgcnd.server.curve import Curve, curve_enabled
 from stgcnd.server.events import EventFeed
 from stgcnd.server.heap import CHECK_EVERY_S, RssWatch, give_back_free_memory
@@ -124,13 +130,13 @@ class Server:
             keepalive.set()
         if curve_enabled(self.config):  # before the binds: no connection without a key
             self.curve = Curve(self._ctx, self.config)
-        self.events = EventFeed(self._ctx, self.config,
-                                self.curve.secure if self.curve is not None else None)
+        requests_cap, events_cap = self._connection_budget()
+        self.events = EventFeed(self._ctx, self.config, self.curve, events_cap)
         self.events.configure(self.models)
         self._router = make_router(self._ctx, self.config)
         if self.curve is not None:
             self.curve.secure(self._router)
-        self._watch_connections()  # before the bind: no connection accepted unseen
+        self._watch_connections(requests_cap)  # before the bind: none accepted unseen
         self._ipc_path = bind_router(self._router, self.config)
         assert self.connections is not None
         self.requests = RequestPath(self._router, self.connections, self.cameras, self.limits,
@@ -156,16 +162,21 @@ class Server:
                  loop_timer="timerfd" if self._timer.fd is not None else "poll-ms",
                  cpu_power=cpupower.summary(cpupower.cpu_power()))
 
-    def _watch_connections(self) -> None:
+    def _connection_budget(self) -> tuple[int, int]:
+        """The fd budget's connection caps, (requests, events): server/connections.py."""
+        before, soft, hard = raise_fd_limit()
+        in_use = open_fds()
+        cap = connection_budget(soft, in_use, self.config.server.max_connections)
+        requests_cap, events_cap = split_budget(cap, bool(self.config.server.events_endpoint))
+        log.info("fd_limit", soft_before=before, soft=soft, hard=hard, open=in_use,
+                 max_connections=cap, requests=requests_cap, events=events_cap)
+        return requests_cap, events_cap
+
+    def _watch_connections(self, cap: int) -> None:
         """Count connections against the fd budget (server/connections.py), and watch the
         memory a peer can make libzmq hold (server/heap.py)."""
         assert self._router is not None
-        before, soft, hard = raise_fd_limit()
-        in_use = open_fds()
-        cap, mark = connection_budget(soft, in_use, self.config.server.max_connections)
-        self.connections = Connections(self._ctx, self._router, cap, mark)
-        log.info("fd_limit", soft_before=before, soft=soft, hard=hard, open=in_use,
-                 max_connections=cap, hard_mark=mark)
+        self.connections = Connections(self._ctx, self._router, cap)
         self._rss = RssWatch(self.config.server.max_rss_mb)
         log.info("memory_limit", rss_mb=round(self._rss.rss() / 2**20, 1),
                  limit_mb=round(self._rss.limit / 2**20, 1),
@@ -193,6 +204,12 @@ class Server:
         poller.register(router, zmq.POLLIN)
         poller.register(connections.monitor, zmq.POLLIN)
         poller.register(self._pipe.read_fd, zmq.POLLIN)
+        feed = self.events
+        subscribers = feed.socket if feed is not None else None
+        feed_conns = feed.connections if feed is not None else None
+        if subscribers is not None and feed_conns is not None:
+            poller.register(subscribers, zmq.POLLIN)
+            poller.register(feed_conns.monitor, zmq.POLLIN)
         timer = self._timer
         if timer.fd is not None:
             poller.register(timer.fd, zmq.POLLIN)
@@ -211,6 +228,11 @@ class Server:
                 self._pipe.drain()
             if connections.monitor in events:
                 connections.on_monitor(time.monotonic())
+            if subscribers is not None and feed is not None and feed_conns is not None:
+                if feed_conns.monitor in events:
+                    feed_conns.on_monitor(time.monotonic())
+                if subscribers in events:
+                    feed.read(time.monotonic())
             if router in events or requests.discarding:
                 requests.read()
             now = time.monotonic()
@@ -298,6 +320,9 @@ class Server:
                 self.events.forget(camera, "camera-idle")
         if self.events is not None:  # evicted for another camera: its events end too
             self.events.forget_all_but(self.cameras.cameras.keys(), "camera-evicted")
+            self.events.tidy()
+            if self.events.connections is not None:
+                self.events.connections.enforce(now)
         self._reap_retired()
         connections.enforce(now)
         if requests.trim_due:
@@ -315,6 +340,8 @@ class Server:
         rss = self._rss.over()
         if rss and self.requests is not None:
             closed = self.connections.shed_quiet(now)
+            if self.events is not None and self.events.connections is not None:
+                closed += self.events.connections.shed_quiet(now)
             self.requests.errors.report("memory-pressure", event="memory_pressure",
                                         rss_mb=round(rss / 2**20, 1),
                                         limit_mb=round(self._rss.limit / 2**20, 1),
@@ -333,7 +360,15 @@ class Server:
         return {"uptime_s": round(time.monotonic() - self.started, 3),
                 "generation": self.generation, **requests.counters,
                 **requests.process_stats(), "cameras": requests.camera_stats(),
+                **self._events_stats(),
                 "models": {n: m.stats() for n, m in self.models.items()}}
+
+    def _events_stats(self) -> dict[str, Any]:
+        feed = self.events
+        if feed is None or feed.connections is None:
+            return {}
+        return {"events_connections": {**feed.connections.stats(),
+                                       "subscribers_refused": feed.refused_subscribers}}
 
     # -- reload ----------------------------------------------------------------------------
     def _begin_reload(self) -> None:
@@ -387,6 +422,8 @@ class Server:
             if result is not None:
                 self._swap_models(result)
             note = "reloaded"
+        if self.events is not None:  # the keys were reread first, whatever else failed
+            self.events.drop_revoked()
         self.notifier.ready(f"serving {', '.join(self.models)} ({note})")
 
     def _swap_models(self, models: dict[str, ServedModel]) -> None:
@@ -481,6 +518,8 @@ class Server:
         during the drain must not exhaust the fds)."""
         if self.connections is not None:
             self.connections.on_monitor(time.monotonic())
+        if self.events is not None and self.events.connections is not None:
+            self.events.connections.on_monitor(time.monotonic())
 
     def _close_sockets(self, wait: bool = True) -> None:
         if self.connections is not None:
