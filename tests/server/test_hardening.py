@@ -332,6 +332,133 @@ def test_invented_camera_ids_cannot_lock_out_a_new_camera(daemon):
     assert d.stop() == 0
 
 
+# ------------------------------------------------------------------ 3b. lockout by many peers
+FLOOD = """
+import sys, time, numpy as np, zmq
+sys.path.insert(0, {clients!r})
+from stgcnd_client.protocol import decode_reply, encode_request
+s = zmq.Context.instance().socket(zmq.DEALER)
+s.setsockopt(zmq.LINGER, 0)
+s.connect({endpoint!r})
+frame = np.zeros((3, 33, 1), np.float32)
+sent = got = busy = 0
+end = time.monotonic() + {seconds}
+while time.monotonic() < end or got < sent:
+    while time.monotonic() < end and sent - got < 64:
+        s.send_multipart(encode_request("push", sent, f"{tag}-{{sent % {ids}}}",
+                                        arrays=[frame]))
+        sent += 1
+        if sent == 200:
+            print("flooding", flush=True)
+    if not s.poll(5000):
+        break
+    busy += decode_reply(s.recv_multipart()).error is not None
+    got += 1
+print(sent, got, busy, flush=True)
+"""
+
+HOLD = """
+import sys, time, numpy as np, zmq
+sys.path.insert(0, {clients!r})
+from stgcnd_client.protocol import decode_reply, encode_request
+ctx = zmq.Context.instance()
+frame = np.zeros((3, 33, 1), np.float32)
+socks, poller = [], zmq.Poller()
+for i in range({conns}):
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect({endpoint!r})
+    socks.append(s)
+    poller.register(s, zmq.POLLIN)
+index = {{s: i for i, s in enumerate(socks)}}
+sent = [0] * len(socks)
+
+def send(i):
+    # one camera per connection, kept busy: a frame at a time, its window never completed
+    op = "reset" if sent[i] % 20 == 19 else "push"
+    socks[i].send_multipart(encode_request(op, sent[i], f"hold-{{i}}",
+                                           arrays=[frame] if op == "push" else []))
+    sent[i] += 1
+
+for i in range(len(socks)):
+    send(i)
+got = busy = 0
+end = time.monotonic() + {seconds}
+announced = False
+while time.monotonic() < end:
+    for s, _ in poller.poll(1000):
+        busy += decode_reply(s.recv_multipart()).error is not None
+        got += 1
+        send(index[s])
+    if not announced and got >= 5 * len(socks):
+        print("holding", flush=True)
+        announced = True
+print(sum(sent), got, busy, flush=True)
+"""
+
+
+def camera_listed(endpoint: str, name: str) -> bool:
+    with Client(endpoint, camera_id="observer", timeout=5.0, retries=2) as c:
+        return name in c.stats()["cameras"]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("attack", ["16-processes", "70-loopback-connections"])
+def test_a_served_camera_is_not_locked_out_by_many_peers(daemon, attack):
+    """Issue #36: a camera served once comes back, on a new connection, while (a) 16
+    processes invent ids, or (b) one process keeps one camera busy on each of 70 loopback tcp
+    connections (each used to be a peer of its own: 70 peers, 64 slots); it must be served
+    within 1 s."""
+    tcp = attack == "70-loopback-connections"
+    d = daemon(endpoint=f"tcp://127.0.0.1:{free_tcp_port()}" if tcp else None)
+    window = np.zeros((3, FRAMES, 33, 1), np.float32)
+    with Client(d.endpoint, camera_id="legit", timeout=5.0) as c:
+        c.infer(window)  # served once
+    seconds = 14.0
+    clients = str(REPO / "clients")
+    if tcp:
+        codes = [HOLD.format(clients=clients, endpoint=d.endpoint, conns=70, seconds=seconds)]
+    else:
+        codes = [FLOOD.format(clients=clients, endpoint=d.endpoint, seconds=seconds,
+                              ids=1500, tag=f"p{i}") for i in range(16)]
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+             for code in codes]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() in ("flooding", "holding")
+        # The camera stays away until a full table gave its slot away (5 s quiet), or 7 s.
+        t0 = time.monotonic()
+        while camera_listed(d.endpoint, "legit") and time.monotonic() - t0 < 7.0:
+            time.sleep(0.25)
+        evicted = not camera_listed(d.endpoint, "legit")
+        waited, refused = None, 0
+        with Client(d.endpoint, camera_id="legit", timeout=2.0, retries=0) as c:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 5.0:
+                try:
+                    c.infer(window)
+                    waited = time.monotonic() - t0
+                    break
+                except ServerError as exc:
+                    assert exc.code == "busy", exc
+                    refused += 1
+                    time.sleep(0.02)
+            stats = c.stats()
+        outs = [p.communicate(timeout=60)[0].split() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    sent, got, busy = (sum(int(o[k]) for o in outs) for k in range(3))
+    peers = {e.get("peer") for e in d.log_events() if e.get("event") == "camera_evicted"}
+    print(f"\n{attack}: legit camera (evicted before coming back: {evicted}) served after "
+          f"{waited} s, {refused} busy first; attack {sent} sent, {got} answered, {busy} busy; "
+          f"{len(stats['cameras'])} cameras in the table; eviction log peers {sorted(peers)[:4]}")
+    assert waited is not None and waited <= 1.0, (waited, refused)
+    assert d.stop() == 0
+
+
 # ------------------------------------------------------------------ 4. SIGTERM race
 class Sender(threading.Thread):
     """Keeps 4 requests in flight; a reply saying shutting-down makes it stop sending 20 ms

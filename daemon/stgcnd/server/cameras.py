@@ -5,14 +5,31 @@ executor prepared one CUDA stream and pinned rows per lane before READY) and a f
 objects; its push ring grows with the frames it sends (kilobytes for a camera that sent a few).
 
 `max_cameras` bounds the table, and camera ids are the client's to invent, so slots are shared
-by *peer* (the process of an ipc client, the address of a tcp one: connections.peer_key),
-never by camera id. When the table is full, a new camera takes the slot of:
+by *peer* (the process of an ipc client, the address of a tcp one, the user of a loopback tcp
+one: connections.peer_key), never by camera id. When the table is full, a new camera takes the
+slot of:
 
 1. the least recently active camera quiet for EVICT_IDLE_S, whoever holds it;
 2. else, if its peer already holds its share (max_cameras / peers, rounded up): one of that
    peer's own cameras quiet for MIN_IDLE_S; a peer inventing ids churns its own slots only;
 3. else the least recently active camera of a peer holding more than its share, the biggest
    first (a client that filled the table gives way to a newcomer at once).
+
+A camera is *served* once one of its predictions was answered `ok` (a push that only buffered
+a frame does not count: a served camera cost its client a valid window run on the device).
+The ids of served cameras are remembered after they leave the table (the SERVED_MEMORY x
+max_cameras most recent, with the peer they were served for), and two rules keep the slots of
+served cameras out of reach of invented ids:
+
+- cameras never served hold at most max_cameras - reserve slots (reserve: max_cameras // 8,
+  at least 1): a never-served newcomer past that, or in a table where rule 1 finds nothing,
+  takes only the slot of another never-served camera (by the same rules: idle, own share,
+  over share among the never-served), never one of a served camera;
+- a served camera coming back takes a free slot, else the least recently active never-served
+  camera of anyone, else rules 1-3.
+
+Churn is bounded per peer: at most max_cameras evictions a second (CHURN_PER_S x max_cameras);
+past it, a peer's new cameras are answered `busy` at once, nothing evicted.
 
 A camera with a request in flight is never taken. No slot: the request is answered `busy`.
 """
@@ -29,6 +46,8 @@ from stgcnd.server.ring import FrameRing
 
 MIN_IDLE_S = 1.0     # a peer over its share replaces its own cameras quiet this long
 EVICT_IDLE_S = 5.0   # otherwise, a full table gives up cameras quiet this long
+SERVED_MEMORY = 4    # ids of served cameras remembered: this many times max_cameras
+CHURN_PER_S = 1      # evictions a peer may cause per second: this many times max_cameras
 
 
 @dataclass
@@ -53,6 +72,7 @@ class CameraState:
     last_activity: float
     peer: str = ""
     in_flight: int = 0                    # jobs submitted and not yet answered
+    served: bool = False                  # a prediction answered ok, here or before
     requests: int = 0
     rings: dict[str, FrameRing] = field(default_factory=dict)
     pushes: dict[str, PushRecord] = field(default_factory=dict)
@@ -76,17 +96,25 @@ class Eviction:
     camera: str
     peer: str
     idle_s: float
-    rule: str          # "own-share", "over-share" or "idle"
+    rule: str          # "own-share", "over-share", "idle" or "unserved"
 
 
 class CameraTable:
-    def __init__(self, max_cameras: int) -> None:
+    def __init__(self, max_cameras: int, reserve: int | None = None) -> None:
         self.max_cameras = max_cameras
-        # Both in activity order, least recent first (move_to_end on every request).
+        # Slots only served cameras can take (none in a table of one: nothing could start).
+        self.reserve = min(max(1, max_cameras // 8), max_cameras - 1) if reserve is None \
+            else reserve
+        # All three in activity order, least recent first (move_to_end on every request).
         self.cameras: OrderedDict[str, CameraState] = OrderedDict()
         self._by_peer: dict[str, OrderedDict[str, CameraState]] = {}
+        self._unserved: OrderedDict[str, CameraState] = OrderedDict()
+        # Ids of served cameras, in and out of the table -> the peer served; least recent first
+        self.served: OrderedDict[str, str] = OrderedDict()
+        self._churn: dict[str, list[float]] = {}  # peer -> [second it counts from, evictions]
         self._free_lanes = list(range(max_cameras - 1, -1, -1))
         self.evictions = 0
+        self.churn_refused = 0   # new cameras refused because their peer churned too fast
 
     def get(self, name: str, now: float, peer: str = "") -> tuple[CameraState | None,
                                                                   Eviction | None]:
@@ -103,16 +131,32 @@ class CameraTable:
                 self._link(cam)
             else:
                 self._by_peer[peer].move_to_end(name)
+            if not cam.served:
+                self._unserved.move_to_end(name)
             return cam, None
+        served = name in self.served
         evicted = None
-        if not self._free_lanes:
-            evicted = self._make_room(peer, now)
+        if not self._free_lanes or (
+                not served and len(self._unserved) >= self.max_cameras - self.reserve):
+            evicted = self._make_room(peer, now, served)
             if evicted is None:
                 return None, None
-        cam = CameraState(name, self._free_lanes.pop(), now, peer)
+        cam = CameraState(name, self._free_lanes.pop(), now, peer, served=served)
         self.cameras[name] = cam
         self._link(cam)
+        if served:
+            self.served.move_to_end(name)
+        else:
+            self._unserved[name] = cam
         return cam, evicted
+
+    def mark_served(self, cam: CameraState) -> None:
+        """One of the camera's predictions was answered ok (RequestPath.complete)."""
+        if cam.served or self.cameras.get(cam.name) is not cam:
+            return
+        cam.served = True
+        del self._unserved[cam.name]
+        self._remember(cam.name, cam.peer)
 
     def reclaim_idle(self, now: float, idle_timeout: float) -> list[tuple[str, float]]:
         """Forget cameras idle for idle_timeout with nothing in flight; (name, idle seconds)."""
@@ -130,32 +174,73 @@ class CameraTable:
         return len(self.cameras)
 
     # -- inside ------------------------------------------------------------------------------
-    def _make_room(self, peer: str, now: float) -> Eviction | None:
-        victim, rule = _least_recent(self.cameras, now - EVICT_IDLE_S), "idle"
-        if victim is None:
-            held = self._by_peer.get(peer)
-            mine = len(held) if held else 0
-            share = -(-self.max_cameras // (len(self._by_peer) + (0 if mine else 1)))
-            if held and mine >= share:
-                victim, rule = _least_recent(held, now - MIN_IDLE_S), "own-share"
-            else:
-                rule = "over-share"
-                for cams in sorted(self._by_peer.values(), key=len, reverse=True):
-                    if len(cams) <= share:
-                        break
-                    victim = _least_recent(cams, now)
-                    if victim is not None:
-                        break
+    def _make_room(self, peer: str, now: float, served: bool) -> Eviction | None:
+        churn = self._churn.get(peer)
+        if churn is not None and now - churn[0] < 1.0 and \
+                churn[1] >= CHURN_PER_S * self.max_cameras:
+            self.churn_refused += 1
+            return None
+        if served:  # the table is full (a served camera takes a free lane)
+            victim, rule = _least_recent(self._unserved, now), "unserved"
+            if victim is None:
+                victim, rule = self._by_rules(peer, now, unserved_only=False)
+        else:
+            # Below its cap, a never-served camera may take any camera's long idle slot;
+            # else only another never-served camera gives way.
+            victim, rule = None, "idle"
+            if not self._free_lanes and \
+                    len(self._unserved) < self.max_cameras - self.reserve:
+                victim = _least_recent(self.cameras, now - EVICT_IDLE_S)
+            if victim is None:
+                victim, rule = self._by_rules(peer, now, unserved_only=True)
         if victim is None:
             return None
         self._remove(victim)
         self.evictions += 1
+        if churn is None or now - churn[0] >= 1.0:
+            if len(self._churn) >= 4 * self.max_cameras:  # bounded: forget past seconds
+                self._churn = {p: c for p, c in self._churn.items() if now - c[0] < 1.0}
+            self._churn[peer] = [now, 1]
+        else:
+            churn[1] += 1
         return Eviction(victim.name, victim.peer, round(now - victim.last_activity, 3), rule)
+
+    def _by_rules(self, peer: str, now: float, unserved_only: bool
+                  ) -> tuple[CameraState | None, str]:
+        """Rules 1-3 of the module docstring, among the never-served cameras only if
+        `unserved_only`; a peer's share counts all of its cameras."""
+        victim = _least_recent(self._unserved if unserved_only else self.cameras,
+                               now - EVICT_IDLE_S)
+        if victim is not None:
+            return victim, "idle"
+        held = self._by_peer.get(peer)
+        mine = len(held) if held else 0
+        share = -(-self.max_cameras // (len(self._by_peer) + (0 if mine else 1)))
+        if held and mine >= share:
+            return _least_recent(held, now - MIN_IDLE_S, unserved_only), "own-share"
+        for cams in sorted(self._by_peer.values(), key=len, reverse=True):
+            if len(cams) <= share:
+                break
+            victim = _least_recent(cams, now, unserved_only)
+            if victim is not None:
+                return victim, "over-share"
+        return None, "over-share"
 
     def _remove(self, cam: CameraState) -> None:
         del self.cameras[cam.name]
         self._unlink(cam)
         self._free_lanes.append(cam.lane)
+        if cam.served:  # remembered from its last activity
+            self._remember(cam.name, cam.peer)
+        else:
+            del self._unserved[cam.name]
+
+    def _remember(self, name: str, peer: str) -> None:
+        served = self.served
+        served[name] = peer
+        served.move_to_end(name)
+        if len(served) > SERVED_MEMORY * self.max_cameras:
+            served.popitem(last=False)
 
     def _link(self, cam: CameraState) -> None:
         self._by_peer.setdefault(cam.peer, OrderedDict())[cam.name] = cam
@@ -167,13 +252,13 @@ class CameraTable:
             del self._by_peer[cam.peer]
 
 
-def _least_recent(cams: OrderedDict[str, CameraState], quiet_before: float
-                  ) -> CameraState | None:
-    """The least recently active camera with nothing in flight, if it was last active at or
-    before `quiet_before`."""
+def _least_recent(cams: OrderedDict[str, CameraState], quiet_before: float,
+                  unserved_only: bool = False) -> CameraState | None:
+    """The least recently active camera with nothing in flight (never served, if
+    `unserved_only`), if it was last active at or before `quiet_before`."""
     for cam in cams.values():
         if cam.last_activity > quiet_before:
             return None  # activity order: every later one is younger still
-        if cam.in_flight == 0:
+        if cam.in_flight == 0 and not (unserved_only and cam.served):
             return cam
     return None

@@ -310,7 +310,7 @@ class EventFeed:
                 return
             try:
                 fd = int(frame.get(_SRCFD))
-                peer = peer_key(str(frame.get("Peer-Address")), fd)
+                peer = peer_key(str(frame.get("Peer-Address")), fd, connections.loopback)
             except zmq.ZMQError:  # a pipe's end (libzmq's own unsubscription): no origin
                 continue
             if not connections.seen(fd, peer, now):

@@ -42,9 +42,10 @@ class Incoming:
     user: str = ""               # CURVE: the sender's public key (ZAP User-Id); else ""
 
 
-def _origin(frame: zmq.Frame) -> tuple[int, str]:
-    """(fd, peer) of a received frame; libzmq knows neither for a connection whose address
-    could not be read when it was made (get raises): then (-1, "fd:-1")."""
+def _origin(frame: zmq.Frame, loopback: dict[int, str] | None = None) -> tuple[int, str]:
+    """(fd, peer) of a received frame (`loopback`: the users of loopback tcp connections by
+    fd, Connections.loopback); libzmq knows neither for a connection whose address could not
+    be read when it was made (get raises): then (-1, "fd:-1")."""
     try:
         fd = int(frame.get(_SRCFD))
     except zmq.ZMQError:
@@ -53,7 +54,7 @@ def _origin(frame: zmq.Frame) -> tuple[int, str]:
         address = str(frame.get("Peer-Address"))
     except zmq.ZMQError:
         address = ""
-    return fd, peer_key(address, fd)
+    return fd, peer_key(address, fd, loopback)
 
 
 def _user(frame: zmq.Frame) -> str:
@@ -65,8 +66,9 @@ def _user(frame: zmq.Frame) -> str:
 
 class Receiver:
     def __init__(self, router: zmq.Socket[bytes], max_frames: int = MAX_FRAMES,
-                 users: bool = False) -> None:
+                 users: bool = False, loopback: dict[int, str] | None = None) -> None:
         self.router = router
+        self.loopback = loopback  # Connections.loopback: a loopback connection's user
         self.users = users  # read each message's ZAP User-Id (CURVE only: a property lookup)
         self.max_frames = max_frames
         self.discarding = False
@@ -93,12 +95,13 @@ class Receiver:
                 self.discarding = True
                 self.oversized_messages += 1
                 self.last_oversized_frames = len(frames)
-                return Incoming(identity.bytes, frames, *_origin(identity), too_many=True)
+                return Incoming(identity.bytes, frames, *_origin(identity, self.loopback),
+                                too_many=True)
             # The rest of a multipart message is always there once its first frame is.
             frame = recv(NOBLOCK, copy=False)
             frames.append(frame)
             more = frame.more
-        return Incoming(identity.bytes, frames, *_origin(identity),
+        return Incoming(identity.bytes, frames, *_origin(identity, self.loopback),
                         user=_user(identity) if self.users else "")
 
     def _discard_some(self) -> None:

@@ -51,7 +51,7 @@ class RequestPath:
                  limits: Limits, queue_size: int, stats: Callable[[], dict[str, Any]],
                  quality: SkeletonQuality) -> None:
         self.router = router
-        self.receiver = Receiver(router)
+        self.receiver = Receiver(router, loopback=connections.loopback)
         self.connections = connections
         self.cameras = cameras
         self.limits = limits
@@ -256,10 +256,13 @@ class RequestPath:
         cam = self.cameras.cameras.get(job.camera)
         if cam is not None:
             cam.in_flight -= 1
-            if job.op == "push" and reply.outcome == "ok":
-                rec = cam.pushes.get(job.model)
-                if rec is not None and rec.req_id == job.req_id:
-                    rec.reply = reply.frames
+            if reply.outcome == "ok":
+                if not cam.served:  # its first answer: its slot is out of invented ids' reach
+                    self.cameras.mark_served(cam)
+                if job.op == "push":
+                    rec = cam.pushes.get(job.model)
+                    if rec is not None and rec.req_id == job.req_id:
+                        rec.reply = reply.frames
         self._record(job, reply)
         self.send(job.identity, reply.frames)
 
@@ -313,6 +316,7 @@ class RequestPath:
     def process_stats(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "process_cpu_s": round(time.process_time(), 6),
                 "camera_evictions": self.cameras.evictions,
+                "camera_churn_refused": self.cameras.churn_refused,
                 "connections": self.connections.stats(),
                 "oversized_messages": self.receiver.oversized_messages,
                 **({"curve": {"denied": self.curve.denied, "dropped": self.curve.dropped,
