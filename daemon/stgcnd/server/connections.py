@@ -64,6 +64,7 @@ CLOSE_BANNED_AFTER_S = 0.2  # the banned connection's last reply (too-large) lea
 LOG_EVERY_S = 60.0         # the connections_limited line, at most once a minute
 ROOM_DIVISOR = 16          # at the cap, 1/16 of it is closed to let waiting peers in
 GATE_FIND_S = 2.0          # how long libzmq's I/O thread may take to register a listener
+GATE_WAIT_S = 0.1          # ... of which the bind waits this long before serving
 CLOSING_FORGET_S = 5.0     # a shut-down fd whose disconnect event never came stops counting
 _SHUT_RDWR = 2
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -315,6 +316,14 @@ class Connections:
                     gate.consumed()
             elif event == _LISTENING and self._use_gate:
                 self._listeners.append((value, now + GATE_FIND_S))
+        self._arm()
+
+    def _arm(self) -> None:
+        """One more accept for each listener while the socket is under its cap (whoever took
+        the monitor's events: the loop's wake-up, or a request from an unseen connection)."""
+        if self.count < self.cap:
+            for gate in self.gates:
+                gate.arm()
 
     def seen(self, fd: int, peer: str, now: float) -> bool:
         """A request from `peer` came in on connection `fd`; False when the peer is banned
@@ -365,9 +374,7 @@ class Connections:
                 del self._closing[fd]  # its disconnect event was lost: no longer counted
         if len(self.by_fd) >= self.cap:
             self._make_room(now)
-        if self.count < self.cap:
-            for gate in self.gates:
-                gate.arm()
+        self._arm()
         if self._banned:
             for peer, until in list(self._banned.items()):
                 if until <= now:
@@ -408,6 +415,19 @@ class Connections:
         except zmq.ZMQError:
             pass
         self.monitor.close(0)
+
+    def gate_listeners(self) -> None:
+        """Right after the bind: gate the new listener as soon as libzmq's I/O thread has
+        registered it (well under a millisecond), so that hardly anything is accepted
+        ungated; the loop keeps trying for GATE_FIND_S if it is slower than that."""
+        end = time.monotonic() + GATE_WAIT_S
+        while True:
+            self._take_events(time.monotonic())
+            self._attach_gates(time.monotonic())
+            if not self._listeners or time.monotonic() >= end:
+                break
+            time.sleep(0.0005)
+        self.enforce(time.monotonic())
 
     # -- inside ------------------------------------------------------------------------------
     def _attach_gates(self, now: float) -> None:

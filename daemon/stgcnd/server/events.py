@@ -290,6 +290,7 @@ class EventFeed:
                 self.connections.close()
                 pub.close(0)
                 raise
+            self.connections.gate_listeners()
             self._pub = pub
 
     @property

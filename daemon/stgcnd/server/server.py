@@ -139,6 +139,7 @@ class Server:
         self._watch_connections(requests_cap)  # before the bind: none accepted unseen
         self._ipc_path = bind_router(self._router, self.config)
         assert self.connections is not None
+        self.connections.gate_listeners()
         self.requests = RequestPath(self._router, self.connections, self.cameras, self.limits,
                                     self.config.server.queue_size, self.stats,
                                     SkeletonQuality(self.config.server.visibility_threshold,
