@@ -109,10 +109,12 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         "seconds after which an idle camera is forgotten (its push window and lane freed)",
         "must be > 0 seconds", gt=0)] = 300.0
     max_cameras: Annotated[int, key(
-        "cameras served at once; when all are taken, slots are shared by client process or "
-        "address (docs/hardening.md)", "must be >= 1", ge=1)] = 64
+        "cameras served at once; when all are taken, slots are shared by peer (client "
+        "process, address or loopback user), an eighth kept for cameras served before "
+        "(docs/hardening.md)", "must be >= 1", ge=1)] = 64
     max_connections: Annotated[int, key(
-        "connections kept at most; 0: 3/4 of the free file descriptors, at most 4096",
+        "connections accepted at most, cameras and event subscribers together (these get "
+        "an eighth); 0: 3/4 of the free file descriptors, at most 4096",
         "must be >= 0 (0 = auto)", ge=0)] = 0
     max_rss_mb: Annotated[int, key(
         "resident memory (MB) above which connections that send nothing are closed; 0: the "
