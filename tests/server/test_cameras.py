@@ -4,12 +4,7 @@ tests run with no reserve (reserve=0): they are about the shares."""
 
 from __future__ import annotations
 
-import socket
-
-import pytest
-
 from stgcnd.server.cameras import EVICT_IDLE_S, MIN_IDLE_S, CameraTable
-from stgcnd.server.connections import accepted_peer, loopback_uid, peer_key
 
 
 def fill(table: CameraTable, peer: str, names: list[str], now: float) -> None:
@@ -218,40 +213,3 @@ def test_served_ids_are_remembered_in_bounded_memory():
         table.reclaim_idle(float(i) * 10 + 6, idle_timeout=5.0)
     assert len(table.served) == 4 * 2
     assert list(table.served)[-1] == "c99" and "c0" not in table.served
-
-
-# ------------------------------------------------------------------ loopback peers (#36)
-def _tcp_pair_factory():
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    kept = [srv]
-
-    def connect() -> socket.socket:
-        client = socket.create_connection(srv.getsockname())
-        conn, _ = srv.accept()
-        kept.extend((client, conn))
-        return conn
-
-    return connect, kept
-
-
-def test_loopback_tcp_connections_of_one_process_are_one_peer():
-    connect, kept = _tcp_pair_factory()
-    try:
-        a, b = connect(), connect()
-        if loopback_uid(socket.AF_INET, a.getpeername(), a.getsockname()) is None:
-            pytest.skip("NETLINK_SOCK_DIAG (inet_diag) is not available here: loopback tcp "
-                        "peers fall back to one per connection")
-        key_a, key_b = accepted_peer(a.fileno()), accepted_peer(b.fileno())
-        assert key_a is not None and key_b is not None
-        assert key_a[0] == key_b[0] == f"uid:{__import__('os').getuid()}"
-        assert key_a[1] != key_b[1]  # the inodes of two sockets
-        # A message's metadata names the same peer, found by fd (Connections.loopback).
-        loopback = {a.fileno(): key_a[0]}
-        assert peer_key("127.0.0.1", a.fileno(), loopback) == key_a[0]
-        assert peer_key("127.0.0.1", 999_999, loopback) == "fd:999999"  # unknown: per fd
-        assert peer_key("10.0.0.5", a.fileno(), loopback) == "ip:10.0.0.5"
-    finally:
-        for s in kept:
-            s.close()

@@ -18,12 +18,11 @@ import zmq
 from stgcnd.server import connections as conn_mod
 from stgcnd.server.connections import (
     Connections,
-    accepted_peer,
     connection_budget,
-    peer_key,
     raise_fd_limit,
     split_budget,
 )
+from stgcnd.server.peers import accepted_peer
 from stgcnd.server.receive import _origin
 from tests.conftest import REPO
 
@@ -54,14 +53,6 @@ def test_the_soft_fd_limit_is_raised_to_the_hard_one():
         assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == now
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
-
-def test_peer_keys_lump_only_what_is_one_client():
-    assert peer_key("localhost:1000:1000:4242", 7) == "pid:4242"
-    assert peer_key("10.0.0.7", 7) == "ip:10.0.0.7"
-    # Another pid namespace (pid 0), the loopback and an unknown address: per connection.
-    for address in ("localhost:0:0:0", "127.0.0.1", "::1", ""):
-        assert peer_key(address, 7) == "fd:7"
 
 
 class Peers:

@@ -6,7 +6,7 @@ objects; its push ring grows with the frames it sends (kilobytes for a camera th
 
 `max_cameras` bounds the table, and camera ids are the client's to invent, so slots are shared
 by *peer* (the process of an ipc client, the address of a tcp one, the user of a loopback tcp
-one: connections.peer_key), never by camera id. When the table is full, a new camera takes the
+one: peers.peer_key), never by camera id. When the table is full, a new camera takes the
 slot of:
 
 1. the least recently active camera quiet for EVICT_IDLE_S, whoever holds it;

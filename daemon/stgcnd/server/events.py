@@ -30,9 +30,10 @@ import zmq
 from stgcnd.errors import UserError
 from stgcnd.log import get_logger
 from stgcnd.server.config import Config, EventsConfig
-from stgcnd.server.connections import Connections, peer_key
+from stgcnd.server.connections import Connections
 from stgcnd.server.curve import Curve
 from stgcnd.server.models import ServedModel
+from stgcnd.server.peers import peer_key
 from stgcnd.server.transport import HANDSHAKE_MS, bind_endpoint
 
 log = get_logger(__name__)

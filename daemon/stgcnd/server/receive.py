@@ -22,7 +22,7 @@ from typing import cast
 
 import zmq
 
-from stgcnd.server.connections import peer_key
+from stgcnd.server.peers import peer_key
 from stgcnd.server.transport import EVENTS, NOBLOCK, POLLIN
 from stgcnd_client.protocol import DEFAULT_LIMITS
 
@@ -37,7 +37,7 @@ class Incoming:
     identity: bytes
     frames: list[zmq.Frame]
     fd: int                      # the connection it came on (ZMQ_SRCFD; -1 if unknown)
-    peer: str                    # who sent it (connections.peer_key)
+    peer: str                    # who sent it (peers.peer_key)
     too_many: bool = False       # more than MAX_FRAMES frames: the rest is being dropped
     user: str = ""               # CURVE: the sender's public key (ZAP User-Id); else ""
 
