@@ -76,6 +76,13 @@ class Camera(threading.Thread):
     def window(self, start: float, end: float) -> list[float]:
         return [s for t, s in self.latencies if start <= t <= end]
 
+    def longest_wait(self, start: float, end: float) -> float:
+        """The longest time without a reply between `start` and `end` (failed calls, which
+        `window` leaves out, count as waiting)."""
+        done = sorted(t + s for t, s in self.latencies if start <= t + s <= end)
+        marks = [start, *done, end]
+        return max(b - a for a, b in zip(marks, marks[1:]))
+
     def __enter__(self) -> Camera:
         self.start()
         return self
@@ -149,8 +156,10 @@ def test_more_idle_connections_than_fds_cannot_stop_the_daemon(daemon, transport
     assert d.stop() == 0
 
 
-# ------------------------------------------------------------------ 2. a million frames
-MANY_FRAMES = 1_000_000
+# ------------------------------------------------------------------ 2. many frames
+# Dropped after it arrived (about 9 MB in libzmq's pipe: under the growth watch's 16 MB in
+# 0.5 s); bigger messages are cut while they arrive (test_a_message_of_millions_of_frames...).
+MANY_FRAMES = 150_000
 
 
 MANY_FRAMES_ATTACK = """
@@ -171,7 +180,7 @@ else:
 
 
 @pytest.mark.timeout(240)
-def test_a_message_of_a_million_frames_is_refused_cheaply(daemon):
+def test_a_message_of_many_frames_is_refused_cheaply(daemon):
     d = daemon()
     code = MANY_FRAMES_ATTACK.format(clients=str(REPO / "clients"), endpoint=d.endpoint,
                                      frames=MANY_FRAMES)
@@ -190,7 +199,7 @@ def test_a_message_of_a_million_frames_is_refused_cheaply(daemon):
                 attack.wait()
         time.sleep(1.0)
         worst = max(cam.window(t0, time.monotonic()))
-        time.sleep(2.5)  # the next stats tick gives the memory back
+        time.sleep(1.5)  # the memory goes back at once (a trim, and one more a second on)
         after = process_stats(d.proc.pid)["rss_kb"]
         with Client(d.endpoint, camera_id="after") as c:
             st = c.stats()
@@ -201,6 +210,118 @@ def test_a_message_of_a_million_frames_is_refused_cheaply(daemon):
     assert after - before < 20 * 1024, (before, after)
     assert st["oversized_messages"] == 1
     assert "peer_banned" in log_text(d)
+    assert d.stop() == 0
+
+
+HUGE_ATTACK = """
+import socket, sys, time
+sys.path.insert(0, {here!r})
+sys.path.insert(0, {clients!r})
+from raw_zmtp import connect, frame
+from stgcnd_client.protocol import encode_request
+sock = connect({endpoint!r})
+# A ping and {frames} empty frames, built as ZMTP bytes: they arrive as fast as the daemon's
+# I/O thread parses them (about 64 B a frame in its pipe), not as fast as pyzmq sends.
+wire = (frame(encode_request("ping", 7, "attacker")[0], more=True)
+        + b"\\x01\\x00" * ({frames} - 1) + b"\\x00\\x00")
+print("sending", flush=True)
+try:
+    sock.sendall(wire)
+    sock.settimeout(30)
+    while sock.recv(65536):  # a reply, if the message was taken whole; then the close
+        pass
+    print("closed", flush=True)
+except OSError as exc:
+    print("closed", exc, flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("frames", [1_000_000, 5_000_000])
+def test_a_message_of_millions_of_frames_stalls_nobody(daemon, frames):
+    """libzmq publishes a message to the ROUTER only once its last frame is in, and the
+    ROUTER then reads nobody else's until that message's last frame is read: 5M frames kept
+    the other cameras waiting 10 s. The memory watch cuts such a message while it arrives
+    (its pipe grows 64 B a frame): the connection goes, libzmq frees the half message, and
+    the memory goes back to the system."""
+    d = daemon()
+    code = HUGE_ATTACK.format(here=str(REPO / "tests" / "server"),
+                              clients=str(REPO / "clients"), endpoint=d.endpoint,
+                              frames=frames)
+    with Camera(d.endpoint) as cam:
+        time.sleep(3.0)  # two stats ticks: RSS settled
+        before = process_stats(d.proc.pid)["rss_kb"]
+        attack = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            assert attack.stdout.readline().strip() == "sending"
+            t0 = time.monotonic()
+            out = attack.communicate(timeout=60)[0].strip()
+        finally:
+            if attack.poll() is None:
+                attack.kill()
+                attack.wait()
+        time.sleep(2.5)  # a trim at once, and one more a second later
+        worst = cam.longest_wait(t0, time.monotonic())
+        status = Path(f"/proc/{d.proc.pid}/status").read_text()
+        after = process_stats(d.proc.pid)["rss_kb"]
+    peak = int(status.split("VmHWM:")[1].split()[0])
+    print(f"\n{frames} frames: {out}; the camera's longest wait {worst * 1e3:.0f} ms; "
+          f"RSS {before} -> peak {peak} -> {after} kB")
+    assert out.startswith("closed"), out
+    assert not cam.failures, cam.failures[:3]
+    assert worst <= 2.0, f"the camera waited {worst:.2f} s"
+    assert after - before < 24 * 1024, (before, after)
+    assert d.stop() == 0
+
+
+BURST = """
+import sys, zmq
+sys.path.insert(0, {clients!r})
+from stgcnd_client.protocol import decode_reply, encode_request
+ctx = zmq.Context.instance()
+socks = [ctx.socket(zmq.DEALER) for _ in range(8)]
+for s in socks:
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect({endpoint!r})
+    s.send_multipart(encode_request("ping", 100, "burst"))  # a client the daemon knows
+    assert s.poll(10_000)
+    s.recv_multipart()
+big = b"\\0" * 7_900_000  # over max_message_bytes (4 MiB), under libzmq's cut (8 MiB)
+for i in range({count}):  # from eight connections at once: they arrive faster than read
+    for s in socks:
+        s.send_multipart([encode_request("ping", i, "burst")[0], big], copy=False)
+codes = set()
+for s in socks:
+    for i in range({count}):
+        if not s.poll(10_000):
+            break
+        r = decode_reply(s.recv_multipart())
+        codes.add(r.error.code if r.error else "ok")
+print(sorted(codes), flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_memory_after_a_burst_of_large_messages_goes_back(daemon):
+    """Large messages are freed once refused, but glibc kept their blocks (62 MB after eighty
+    7.9 MB messages from eight connections at once here, 149-164 MB in the issue's runs),
+    until the next oversized message: now a trim follows any burst within a second or so."""
+    d = daemon()
+    code = BURST.format(clients=str(REPO / "clients"), endpoint=d.endpoint, count=10)
+    with Camera(d.endpoint):  # its small allocations land between the large blocks
+        time.sleep(3.0)
+        before = process_stats(d.proc.pid)["rss_kb"]
+        out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             timeout=120).stdout.strip()
+        time.sleep(2.5)  # a trim within a second of the burst, and its follow-up
+        after = process_stats(d.proc.pid)["rss_kb"]
+        status = Path(f"/proc/{d.proc.pid}/status").read_text()
+    peak = int(status.split("VmHWM:")[1].split()[0])
+    print(f"\n{out}; RSS {before} -> peak {peak} -> {after} kB")
+    assert out == "['too-large']", out
+    assert peak - before > 32 * 1024, "the burst never reached the daemon's memory"
+    assert after - before < 12 * 1024, (before, after)
     assert d.stop() == 0
 
 
@@ -530,3 +651,22 @@ def test_every_request_before_sigterm_gets_exactly_one_reply(daemon, delay):
               if line.startswith("{")]
     assert any(e.get("event") == "shutdown_complete" and e.get("exit_code") == 0
                for e in events)
+
+
+# ------------------------------------------------------------------ 5. abstract ipc
+@pytest.mark.timeout(120)
+def test_a_linux_abstract_ipc_endpoint_is_served(daemon):
+    """`ipc://@name` has no socket file: passed the start-up check, then failed at the bind
+    (chmod of a file that does not exist: "this is a bug")."""
+    from stgcnd.errors import UserError
+    from stgcnd.server.transport import check_endpoint
+
+    endpoint = f"ipc://@stgcnd-test-{time.monotonic_ns()}"
+    d = daemon(endpoint=endpoint)
+    with Client(endpoint, camera_id="abstract", timeout=5.0) as c:
+        assert c.ping()
+        c.infer(np.zeros((3, FRAMES, 33, 1), np.float32))
+    with pytest.raises(UserError, match="another process is listening"):
+        check_endpoint(endpoint)
+    assert d.stop() == 0
+    check_endpoint(endpoint)  # free again: nothing left behind

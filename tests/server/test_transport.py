@@ -113,3 +113,25 @@ def test_serve_with_a_bare_path_fails_at_once():
     assert not any(e.get("event") == "model_loaded" for e in events)  # nothing was loaded
     # Loading the demo model alone takes longer than this on this machine.
     assert elapsed < 5.0, elapsed
+
+
+def test_an_abstract_ipc_endpoint_binds_without_a_file():
+    """`ipc://@name` (Linux abstract namespace): no socket file to prepare, chmod or unlink."""
+    from stgcnd.server.transport import bind_endpoint
+
+    endpoint = f"ipc://@stgcnd-unit-{os.getpid()}-{time.monotonic_ns()}"
+    check_endpoint(endpoint)
+    ctx = zmq.Context()
+    router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    try:
+        assert bind_endpoint(router, endpoint, 0o660, "cannot listen", "fix it") is None
+        with pytest.raises(UserError, match="another process is listening"):
+            check_endpoint(endpoint)
+        dealer.connect(endpoint)
+        dealer.send(b"hi")
+        assert router.poll(5000) and router.recv_multipart()[1] == b"hi"
+    finally:
+        dealer.close(0)
+        router.close(0)
+        ctx.term()
+    assert not os.path.exists(endpoint[len("ipc://"):])

@@ -168,6 +168,7 @@ class Connections:
         self.closed_idle = 0        # connections closed at the cap, ever
         self.refused_banned = 0     # connections of banned peers closed on sight, ever
         self.shed = 0               # connections closed under memory pressure, ever
+        self.accepted = 0           # connections accepted, ever (server/heap.py's growth)
         self._banned: dict[str, float] = {}   # peer -> monotonic time the ban ends
         self._close_later: list[tuple[float, int, int]] = []  # (when, fd, inode)
         self._shutdown = _libc_shutdown()
@@ -280,11 +281,11 @@ class Connections:
                         window_s=LOG_EVERY_S)
             self._logged_at, self._logged_counts = now, counts
 
-    def shed_quiet(self, now: float) -> int:
+    def shed_quiet(self, now: float, quiet_s: float = CLOSE_IDLE_S) -> int:
         """Memory pressure (server/heap.py): close every connection that never delivered a
-        request (a never-ending message is never delivered), then those quiet for
-        CLOSE_IDLE_S, whatever the cap; how many were closed."""
-        quiet_before = now - CLOSE_IDLE_S
+        request (a never-ending message is never delivered), then those quiet for `quiet_s`,
+        whatever the cap; how many were closed."""
+        quiet_before = now - quiet_s
         quiet = [c for c in self.by_fd.values()
                  if not c.last_request or c.last_request <= quiet_before]
         for conn in quiet:
@@ -343,6 +344,7 @@ class Connections:
 
     def _accepted(self, fd: int, now: float) -> None:
         self.loopback.pop(fd, None)  # a reused number never inherits an earlier user
+        self.accepted += 1
         found = accepted_peer(fd)
         if found is None:
             return  # already gone: its disconnect event follows

@@ -3,26 +3,46 @@
 libzmq assembles a message whole before the daemon sees its first frame, and bounds a frame's
 size but not a message's: a peer that sends frames with the "more" flag and never the last one
 makes the daemon's I/O thread buffer them without end, invisibly to the loop, until the kernel
-kills the process. The loop watches its resident size instead (RssWatch, a 2 us read of
-/proc/self/statm, ten times a second) and, over the limit, closes the connections that have
-not delivered a request lately (server/connections.py): libzmq drops a half-received message
-when its connection goes. A camera sending windows is never quiet long enough to be closed.
+kills the process; a message of millions of empty frames (about 64 B each in libzmq's pipe)
+stalls every other camera once it is complete, because the ROUTER reads its frames in order
+before anyone else's. The loop watches its resident size instead (RssWatch, a 2 us read of
+/proc/self/statm, up to fifty times a second) and closes the connections that have not delivered a
+request lately (server/connections.py) when it is over the limit, or when it grew by
+GROWTH_BYTES within GROWTH_WINDOW_S: a message arriving that fast is cut before it is complete
+(libzmq drops a half-received message when its connection goes), so nobody waits behind it.
+A camera sending windows is never quiet long enough to be closed.
 
-What a hostile peer made the daemon hold is freed when the peer goes, but glibc keeps freed
-small blocks in its heap and the process's RSS stays up: malloc_trim(0) returns the free pages
-to the system. It walks the heap (milliseconds), so the loop calls it only after something
-abusive happened (at the next stats tick), or at most once a second while over the limit,
-never on the request path.
+What a hostile peer, or a burst of large messages, made the daemon hold is freed when the
+messages are read or the peer goes, but glibc keeps freed blocks in its heaps and the
+process's RSS stays up: malloc_trim(0) returns the free pages to the system. It walks the heap
+(milliseconds), so the loop calls it only when the RSS settled TRIM_SLACK_BYTES above what it
+was after the last trim, or after something abusive happened, at most once every
+TRIM_EVERY_S, and never on the request path. A trim that gave memory back is followed by one
+more (libzmq's I/O thread may still be freeing); one that gave nothing back ends the chain.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+from collections import deque
 from collections.abc import Callable
 
-CHECK_EVERY_S = 0.1
+# Fifty checks a second (a 2 us read each) whenever the loop is awake, at least ten (its
+# poll wakes every 100 ms): a message of a million frames takes 0.3 s to arrive.
+CHECK_EVERY_S = 0.02
 AUTO_HEADROOM_BYTES = 512 << 20   # auto limit: the RSS at READY plus this
+# A message arriving: libzmq's pipe grows about 64 B a frame, 150-300 MB/s on a 2-core VM
+# (1M frames: 62 MB in 0.3 s, 5M: 305 MB in 1.6 s); the daemon's own memory does not grow
+# this fast after READY (a reload's models are exempt: server.py).
+GROWTH_BYTES = 16 << 20
+CONNECTION_BYTES = 64 << 10       # ...plus this much per connection accepted meanwhile (a
+                                  # connection costs libzmq about 17 KB: a flood is no message)
+GROWTH_WINDOW_S = 0.5
+GROWTH_QUIET_S = 0.5             # growing: close connections that delivered nothing this long
+TRIM_SLACK_BYTES = 8 << 20        # settled this far above the last trim's result: trim
+TRIM_EVERY_S = 1.0                # at most one trim this often
+TRIM_GAVE_BACK_BYTES = 1 << 20    # a trim that returned this much is followed by another
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -46,7 +66,10 @@ def give_back_free_memory() -> bool:
 
 
 class RssWatch:
-    """The process's resident size, read cheaply; `limit` in bytes (0: never over)."""
+    """The process's resident size, read cheaply; `limit` in bytes (0: never over).
+
+    `sample()` once per check (10-50 times a second) keeps the last GROWTH_WINDOW_S of sizes:
+    `growing()` and `trim_due()` answer from them without another read."""
 
     def __init__(self, limit_mb: int) -> None:
         self._page = os.sysconf("SC_PAGE_SIZE")
@@ -56,14 +79,21 @@ class RssWatch:
             self._fd = None
         self.auto = not limit_mb
         self.limit = limit_mb << 20
-        if self.auto:
-            self.rebase()
+        # (monotonic, rss, connections accepted ever) of the last GROWTH_WINDOW_S
+        self._recent: deque[tuple[float, int, int]] = deque(maxlen=64)
+        self._trimmed = 0          # the RSS right after the last trim (or at READY)
+        self._next_trim = 0.0
+        self._follow_up = False    # trim again once due, whatever the slack
+        self.trims = 0             # malloc_trim calls, ever
+        self.rebase()
 
     def rebase(self) -> None:
         """The auto limit from the size now (at READY, and after a reload's models settled:
         a new model's legitimate memory must not read as a peer's)."""
+        rss = self.rss()
+        self._trimmed = rss
+        self._recent.clear()
         if self.auto:
-            rss = self.rss()
             self.limit = rss + AUTO_HEADROOM_BYTES if rss else 0
 
     def rss(self) -> int:
@@ -71,12 +101,68 @@ class RssWatch:
             return 0
         return int(os.pread(self._fd, 64, 0).split()[1]) * self._page
 
-    def over(self) -> int:
+    def sample(self, now: float, accepted: int = 0) -> int:
+        """Read the resident size and keep it for growing() and trim_due(); `accepted`: the
+        connections accepted ever (server/connections.py)."""
+        rss = self.rss()
+        recent = self._recent
+        recent.append((now, rss, accepted))
+        while recent[0][0] < now - GROWTH_WINDOW_S:
+            recent.popleft()
+        return rss
+
+    def over(self, rss: int | None = None) -> int:
         """The resident size when it is over the limit, else 0."""
         if not self.limit:
             return 0
-        rss = self.rss()
+        if rss is None:
+            rss = self.rss()
         return rss if rss > self.limit else 0
+
+    def growing(self) -> int:
+        """By how much the size grew within GROWTH_WINDOW_S, when that is GROWTH_BYTES or
+        more beyond what the connections accepted meanwhile cost (a message of millions of
+        frames arriving), else 0."""
+        recent = self._recent
+        if len(recent) < 2:
+            return 0
+        (_, first, accepted_first), (_, last, accepted_last) = recent[0], recent[-1]
+        grown = last - first  # a cut starts the window afresh (restart_growth)
+        allowed = GROWTH_BYTES + (accepted_last - accepted_first) * CONNECTION_BYTES
+        return grown if grown >= allowed else 0
+
+    def trim_soon(self) -> None:
+        """Something abusive was freed, or is being freed: trim once due (TRIM_EVERY_S after
+        the last trim), whatever the slack."""
+        self._follow_up = True
+
+    def restart_growth(self) -> None:
+        """Connections were cut for growing: measure growth afresh from the next sample."""
+        self._recent.clear()
+
+    def trim_due(self, now: float) -> bool:
+        """The size settled (not 1 MB higher than at the check before) TRIM_SLACK_BYTES above the
+        last trim's result, or a follow-up is asked for; at most once every TRIM_EVERY_S."""
+        recent = self._recent
+        if now < self._next_trim or not recent:
+            return False
+        rss = recent[-1][1]
+        if rss < self._trimmed:
+            self._trimmed = rss  # given back by itself: the new floor
+        if len(recent) >= 2 and rss > recent[-2][1] + TRIM_GAVE_BACK_BYTES:
+            return False  # still rising: the burst is not over
+        return self._follow_up or rss > self._trimmed + TRIM_SLACK_BYTES
+
+    def trim(self, now: float) -> int:
+        """malloc_trim now; the bytes it gave back (a follow-up comes if that was much)."""
+        before = self.rss()
+        give_back_free_memory()
+        after = self.rss()
+        self.trims += 1
+        self._trimmed = after
+        self._next_trim = now + TRIM_EVERY_S
+        self._follow_up = before - after >= TRIM_GAVE_BACK_BYTES
+        return before - after
 
     def close(self) -> None:
         if self._fd is not None:

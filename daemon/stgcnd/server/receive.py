@@ -11,8 +11,10 @@ work keep moving between the chunks. The pass that finishes a drop reads nothing
 that the loop settles that message (its ban) before the next one is read.
 
 What it cannot shorten: ZeroMQ keeps a message's frames in order in one pipe, so requests of
-other cameras queued behind it wait until its last frame is dropped (about 0.5-1 us a frame
-in Python: docs/hardening.md has the measured figure).
+other cameras queued behind it wait until its last frame is dropped (1-3 us a frame on the
+2-core VM; libzmq's zmq_msg_recv through ctypes was no faster there than recv(copy=False):
+docs/hardening.md). A message of millions of frames is therefore never let complete: the
+memory watch cuts its connection while it arrives (server/heap.py).
 """
 
 from __future__ import annotations

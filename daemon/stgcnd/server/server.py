@@ -30,6 +30,7 @@ from stgcnd.log import get_logger
 from stgcnd.server.cameras import CameraTable
 from stgcnd.server.config import Config, check_files, load_config
 from stgcnd.server.connections import (
+    CLOSE_IDLE_S,
     Connections,
     connection_budget,
     open_fds,
@@ -38,7 +39,13 @@ from stgcnd.server.connections import (
 )
 from stgcnd.server.curve import Curve, curve_enabled
 from stgcnd.server.events import EventFeed
-from stgcnd.server.heap import CHECK_EVERY_S, RssWatch, give_back_free_memory
+from stgcnd.server.heap import (
+    CHECK_EVERY_S,
+    GROWTH_QUIET_S,
+    TRIM_EVERY_S,
+    RssWatch,
+    give_back_free_memory,
+)
 from stgcnd.server.models import ServedModel, load_models
 from stgcnd.server.notify import Notifier
 from stgcnd.server.requests import RequestPath
@@ -56,7 +63,6 @@ RETIRE_TIMEOUT_S = 30.0   # a reloaded-away model's executors drain within this
 SHUTDOWN_QUIET_S = 0.1    # shutdown: the socket closes after this long without a request...
 SHUTDOWN_REFUSE_S = 1.0   # ...or after refusing for this long, whichever comes first
 CLOSE_LINGER_MS = 1000    # the last replies get this long to leave at close
-TRIM_EVERY_S = 1.0        # over the memory limit, malloc_trim at most this often
 # The I/O loop and the worker threads share one interpreter lock. Python's default 5 ms
 # switch interval would let a busy loop hold back a worker whose batch is done for up to
 # 5 ms; 0.5 ms bounds that hand-over at a cost of a few hundred extra switches per second.
@@ -326,27 +332,42 @@ class Server:
                 self.events.connections.enforce(now)
         self._reap_retired()
         connections.enforce(now)
-        if requests.trim_due:
-            requests.trim_due = False
-            give_back_free_memory()
 
     def _check_memory(self, now: float) -> None:
-        """A peer's endless message grows the I/O thread's buffers (server/heap.py)."""
-        assert self._rss is not None and self.connections is not None
-        if not self._rss.over():
-            return
-        if now >= self._next_trim:  # what is merely free goes back first (once a second)
+        """A peer's endless or huge message grows the I/O thread's buffers; what abuse and
+        bursts leave behind goes back to the system (server/heap.py)."""
+        watch, connections, requests = self._rss, self.connections, self.requests
+        assert watch is not None and connections is not None and requests is not None
+        rss = watch.sample(now, sum(c.accepted for c in self._all_connections()))
+        if requests.trim_due:  # an oversized message dropped, a reply dropped: trim now
+            requests.trim_due = False
+            watch.trim_soon()
+        over = watch.over(rss)
+        if over and now >= self._next_trim:  # what is merely free goes back first (once a second)
             self._next_trim = now + TRIM_EVERY_S
-            give_back_free_memory()
-        rss = self._rss.over()
-        if rss and self.requests is not None:
-            closed = self.connections.shed_quiet(now)
-            if self.events is not None and self.events.connections is not None:
-                closed += self.events.connections.shed_quiet(now)
-            self.requests.errors.report("memory-pressure", event="memory_pressure",
-                                        rss_mb=round(rss / 2**20, 1),
-                                        limit_mb=round(self._rss.limit / 2**20, 1),
-                                        closed=closed)
+            watch.trim(now)
+            over = watch.over()
+        # A reload's new models grow the heap as fast as a peer's message: not a peer's.
+        grown = watch.growing() if not over and self._reload_thread is None else 0
+        if over or grown:
+            quiet_s = GROWTH_QUIET_S if grown else CLOSE_IDLE_S
+            closed = sum(c.shed_quiet(now, quiet_s) for c in self._all_connections())
+            if over or closed:
+                requests.errors.report("memory-pressure", event="memory_pressure",
+                                       rss_mb=round((over or rss) / 2**20, 1),
+                                       limit_mb=round(watch.limit / 2**20, 1),
+                                       grown_mb=round(grown / 2**20, 1), closed=closed)
+            if closed:
+                watch.trim_soon()  # a cut message is freed as its connection goes
+                watch.restart_growth()
+        elif watch.trim_due(now):
+            watch.trim(now)
+
+    def _all_connections(self) -> list[Connections]:
+        """The requests socket's connections and, with events, the subscribers'."""
+        assert self.connections is not None
+        feed = self.events.connections if self.events is not None else None
+        return [self.connections] if feed is None else [self.connections, feed]
 
     def stalled_executors(self, now: float | None = None) -> list[str]:
         """Executors stuck in one batch longer than stall_timeout."""

@@ -55,8 +55,11 @@ def bind_router(router: zmq.Socket[bytes], config: Config) -> Path | None:
 def bind_endpoint(sock: zmq.Socket[bytes], endpoint: str, socket_mode: int, failed: str,
                   fix: str) -> Path | None:
     """Bind `sock` (a stale ipc socket file removed first, the new one given `socket_mode`);
-    its ipc socket file, if any. A failed bind is a UserError: "`failed`: why; `fix`"."""
-    ipc_path = Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://") else None
+    its ipc socket file, if any (none for tcp, nor for a Linux abstract socket, `ipc://@name`:
+    it has no file, and no permissions: any process in the network namespace may connect).
+    A failed bind is a UserError: "`failed`: why; `fix`"."""
+    ipc_path = (Path(endpoint[len("ipc://"):]) if endpoint.startswith("ipc://")
+                and not endpoint.startswith("ipc://@") else None)
     if ipc_path is not None:
         prepare_ipc_path(ipc_path)
     try:
@@ -161,8 +164,15 @@ def _did_you_mean(endpoint: str) -> str:
 
 
 def _check_ipc_listen(endpoint: str, address: str) -> None:
-    if address.startswith("@"):
-        return  # Linux abstract socket: no file, no directory
+    if address.startswith("@"):  # a Linux abstract socket: no file, no directory
+        size = len(os.fsencode(address))
+        if size > SUN_PATH_MAX:
+            raise UserError(f"{endpoint}: the abstract socket name is {size} bytes, Unix "
+                            f"sockets allow at most {SUN_PATH_MAX}; choose a shorter name")
+        if _unix_socket_answers("\0" + address[1:]):
+            raise UserError(f"{endpoint}: another process is listening on {address}; stop "
+                            "it first or choose another name")
+        return
     path = Path(address)
     size = len(os.fsencode(address))
     if size > SUN_PATH_MAX:
@@ -198,7 +208,7 @@ def _check_ipc_listen(endpoint: str, address: str) -> None:
     path.unlink()
 
 
-def _unix_socket_answers(path: Path) -> bool:
+def _unix_socket_answers(path: Path | str) -> bool:
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.settimeout(1.0)
