@@ -7,7 +7,8 @@
   checked (a refused `set_tensor_address` was ignored).
 - A capture that cannot begin (cuStreamBeginCapture failing) disables graphs instead of
   dropping the runner, and CUresults are named (cuGetErrorName).
-- One TensorRT failure is one error line: TensorRT's own errors are carried in stgcnd's.
+- One TensorRT failure is one error line: TensorRT's own errors (a refused profile, an engine
+  that does not load) are carried in stgcnd's.
 
 Each release runs in its own subprocess on its stub bindings (tests/trt_stubs.py); the
 execution contexts are stand-ins that answer as each release's bindings do.
@@ -107,7 +108,26 @@ except cuda.GraphsUnavailable as exc:
 except cuda.CudaError as exc:
     capture = ["CudaError", str(exc)]
 
+# An engine of another TensorRT: deserialize answers None after logging why.
+import pathlib, tempfile
+from stgcnd.errors import UserError
+class Runtime:
+    def __init__(self, logger): self.logger = logger
+    def deserialize_cuda_engine(self, data):
+        self.logger.log(trt.ILogger.Severity.ERROR, "Serialization assertion: version tag")
+        return None
+trt.Runtime = Runtime
+tb.make_current = lambda: None
+engine_file = pathlib.Path(tempfile.mkdtemp()) / "model.engine"
+engine_file.write_bytes(b"x")
+try:
+    tb.TensorRTRuntime(engine_file, (3, 30, 33, 1), 2)
+    load_refused = None
+except UserError as exc:
+    load_refused = str(exc)
+
 print(json.dumps({"version": trt.__version__, "ok": ok, "order": order,
+                  "load_refused": load_refused,
                   "profile_refused": profile_refused, "address_refused": address_refused,
                   "address_calls": address_calls, "doc": doc, "capture": capture,
                   "named": tb.name_results("failed with CUresult 900; CUresult 7")}))
@@ -151,6 +171,13 @@ def test_one_tensorrt_failure_is_one_error_line(edges):
     # TensorRT's error is inside stgcnd's error (above), not a line of its own.
     errors = [e for e in logged if e.get("level") in ("error", "critical")]
     assert errors == []
+
+
+def test_an_engine_that_does_not_load_is_one_error_with_tensorrts_reason(edges):
+    _, res, _ = edges
+    text = res["load_refused"]
+    assert text is not None and "model.engine" in text
+    assert "Serialization assertion: version tag" in text and "stgcnd build" in text
 
 
 def test_a_capture_that_cannot_begin_disables_graphs_with_the_named_result(edges):

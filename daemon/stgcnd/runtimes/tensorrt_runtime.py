@@ -416,11 +416,19 @@ class TensorRTRuntime(Runtime):
         data = engine_path.read_bytes()
         make_current()  # the primary context is current before TensorRT touches CUDA
         self.runtime = trt.Runtime(tensorrt_logger(trt))
-        self.engine = self.runtime.deserialize_cuda_engine(data)
-        if self.engine is None:
-            raise UserError(f"TensorRT {version_of(trt)} could not load {engine_path}: engines "
-                            "only run on the TensorRT version and GPU they were built with; "
-                            "rebuild with `stgcnd build --backend tensorrt`")
+        loaded: list[Any] = []
+
+        def deserialize() -> bool:
+            loaded.append(self.runtime.deserialize_cuda_engine(data))
+            return loaded[0] is not None
+
+        try:  # TensorRT's reasons (a version or device mismatch) in the one error line
+            checked_call(f"{version_of(trt)} loading {engine_path}",
+                         "engines only run on the TensorRT version and GPU they were built "
+                         "with; rebuild with `stgcnd build --backend tensorrt`", deserialize)
+        except BackendUnavailable as exc:
+            raise UserError(str(exc)) from None
+        self.engine = loaded[0]
         self.trt = trt
         self.io = engine_io(trt, self.engine, max_batch)
         inputs = [t for t in self.io if t.is_input]
