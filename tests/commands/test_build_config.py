@@ -70,18 +70,12 @@ def test_platform_jetson_takes_the_jetsons_automatic_batch_and_exports_for_it(tm
     assert json.loads(onnx.with_name(onnx.name + ".json").read_text())["dynamic_batch"]
 
 
-def test_device_describes_the_targets_gpu():
-    (mc,) = load_config_text("").models
+def test_device_describes_the_targets_gpu(tmp_path):
+    (mc,) = load_config(write(tmp_path, "", backend="auto")).models
     assert serving_plan(mc, Target.described("other", "cuda"))[1].max_batch == 64
     assert serving_plan(mc, Target.described("other", None))[1].max_batch == 16
     assert serving_plan(mc, Target.described("jetson", "cpu"))[1].max_batch == 16
-
-
-def load_config_text(extra: str, tmp: Path | None = None):
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        return load_config(write(Path(d), extra, backend="auto"))
+    assert serving_plan(mc, Target.described("jetson", None))[1].max_batch == 8
 
 
 def test_flags_that_would_build_something_else_are_refused_with_config(tmp_path):
