@@ -150,6 +150,8 @@ def test_cli_export_and_user_errors(tmp_path, checkpoint_path):
         ["export", "--persons", "one", "--output", "x.onnx"], *argvs)
     assert r.returncode == 0, r.stderr
     assert "validated with ONNX Runtime" in r.stdout and out.is_file()
+    # The README's command makes what a batching daemon needs (issue #31): a dynamic batch.
+    assert json.loads(out.with_name(out.name + ".json").read_text())["dynamic_batch"] is True
     errors.append((["--checkpoint", str(out)], "cannot read"))  # an ONNX file: no checkpoint
     runs.append(run_cli("export", *errors[-1][0], "--frames", str(T), "--output",
                         str(tmp_path / "x.onnx")))

@@ -201,3 +201,21 @@ def test_a_capture_failing_on_a_later_bucket_destroys_the_graphs_already_made(dr
                             + ["begin", "end", "graph_destroy"]
                             + ["exec_destroy", "graph_destroy"] * 2)
     assert runtime.graph_failure is not None
+
+
+def test_a_capture_that_cannot_begin_leaves_the_runner_serving_without_graphs(monkeypatch):
+    class Refusing(RecordingDriver):
+        def cuStreamBeginCapture_v2(self, stream, mode):
+            self.calls.append("begin")
+            return 900  # CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+
+    rec = Refusing()
+    monkeypatch.setattr(cuda, "_libs", (rec, rec))
+    runtime = runtime_without_engine()
+    runner = runner_for(runtime, refuse_after=None)
+    with capture_logs() as logs:
+        runner._capture_graphs()  # a CudaError here would drop the TensorRT runner
+    assert runner.graphs == {} and rec.calls == ["begin"]
+    (warned,) = [e for e in logs if e["event"] == "cuda_graphs_disabled"]
+    assert "did not begin" in warned["error"] and "CUresult 900" in warned["error"]
+    assert not cuda.CAPTURE_LOCK.locked()

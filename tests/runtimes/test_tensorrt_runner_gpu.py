@@ -93,9 +93,14 @@ def _runtime(cuda_graph: bool):
                                details={})
     runtime.contexts = []
 
-    def new_context(profile: int, stream: int) -> _Context:
-        runtime.contexts.append(_Context(profile))
-        return runtime.contexts[-1]
+    def new_context(profile: int, stream: int, memory: int, nbytes: int,
+                    addresses: dict) -> _Context:
+        context = _Context(profile)
+        context.set_device_memory(memory, nbytes)  # the order prepare_context keeps
+        for name, ptr in addresses.items():
+            context.set_tensor_address(name, ptr)
+        runtime.contexts.append(context)
+        return context
 
     runtime.new_context = new_context
     return runtime

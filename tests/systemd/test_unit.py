@@ -36,3 +36,71 @@ def test_unit_promises_what_the_daemon_does():
         assert forbidden not in text  # both break CUDA
     assert "DeviceAllow=/dev/nvmap rw" in text and "DeviceAllow=/dev/nvidiactl rw" in text
     assert "RuntimeDirectory=stgcnd" in text and "StateDirectory=stgcnd" in text
+
+
+# --- the device nodes CUDA opens (issue #31, item 5) ----------------------------------------
+
+def cuda_nodes_here() -> list[str]:
+    """The nodes this process has open or mapped once CUDA is up (doctor's list); empty on
+    a machine without a GPU."""
+    from stgcnd.device_nodes import nodes_in_use
+    from stgcnd.errors import BackendUnavailable
+    from stgcnd.runtimes.cuda import CudaError, make_current
+
+    try:
+        make_current()
+    except (BackendUnavailable, CudaError):
+        pass
+    return nodes_in_use()
+
+
+def test_the_unit_allows_every_node_cuda_uses_here_and_on_the_known_boards():
+    from stgcnd.device_nodes import KNOWN, Unit, describe, unit_gaps
+
+    unit = Unit.parse(UNIT.read_text())
+    assert unit.policy == "closed"
+    here = [describe(p) for p in cuda_nodes_here()]
+    for release, nodes in [("this machine", here), *KNOWN.items()]:
+        assert unit_gaps(unit, list(nodes)) == {}, f"the unit keeps CUDA out on {release}"
+
+
+def test_nodes_in_use_reads_maps_and_fds(tmp_path):
+    from stgcnd.device_nodes import nodes_in_use
+
+    proc = tmp_path / "proc"
+    (proc / "fd").mkdir(parents=True)
+    (proc / "maps").write_text(
+        "ffff8000-ffff9000 rw-s 00000000 00:05 12 /dev/nvmap\n"
+        "ffff9000-ffffa000 r-xp 00000000 08:01 99 /usr/lib/libcuda.so.1\n"
+        "ffffa000-ffffb000 rw-p 00000000 00:00 0 \n")
+    for fd, target in enumerate(("/dev/host1x-fence", "/dev/dri/renderD128",
+                                 "/dev/nvgpu/igpu0/ctrl", "/dev/null", "socket:[1]")):
+        (proc / "fd" / str(fd)).symlink_to(target)
+    assert nodes_in_use(proc) == ["/dev/dri/renderD128", "/dev/host1x-fence",
+                                  "/dev/nvgpu/igpu0/ctrl", "/dev/nvmap"]
+
+
+def test_a_unit_without_the_jetpack6_nodes_is_caught_with_its_fix(tmp_path):
+    from stgcnd.commands.doctor_checks import FAIL, OK, unit_devices
+    from stgcnd.device_nodes import KNOWN, Node, Unit, unit_gaps
+
+    # The unit before issue #31: R36's fence and render nodes, and the render group, missing.
+    old = "\n".join(line for line in UNIT.read_text().splitlines()
+                    if "host1x" not in line and "char-drm" not in line)
+    old = old.replace("SupplementaryGroups=video render", "SupplementaryGroups=video")
+    gaps = unit_gaps(Unit.parse(old), list(KNOWN["R36"]))
+    assert gaps == {"/dev/host1x-fence": ["DeviceAllow=/dev/host1x-fence rw"],
+                    "/dev/dri/renderD128": ["DeviceAllow=/dev/dri/renderD128 rw",
+                                            "SupplementaryGroups=render"]}
+    assert unit_gaps(Unit.parse(old), list(KNOWN["R35"])) == {}
+    assert Unit.parse("DevicePolicy=auto\n").refusals(Node("/dev/x")) == []
+
+    # doctor, on nodes as this machine describes them (mode 0666: no group needed); the unit
+    # allows /dev/null, not /dev/zero.
+    path = tmp_path / "stgcnd.service"
+    path.write_text(old)
+    bad = unit_devices(nodes=["/dev/null", "/dev/zero"], unit=path)
+    assert bad["status"] == FAIL and "could not open /dev/zero:" in bad["detail"]
+    assert "DeviceAllow=/dev/zero rw" in bad["fix"] and "systemctl edit stgcnd" in bad["fix"]
+    assert unit_devices(nodes=["/dev/null"], unit=UNIT)["status"] == OK
+    assert unit_devices(nodes=[], unit=UNIT)["status"] == "skip"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 from stgcnd.commands._model_args import add_model_arguments, spec_from_args
@@ -12,8 +11,17 @@ from stgcnd.engines.store import BUILT_HERE, Artifact, EngineStore
 from stgcnd.errors import UserError
 from stgcnd.model.reference import load_for_inference
 from stgcnd.model.spec import ModelSpec
-from stgcnd.provision import ModelLike, resolve_auto
+from stgcnd.provision import ModelLike, named_options, resolve_auto
 from stgcnd.server.config import engines_root, load_config
+from stgcnd.server.serving_plan import PLATFORMS, Target, serving_plan
+
+# With --config the configuration says what is built, as `serve` would load it: these flags
+# would build something else (an artefact `serve` never looks up), so they are refused.
+CONFIG_DECIDES = {"backend": "auto", "precision": "fp32", "max_batch": 1, "calibration": None,
+                  "workspace_mb": 1024, "opt_level": 3, "int8_mode": "qdq",
+                  "layer_info": False, "checkpoint": None, "persons": 1, "frames": 150,
+                  "layout": "mediapipe", "motion": "first-difference", "labels": None,
+                  "allow_synthetic_calibration": False, "graph_op": "matmul"}
 
 
 def add_build_arguments(p: argparse.ArgumentParser) -> None:
@@ -79,8 +87,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "backend, precision and device, or reuse the stored one "
                                    "when nothing it depends on changed. Prints what it did.")
     p.add_argument("--config", type=Path, default=None,
-                   help="the daemon's config (stgcnd serve --config): build every "
-                        "[[models]] entry with its backend, precision, batch and calibration")
+                   help="the daemon's config (stgcnd serve --config): prepare every "
+                        "[[models]] entry exactly as `serve` will load it (the model flags "
+                        "and builder flags are the configuration's then)")
+    p.add_argument("--platform", default="here", choices=PLATFORMS,
+                   help="with --config: the machine `serve` will run on, when it is not this "
+                        "one: jetson (automatic max_batch 8, the Jetson's TensorRT workspace; "
+                        "its GPU unless --device cpu) or other (a GPU only with --device "
+                        "cuda). Artefacts the runtimes here cannot build are left to that "
+                        "machine; the ONNX export it builds them from is made here. "
+                        "(default: here)")
     add_model_arguments(p)
     add_build_arguments(p)
     p.add_argument("--rebuild", action="store_true", help="rebuild even if the stored one is "
@@ -90,26 +106,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def config_target(args: argparse.Namespace) -> Target:
+    """Where the configuration will be served; refuses flags that would build otherwise."""
+    given = [name for name, default in CONFIG_DECIDES.items()
+             if getattr(args, name, default) != default]
+    if given:
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise UserError(f"with --config the configuration decides what is built, as `serve` "
+                        f"will load it; {flags} would build an artefact `serve` never uses: "
+                        "set it in the model's [[models]] section instead, or leave out "
+                        "--config")
+    return Target.described(args.platform, args.device)
+
+
 def jobs_from_config(path: Path, args: argparse.Namespace
-                     ) -> tuple[list[tuple[ModelSpec, str, BuildOptions]], EngineStore]:
-    """[(spec, backend, BuildOptions)] for every model of the daemon's config, and the store."""
+                     ) -> tuple[list[tuple[ModelSpec, str, BuildOptions]], EngineStore, Target]:
+    """[(spec, backend, BuildOptions)] for every model of the daemon's config, as `serve`
+    loads it (server/serving_plan.py) on the target machine; the store; the target."""
     config = load_config(path)
-    base = options_from_args(args)
+    target = config_target(args)
     jobs = []
     for mc in config.models:
-        try:
-            spec = ModelSpec(checkpoint=mc.checkpoint, layout=mc.layout, persons=mc.persons,
-                             frames=mc.frames, motion=mc.motion, labels=tuple(mc.labels))
-        except ValueError as exc:
-            raise UserError(f"model {mc.name!r}: {exc}") from None
-        # The config says what the daemon runs; the command line adds builder settings.
-        options = dataclasses.replace(
-            base, precision=mc.precision, max_batch=mc.max_batch,
-            dynamic_batch=mc.max_batch > 1, calibration=mc.calibration,
-            allow_synthetic_calibration=mc.allow_synthetic_calibration,
-            cuda_graph=mc.cuda_graph, compile=mc.compile)
+        if mc.backend == "noop":
+            print(f"note: model {mc.name!r} has backend noop: nothing to build")
+            continue
+        spec, options = serving_plan(mc, target)
+        if mc.backend != "auto":
+            options = named_options(mc.backend, options)
         jobs.append((spec, mc.backend, options))
-    return jobs, EngineStore(args.engines or config.engines_dir)
+    return jobs, EngineStore(args.engines or config.engines_dir), target
 
 
 def describe(artifact: Artifact) -> str:
@@ -133,14 +158,27 @@ def describe(artifact: Artifact) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    target = Target.this_machine()
     if args.config:
-        jobs, store = jobs_from_config(args.config, args)
+        jobs, store, target = jobs_from_config(args.config, args)
+    elif args.platform != "here":
+        raise UserError("--platform describes the machine a --config will be served on: "
+                        "pass the daemon's config with --config")
     else:
         jobs, store = [(spec_from_args(args), args.backend, options_from_args(args))], \
             store_from_args(args)
     store.remeasure_auto = args.rebuild
     for spec, backend_name, options in jobs:
         model = load_for_inference(spec)
+        if not target.here:
+            # The runtime is chosen, and the artefact built, by the machine that serves (an
+            # artefact is keyed on the device and runtime versions it was built with): what
+            # it needs from here is the export it builds from, as torch may be absent there.
+            onnx = store.export(model, options.dynamic_batch)
+            print(f"exported {onnx} for the {args.platform} machine (batch "
+                  f"{options.batch_tag}); it builds its {backend_name} engine from it at "
+                  "its first start")
+            continue
         backend, opts = resolve_backend(model, backend_name, options, store)
         if opts.precision != options.precision and backend_name == "auto":
             print(f"note: auto measured {backend} {opts.precision} the fastest here (precision "

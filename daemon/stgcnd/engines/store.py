@@ -304,6 +304,18 @@ class EngineStore:
             self.built_here.add(found.manifest_path)
         return dataclasses.replace(found, reused=reused, reason=reason)
 
+    def export(self, model: Any, dynamic_batch: bool) -> Path:
+        """Export (or keep) the model's ONNX in the store, building nothing from it: what a
+        board whose engine is built there needs from a workstation (`build --platform`)."""
+        spec = model.spec if _is_loaded_model(model) else model
+        mdir = self.model_dir(spec)
+        try:
+            mdir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _write_failure(mdir, exc) from None
+        loaded = model if _is_loaded_model(model) else self.load(spec, dynamic_batch)
+        return self._ensure_onnx(loaded, mdir, dynamic_batch)
+
     def find(self, spec: Any, backend: str, options: BuildOptions | None = None,
              quiet: bool = False) -> Artifact | None:
         """The stored artefact if it is current, without loading the model (no torch).
@@ -421,11 +433,21 @@ class EngineStore:
             self._import_onnx(spec, Path(spec.checkpoint).expanduser(), mdir, dynamic_batch)
         if self._onnx_stale_reason(spec, sha, path) is None:
             return ExportedModel.from_onnx(spec, path)
+        # Only routes that work for this configuration: `export` makes a dynamic batch by
+        # default (a batch-1 export needs --static-batch), and a copied store holds this
+        # export only when `build --config` prepared it (a plain `build` makes batch 1).
+        name = Path(spec.checkpoint).name
+        flags = "".join(f" --{flag} {value}" for flag, value, default in (
+            ("layout", spec.layout, "mediapipe"), ("persons", spec.persons, 1),
+            ("frames", spec.frames, 150), ("motion", spec.motion, "first-difference"))
+            if value != default) + ("" if dynamic_batch else " --static-batch")
         raise torch_missing(
             f"loading the PyTorch checkpoint {spec.checkpoint}; or, without torch here, "
-            f"export it where torch is (`stgcnd export --checkpoint {Path(spec.checkpoint).name}"
-            " --output model.onnx`) and set checkpoint = \"/path/model.onnx\" (copy the .onnx "
-            "and its .onnx.json), or copy that machine's engine store")
+            f"export it where torch is (`stgcnd export --checkpoint {name}{flags} --output "
+            "model.onnx`), copy the .onnx and its .onnx.json here and set checkpoint = "
+            "\"/path/model.onnx\"; or prepare an engine store there with `stgcnd build "
+            "--config` on this configuration (add --platform jetson when this is a Jetson) "
+            f"and copy that store here along with {name}")
 
     def _import_onnx(self, spec: Any, source: Path, mdir: Path, dynamic_batch: bool) -> None:
         """Take an ONNX exported elsewhere (`checkpoint = "model.onnx"`) into the store."""
@@ -437,8 +459,9 @@ class EngineStore:
             raise UserError(
                 f"{source} was exported with " + ("a dynamic batch" if sidecar.get(
                     "dynamic_batch") else "a batch of 1") + ", the configuration needs " +
-                ("a dynamic batch (max_batch > 1): export with --dynamic-batch" if dynamic_batch
-                 else "a batch of 1: set max_batch = 1, or export without --dynamic-batch"))
+                ("a dynamic batch (max_batch > 1): export again without --static-batch"
+                 if dynamic_batch else "a batch of 1 (max_batch = 1): export again with "
+                 "--static-batch, or set max_batch = 0 (automatic) to batch cameras"))
         ExportedModel.from_onnx(spec, source)  # the shape and motion formula match
         data = source.read_bytes()
         if hashlib.sha256(data).hexdigest() != sidecar.get("onnx_sha256"):

@@ -68,7 +68,21 @@ def libraries() -> tuple[ctypes.CDLL, ctypes.PyDLL]:
 
 def check(status: int, what: str) -> None:
     if status:
-        raise CudaError(f"CUDA error: {what} failed with CUresult {status}")
+        raise CudaError(f"CUDA error: {what} failed with {error_name(status)}")
+
+
+def error_name(status: int) -> str:
+    """'CUDA_ERROR_OUT_OF_MEMORY (CUresult 2)': the driver's name for a CUresult, which says
+    more than the number; the number alone where the driver cannot name it."""
+    try:
+        lib = libraries()[0]
+    except BackendUnavailable:
+        return f"CUresult {status}"
+    name_of = getattr(lib, "cuGetErrorName", None)
+    name = ctypes.c_char_p()
+    if name_of is None or name_of(ctypes.c_int(status), ctypes.byref(name)) or not name.value:
+        return f"CUresult {status}"
+    return f"{name.value.decode(errors='replace')} (CUresult {status})"
 
 
 def bind(lib: ctypes.CDLL, name: str, *argtypes: Any) -> Any:

@@ -18,16 +18,20 @@ a time on the runner's stream, and TensorRT would otherwise give each context th
 the largest profile (0.55 GB each at fp16 for the default buckets). With CUDA graphs (one per
 bucket) a launch only enqueues and the I/O loop polls it; without, it computes on its worker.
 
-Every context gets its profile with `set_optimization_profile_async`, checked: on 8.x only the
-first context of an engine starts on profile 0, the others have none until told.
+Every context gets its activation memory, then its profile with `set_optimization_profile_async`
+(whether 8.5 takes a profile before the memory is unknown, so the memory comes first), then its
+tensor addresses, each checked: on 8.x only the first context of an engine starts on profile
+0, the others have none until told. A failed TensorRT call is one error line that carries
+TensorRT's own messages (`checked_call`), not a line from TensorRT and another from stgcnd.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,9 +44,11 @@ from stgcnd.runtimes import import_tensorrt
 from stgcnd.runtimes.base import Runner, Runtime, RuntimeInfo, normalize_buckets
 from stgcnd.runtimes.cuda import (
     CAPTURE_LOCK,
+    CudaError,
     DriverGraph,
     DriverMemory,
     GraphsUnavailable,
+    error_name,
     make_current,
 )
 from stgcnd.runtimes.cuda_batch import LanedBatch
@@ -160,15 +166,94 @@ def graphs_allowed(plan: ContextPlan) -> bool:
     return plan.per_bucket or len(plan.profiles) == 1
 
 
+def checked_call(what: str, fix: str, call: Callable[[], object]) -> None:
+    """Run a TensorRT call that answers whether it worked; on failure raise one
+    BackendUnavailable that says `what` failed, with TensorRT's own errors logged meanwhile
+    (held back from the log, at debug level, so that one failure is one line) and `fix`.
+
+    A failure may also come as a RuntimeError: from 8.5 on, the bindings of some calls
+    (`set_optimization_profile_async`) raise where the C++ call returns false (pyCore.cpp's
+    PY_ASSERT_RUNTIME_ERROR, with the GIL released) instead of answering False."""
+    logger = _tensorrt_logger
+    held: list[tuple[str, str]] = []
+    if logger is not None:
+        logger.local.held = held
+    raised = ""
+    try:
+        try:
+            ok = bool(call())
+        except RuntimeError as exc:
+            ok, raised = False, str(exc).strip()
+    finally:
+        if logger is not None:
+            logger.local.held = None
+    if ok:
+        if logger is not None:
+            logger.release(held)  # errors of a call that worked anyway: logged as usual
+        return
+    said = [msg for _severity, msg in held] + ([raised] if raised else [])
+    detail = f" ({'; '.join(said)})" if said else ""
+    raise BackendUnavailable(f"TensorRT {what} failed{detail}: {fix}")
+
+
 def set_profile(context: Any, profile: int, stream_handle: int) -> None:
-    """Bind `context` to `profile`, checked (TensorRT answers False, e.g. when a profile is
-    already in use by another live context on 8.x)."""
-    if not context.set_optimization_profile_async(profile, stream_handle):
-        raise BackendUnavailable(
-            f"TensorRT could not bind an execution context to optimization profile {profile} "
-            "(on TensorRT 8.x a profile serves one execution context at a time: instances "
-            "> 1 need an engine with a profile per bucket and instance, so set instances = 1,"
-            " or rebuild with `stgcnd build --rebuild`)")
+    """Bind `context` to `profile`, checked (TensorRT refuses e.g. a profile already in use
+    by another live context on 8.x: False, or a RuntimeError from 8.5's bindings on)."""
+    checked_call(
+        f"binding an execution context to optimization profile {profile}",
+        "on TensorRT 8.x a profile serves one execution context at a time: instances > 1 "
+        "need an engine with a profile per bucket and instance, so set instances = 1, or "
+        "rebuild with `stgcnd build --rebuild`",
+        functools.partial(context.set_optimization_profile_async, profile, stream_handle))
+
+
+def set_addresses(context: Any, addresses: dict[str, int]) -> None:
+    """Point each I/O tensor at its device buffer, checked: an address TensorRT refuses (a
+    name the engine lacks, a misaligned buffer) would otherwise surface as a wrong result
+    or a crash at the first batch."""
+    for name, address in addresses.items():
+        checked_call(f"setting the address of tensor {name!r}",
+                     "rebuild the engine with `stgcnd build --backend tensorrt --rebuild` "
+                     "(its I/O tensors are not the ones stgcnd builds)",
+                     functools.partial(context.set_tensor_address, name, address))
+
+
+def prepare_context(trt: Any, engine: Any, profile: int, stream: int, memory: int,
+                    nbytes: int, addresses: dict[str, int]) -> Any:
+    """An execution context on the caller's activation memory, bound to `profile`, its I/O
+    tensors at `addresses`: in that order, each step checked."""
+    context = context_without_memory(trt, engine)
+    if context is None:
+        raise BackendUnavailable("TensorRT could not create an execution context (see "
+                                 "its error above; out of memory?)")
+    give_memory(context, memory, nbytes)
+    set_profile(context, profile, stream)
+    set_addresses(context, addresses)
+    return context
+
+
+def capture_graph(stream: int, work: Callable[[], object]) -> DriverGraph:
+    """A CUDA graph of `work` on `stream`. A capture that cannot even begin (a failed
+    cuStreamBeginCapture: the CudaError comes before `work` ran) disables graphs as any failed
+    capture does, instead of dropping the runner: the runner computes without graphs."""
+    began = False
+
+    def tracked() -> object:
+        nonlocal began
+        began = True
+        return work()
+
+    try:
+        return DriverGraph(stream).capture(tracked)
+    except CudaError as exc:
+        if began:
+            raise
+        raise GraphsUnavailable(f"the capture did not begin: {exc}") from exc
+
+
+def name_results(text: str) -> str:
+    """Each bare 'CUresult N' in `text` with the driver's name for it."""
+    return re.sub(r"(?<!\()CUresult (\d+)", lambda m: error_name(int(m.group(1))), text)
 
 
 def set_batch(context: Any, tensor: TensorIO, batch: int) -> None:
@@ -285,6 +370,9 @@ def _make_tensorrt_logger(trt: Any) -> Any:
             trt.ILogger.__init__(self)
             self.errors: collections.deque[str] = collections.deque(maxlen=64)
             self.error_count = 0  # monotonic: callers take a mark, then errors_since(mark)
+            # local.held: a list while this thread is in checked_call, whose error carries
+            # TensorRT's errors instead of a line each (TensorRT logs on the calling thread).
+            self.local = threading.local()
 
         def log(self, severity: Any, msg: str) -> None:
             name = severity_name(severity)
@@ -292,8 +380,18 @@ def _make_tensorrt_logger(trt: Any) -> Any:
             if level in ("critical", "error"):
                 self.errors.append(msg)
                 self.error_count += 1
+                held = getattr(self.local, "held", None)
+                if held is not None:
+                    held.append((name, msg))
+                    level = "debug"
             if level is not None:
                 getattr(trt_log, level)("tensorrt_log", severity=name.lower(), message=msg)
+
+        def release(self, held: list[tuple[str, str]]) -> None:
+            """Log errors held for a call that worked after all, as they would have been."""
+            for name, msg in held:
+                getattr(trt_log, TENSORRT_SEVERITY_LEVELS[name] or "error")(
+                    "tensorrt_log", severity=name.lower(), message=msg)
 
         def errors_since(self, mark: int) -> list[str]:
             """Errors logged after `mark` (an earlier `error_count`), oldest first."""
@@ -318,11 +416,19 @@ class TensorRTRuntime(Runtime):
         data = engine_path.read_bytes()
         make_current()  # the primary context is current before TensorRT touches CUDA
         self.runtime = trt.Runtime(tensorrt_logger(trt))
-        self.engine = self.runtime.deserialize_cuda_engine(data)
-        if self.engine is None:
-            raise UserError(f"TensorRT {version_of(trt)} could not load {engine_path}: engines "
-                            "only run on the TensorRT version and GPU they were built with; "
-                            "rebuild with `stgcnd build --backend tensorrt`")
+        loaded: list[Any] = []
+
+        def deserialize() -> bool:
+            loaded.append(self.runtime.deserialize_cuda_engine(data))
+            return loaded[0] is not None
+
+        try:  # TensorRT's reasons (a version or device mismatch) in the one error line
+            checked_call(f"{version_of(trt)} loading {engine_path}",
+                         "engines only run on the TensorRT version and GPU they were built "
+                         "with; rebuild with `stgcnd build --backend tensorrt`", deserialize)
+        except BackendUnavailable as exc:
+            raise UserError(str(exc)) from None
+        self.engine = loaded[0]
         self.trt = trt
         self.io = engine_io(trt, self.engine, max_batch)
         inputs = [t for t in self.io if t.is_input]
@@ -378,6 +484,7 @@ class TensorRTRuntime(Runtime):
         return activation_bytes(self.engine, sorted(set(plan.profiles.values()))) + io
 
     def graphs_failed(self, what: str, error: str) -> None:
+        error = name_results(error)
         with self._lock:
             first = self.graph_failure is None
             self.graph_failure = self.graph_failure or error
@@ -385,14 +492,12 @@ class TensorRTRuntime(Runtime):
             log.warning("cuda_graphs_disabled", backend="tensorrt", what=what, error=error,
                         action="computing every bucket on a worker thread, without graphs")
 
-    def new_context(self, profile: int, stream: int) -> Any:
-        """A context without memory of its own, bound to `profile` (always set and checked:
-        TensorRT 8.x starts only an engine's first context on profile 0)."""
-        context = context_without_memory(self.trt, self.engine)
-        if context is None:
-            raise BackendUnavailable("TensorRT could not create an execution context")
-        set_profile(context, profile, stream)
-        return context
+    def new_context(self, profile: int, stream: int, memory: int, nbytes: int,
+                    addresses: dict[str, int]) -> Any:
+        """A context on the runner's activation memory, bound to `profile` (always set and
+        checked: TensorRT 8.x starts only an engine's first context on profile 0)."""
+        return prepare_context(self.trt, self.engine, profile, stream, memory, nbytes,
+                               addresses)
 
     def close(self) -> None:
         make_current()
@@ -443,10 +548,9 @@ class TrtRunner(Runner):
             shared = None
             for b in self.buckets:
                 if shared is None or self.plan.per_bucket:
-                    shared = runtime.new_context(self.plan.profiles[b], self.compute)
-                    give_memory(shared, activations, self.activation_bytes)
-                    for name, ptr in self._addresses().items():
-                        shared.set_tensor_address(name, ptr)
+                    shared = runtime.new_context(self.plan.profiles[b], self.compute,
+                                                 activations, self.activation_bytes,
+                                                 self._addresses())
                     if self.plan.per_bucket:
                         self._set_shape(shared, b)
                 self.contexts[b] = shared
@@ -507,8 +611,8 @@ class TrtRunner(Runner):
                 self._enqueue(b)  # a bucket's first enqueue does deferred set-up, uncaptured
                 self.memory.synchronize(self.compute)
                 with CAPTURE_LOCK:
-                    self.graphs[b] = DriverGraph(self.compute).capture(
-                        functools.partial(self._enqueue, b))
+                    self.graphs[b] = capture_graph(self.compute,
+                                                   functools.partial(self._enqueue, b))
         except GraphsUnavailable as exc:
             runtime.graphs_failed(f"bucket {b}", str(exc))
             for graph in self.graphs.values():

@@ -8,8 +8,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from stgcnd.board import JETSON_MAX_BATCH, JETSON_RESERVE_MB, JETSON_WORKSPACE_MB, detect
-from stgcnd.engines.options import BuildOptions
+from stgcnd.board import JETSON_RESERVE_MB
 from stgcnd.engines.store import EngineStore
 from stgcnd.errors import BuildCancelled, UserError, step_of
 from stgcnd.log import get_logger
@@ -17,26 +16,22 @@ from stgcnd.model.spec import ModelSpec, default_labels
 from stgcnd.provision import (
     Choice,
     auto_chain,
-    default_device,
     fallback,
     load_runtime,
     named_options,
     no_runtime_left,
 )
-from stgcnd.runtimes import gpu_present
 from stgcnd.runtimes.base import Runtime
 from stgcnd.runtimes.cuda import memory_info
 from stgcnd.server.config import Config, ModelConfig
 from stgcnd.server.executor import Executor
 from stgcnd.server.memory_plan import MB, MemoryPlan
 from stgcnd.server.scheduler import Job, Scheduler
+from stgcnd.server.serving_plan import BOARD, serving_plan
 
 log = get_logger(__name__)
 
-AUTO_MAX_BATCH_GPU = 64
-AUTO_MAX_BATCH_CPU = 16
 FRAMES_PER_S = 25  # the cameras' rate stgcnd is made for (MediaPipe Pose windows at 25 fps)
-BOARD = detect()  # which machine this is (stgcnd/board.py): read once, from files
 
 
 @dataclass
@@ -121,14 +116,6 @@ class ServedModel:
                 "executors": [ex.stats() for ex in self.executors]}
 
 
-def spec_of(mc: ModelConfig) -> ModelSpec:
-    try:
-        return ModelSpec(checkpoint=mc.checkpoint, layout=mc.layout, persons=mc.persons,
-                         frames=mc.frames, motion=mc.motion, labels=mc.labels)
-    except ValueError as exc:
-        raise UserError(f"model {mc.name!r}: {exc}") from None
-
-
 def labels_for(mc: ModelConfig, runtime: Runtime) -> tuple[str, ...]:
     """The configured labels, else those the checkpoint carries, else class_0, class_1..."""
     carried = runtime.info.details.get("labels")
@@ -136,19 +123,6 @@ def labels_for(mc: ModelConfig, runtime: Runtime) -> tuple[str, ...]:
         carried = ()
     return tuple(mc.labels) or tuple(str(x) for x in carried) or \
         default_labels(runtime.info.num_class)
-
-
-def resolve_max_batch(mc: ModelConfig, device: str) -> int:
-    """max_batch 0 (auto): the largest default bucket on a GPU, where batching multiplies
-    throughput; 8 on a Jetson, whose GPU is done multiplying long before; 16 on a CPU, where
-    it only saves per-call overhead."""
-    if mc.max_batch:
-        return mc.max_batch
-    gpu = device.startswith("cuda") or (mc.backend in ("auto", "torch", "tensorrt")
-                                        and mc.device == "auto" and gpu_present())
-    if gpu and BOARD.jetson:
-        return JETSON_MAX_BATCH  # an Orin NX takes tens of ms for a batch of 8 M=5 windows
-    return AUTO_MAX_BATCH_GPU if gpu else AUTO_MAX_BATCH_CPU
 
 
 def load_models(config: Config, generation: int = 1,
@@ -250,18 +224,8 @@ def camera_rate_at_risk(mc: ModelConfig, compute_ms: dict[int, float]) -> dict[s
 def _first_that_serves(mc: ModelConfig, store: EngineStore, generation: int,
                        start: Callable[[ServedModel], None] | None,
                        planner: Planner) -> ServedModel:
-    # For backend "auto" the choice of runtime picks the device along with it.
-    device = (mc.device if mc.device != "auto" else
-              "cpu" if mc.backend == "auto" else default_device(mc.backend))
-    max_batch = resolve_max_batch(mc, device)
-    options = BuildOptions(precision=mc.precision, max_batch=max_batch, device=device,
-                           dynamic_batch=max_batch > 1, calibration=mc.calibration,
-                           allow_synthetic_calibration=mc.allow_synthetic_calibration,
-                           cuda_graph=mc.cuda_graph and device != "cpu", threads=mc.threads,
-                           compile=mc.compile,
-                           instances=mc.instances,
-                           workspace_mb=JETSON_WORKSPACE_MB if BOARD.jetson else 1024)
-    spec = spec_of(mc)
+    # The same plan `stgcnd build --config` prepares the store with (server/serving_plan.py).
+    spec, options = serving_plan(mc)
     named = mc.backend != "auto"
     choices: Iterable[Choice] = (
         [Choice(mc.backend, named_options(mc.backend, options), "named in the configuration")]
