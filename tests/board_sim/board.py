@@ -115,6 +115,14 @@ class Memory:
             used[str(os.getpid())] = used.get(str(os.getpid()), 0) + mb
             self._set(used=used, cache=state["cache"] - min(max(short, 0), state["cache"]))
 
+    def take_for_cameras(self, mb: float) -> None:
+        """The cameras' processes grow after the daemon started (reclaiming cache first)."""
+        with self._locked():
+            state = self.state()
+            short = mb - (self.free_mb(state) - MIN_FREE_MB)
+            self._set(cameras=state["cameras"] + mb,
+                      cache=state["cache"] - min(max(short, 0), state["cache"]))
+
     def give_back(self, mb: float) -> None:
         self.take(-mb)
 
