@@ -83,6 +83,15 @@ class PreviousBuildFailed(UserError):
     is not retried at every start (the store keeps a record of the failure)."""
 
 
+class BuildProcessDied(BuildFailed):
+    """The build's child process ended without an answer (SIGKILL: usually the out-of-memory
+    killer); the store records it as a failed attempt."""
+
+    def __init__(self, message: str, pid: int, how: str) -> None:
+        super().__init__(message)
+        self.pid, self.how = pid, how
+
+
 class BuildCancelled(Exception):
     """A build or start-up was abandoned on request (SIGTERM/SIGINT); nothing partial is kept.
 

@@ -21,7 +21,7 @@ import json
 import os
 import platform
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Union
 
@@ -124,7 +124,8 @@ def _runtime_from(backend: str, artifact: Artifact, options: BuildOptions) -> Ru
 
 
 def _load_artifact(model: ModelLike, backend: str, options: BuildOptions,
-                   store: EngineStore) -> Runtime:
+                   store: EngineStore, before_load: Callable[[], None]
+                   ) -> Runtime:
     """The stored artefact, loaded; one that fails to load is rebuilt once.
 
     A file can match its manifest and still not load: a TensorRT engine after a driver or
@@ -139,6 +140,7 @@ def _load_artifact(model: ModelLike, backend: str, options: BuildOptions,
             artifact = store.prepare(model, backend, options)
     try:
         with at_step("load"):
+            before_load()
             return _runtime_from(backend, artifact, options)
     except BackendUnavailable:
         raise  # the runtime is missing or lacks the device: a rebuild cannot help
@@ -152,6 +154,7 @@ def _load_artifact(model: ModelLike, backend: str, options: BuildOptions,
         artifact = store.prepare(model, backend, options, rebuild=reason)
     with at_step("load"):
         try:
+            before_load()
             return _runtime_from(backend, artifact, options)
         except BackendUnavailable:
             raise
@@ -167,9 +170,14 @@ def _load_failure(backend: str, artifact: Artifact, exc: BaseException) -> UserE
 
 
 def load_runtime(model: ModelLike, backend: str, options: BuildOptions,
-                 store: EngineStore, noop_compute_us: int = 0) -> Runtime:
+                 store: EngineStore, noop_compute_us: int = 0,
+                 before_load: Callable[[], None] | None = None) -> Runtime:
     """Load `model` into the named runtime (no "auto"), building its artefact if needed.
-    Exceptions say at which step they happened (errors.step_of)."""
+    Exceptions say at which step they happened (errors.step_of). `before_load` is called
+    once the artefact exists, right before it is loaded (the memory plan measures from
+    there: a build's page cache and libraries are not the model's cost)."""
+    if before_load is None:
+        before_load = _nothing
     reason = available().get(backend, f"unknown backend {backend!r}")
     if reason is not None:
         with at_step("import"):
@@ -178,9 +186,9 @@ def load_runtime(model: ModelLike, backend: str, options: BuildOptions,
         # A clear error before any export/build work; fp16 on TensorRT 11 serves fp32.
         with at_step("import"):
             options = serving_options(options)
-        return _load_artifact(model, backend, options, store)
+        return _load_artifact(model, backend, options, store, before_load)
     if backend == "onnxruntime":
-        return _load_artifact(model, backend, options, store)
+        return _load_artifact(model, backend, options, store, before_load)
     if backend == "noop":
         # No artefact and no store: the spec's shape is all it needs (runtimes/noop.py).
         return runtime_module("noop").NoopRuntime.from_spec(
@@ -198,11 +206,16 @@ def load_runtime(model: ModelLike, backend: str, options: BuildOptions,
                     "exported ONNX only (serve it with tensorrt or onnxruntime)")
             store.prepare(model, backend, options)  # manifest: key + validation record
         with at_step("load"):
+            before_load()
             return runtime_module("torch").TorchRuntime(
                 model, options.precision, options.device, cuda_graph=options.cuda_graph,
                 max_batch=options.max_batch, threads=options.threads,
                 compile_mode=options.compile, compile_cache=store.root)
     raise UserError(f"unknown backend {backend!r}; choose auto, {', '.join(NAMES)}")
+
+
+def _nothing() -> None:
+    pass
 
 
 def named_options(backend: str, options: BuildOptions) -> BuildOptions:

@@ -105,3 +105,50 @@ def test_an_explicit_budget_is_nvidia_smi_s_figure():
     device = Device(free=70_000 * MB)
     plan = MemoryPlan.for_device(6144, 0, device.info)
     assert plan.budget == 6144 * MB - CONTEXT_ALLOWANCE
+
+
+@dataclass
+class EagerRuntime(Runtime):
+    """A runtime whose estimate is exact per bucket, on a device where its first runner in
+    the process also loads every kernel image once (CUDA 11.4: no lazy loading)."""
+
+    once: int = 0
+    paid: list[bool] = field(default_factory=list)
+
+
+class EagerRunner(Runner):
+    def __init__(self, runtime: EagerRuntime, buckets: list[int]) -> None:
+        super().__init__(runtime, buckets)
+        if not runtime.paid:
+            runtime.paid.append(True)
+            runtime.device.free -= runtime.once  # never given back: the process keeps it
+
+
+def eager_model(runtime: EagerRuntime, buckets: tuple[int, ...]):
+    served = SimpleNamespace(name="m", runtime=runtime, buckets=buckets, max_batch=max(buckets),
+                             config=SimpleNamespace(instances=1), executors=[])
+
+    def start(s) -> None:
+        s.executors.append(EagerRunner(runtime, list(s.buckets)))
+
+    return served, start
+
+
+def test_a_runtime_s_one_time_cost_is_charged_once_not_per_bucket():
+    """700 MB of kernel images paid by the first runner: with 800 MB of budget the model keeps
+    the buckets that fit beside it (1, 2, 4: 70 MB), not a share of the 700 MB per bucket,
+    and the plan counts what the device gave."""
+    device = Device(free=1800 * MB)
+    plan = MemoryPlan.for_device(0, 1000, device.info)  # budget: 800 MB
+    runtime = EagerRuntime(device, real_per_row=10 * MB, once=700 * MB)
+    served, start = eager_model(runtime, (1, 2, 4, 8))
+    served.buckets = tuple(plan.fit("m", runtime, served.buckets, 1, loaded_bytes=0))
+    before = plan.free_now()
+    start(served)
+    _hold_the_budget(plan, served, before, start)
+    assert served.buckets == (1, 2, 4)
+    assert plan.fixed == {"torch": 700 * MB}
+    taken = 1800 * MB - device.free
+    assert taken == 770 * MB and plan.used == taken and plan.left >= 0
+    # A second model of the same runtime pays no fixed part: 30 MB left, 30 MB it takes.
+    assert plan.fit("n", runtime, (1, 2), 1, loaded_bytes=0) == [1, 2]

@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from stgcnd import __version__
+from stgcnd.board import detect
 from stgcnd.commands.doctor_checks import run_checks
 from stgcnd.cpupower import cpu_power
 from stgcnd.engines.device import gpu_identity
 from stgcnd.engines.store import EngineStore
 from stgcnd.errors import BackendUnavailable
+from stgcnd.free_memory import free_memory, reserve_mb
 from stgcnd.runtimes import available, import_tensorrt, import_torch
-from stgcnd.runtimes.cuda import memory_info
 from stgcnd.runtimes.tensorrt_runtime import missing_api
 from stgcnd.server.config import engines_root
 from stgcnd.versions import jetson_stack, module_version
@@ -70,13 +71,15 @@ def _tensorrt() -> dict[str, Any]:
 
 
 def _driver() -> dict[str, Any]:
-    """The GPU through the CUDA driver (the daemon's one CUDA layer): free memory now."""
+    """The GPU through the CUDA driver (the daemon's one CUDA layer): free memory now, read
+    the one way the daemon's memory plan reads it (stgcnd/free_memory.py: MemAvailable on a
+    Jetson), and what is left for the models once the default reserve is kept for the
+    cameras (memory_reserve_mb)."""
     try:
-        free, total = memory_info()
+        free = free_memory(reserve_mb(-1, detect().jetson) * 2**20)
     except Exception as exc:
         return {"available": False, "reason": str(exc)}
-    return {"available": True, "memory_free_mb": free // 2**20,
-            "memory_total_mb": total // 2**20}
+    return {"available": True, **free.describe()}
 
 
 def _store(path: Path | None) -> dict[str, Any]:
@@ -134,6 +137,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         gpu = report["gpu"]
         print(f"cuda        {'GPU ' + gpu['name'] if gpu else 'no GPU'} (torch: not available)")
+    drv = report["driver"]
+    if drv.get("available"):
+        print(f"memory      {drv['memory_free_mb']} MB free of {drv['memory_total_mb']} MB "
+              f"({drv['source']}); {drv['for_models_mb']} MB for the models after the "
+              f"{drv['reserve_mb']} MB reserve (memory_reserve_mb)")
     trt = report["tensorrt"]
     print(f"tensorrt    {trt['tensorrt'] or 'not importable'}"
           + (f" ({trt['tensorrt_api']})" if trt.get("tensorrt_api") else ""))

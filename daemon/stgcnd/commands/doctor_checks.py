@@ -39,6 +39,7 @@ import numpy as np
 from stgcnd.board import Board, detect
 from stgcnd.device_nodes import Unit, describe, nodes_in_use, unit_gaps
 from stgcnd.engines.builders.tensorrt import network_flags, strongly_typed_only
+from stgcnd.free_memory import device_memory, meminfo
 from stgcnd.fsutil import parse_int, read_system_file
 from stgcnd.runtimes import import_tensorrt
 from stgcnd.runtimes.cuda import (
@@ -47,7 +48,6 @@ from stgcnd.runtimes.cuda import (
     device_properties,
     libraries,
     make_current,
-    memory_info,
 )
 from stgcnd.runtimes.cuda import check as cuda_check
 from stgcnd.runtimes.tensorrt_runtime import tensorrt_logger, version_of
@@ -250,14 +250,6 @@ def clocks(root: Path) -> Check:
 
 # --- memory ----------------------------------------------------------------------------------
 
-def meminfo(text: str | None) -> dict[str, int]:
-    """/proc/meminfo as {field: kB}."""
-    out = {}
-    for m in re.finditer(r"^(\w+):\s+(\d+)\s*kB", text or "", re.MULTILINE):
-        out[m.group(1)] = int(m.group(2))
-    return out
-
-
 def zram_devices(root: Path) -> dict[str, int]:
     """{zramN: disksize in bytes} of the configured (non-zero) zram devices."""
     out = {}
@@ -316,7 +308,7 @@ def tegrastats(root: Path, live: bool) -> Check:
 
 def cuda_driver(load: Callable[[], object] = libraries,
                 properties: Callable[[], dict[str, str] | None] = device_properties,
-                memory_now: Callable[[], tuple[int, int]] = memory_info) -> Check:
+                memory_now: Callable[[], tuple[int, int]] = device_memory) -> Check:
     """The GPU as the daemon reaches it: libcuda through ctypes (no torch, no toolkit)."""
     name = "cuda driver"
     try:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stgcnd.errors import BuildCancelled, UserError
+from stgcnd.errors import BuildCancelled, BuildProcessDied, UserError
 from stgcnd.log import configure_logging, get_logger, logging_config
 
 log = get_logger(__name__)
@@ -120,10 +120,13 @@ def run_in_child(store: Callable[[Path], Any], root: Path, spec: Any, backend: s
             log.warning("engine_build_cancelled", backend=backend, pid=proc.pid,
                         seconds=round(time.monotonic() - t0, 2), removed=removed)
             raise BuildCancelled("the engine build was cancelled")
-        raise UserError(f"the {backend} engine build process died ({_exit_reason(proc)}) "
-                        "without a result; the store is unchanged. See the log above; a "
-                        "killed build is often the out-of-memory killer: close other "
-                        "programs or lower max_batch / workspace")
+        # Recorded as a failed attempt by the store (engines/retry.py), not rebuilt at every
+        # restart for minutes.
+        raise BuildProcessDied(
+            f"the {backend} engine build process died ({_exit_reason(proc)}) without a "
+            "result; the store is unchanged. See the log above; a killed build is often the "
+            "out-of-memory killer: close other programs or lower max_batch / workspace",
+            pid=proc.pid, how=_exit_reason(proc))
     if result[0] == "error":
         raise result[1]
     return bool(result[1]), result[2]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -39,7 +40,7 @@ from typing import Any
 
 from stgcnd.engines.builders import BuildContext, Builder, get_builder
 from stgcnd.engines.calibration import calibration_windows, refuse_without_calibration
-from stgcnd.engines.child_build import run_in_child
+from stgcnd.engines.child_build import BuildProcessDied, run_in_child
 from stgcnd.engines.device import device_identity, runtime_identity
 from stgcnd.engines.exported import (
     ExportedModel,
@@ -52,6 +53,7 @@ from stgcnd.engines.keys import describe_key_change, key_digest, make_key_parts
 from stgcnd.engines.lock import READ_ONLY_ERRNOS, build_lock
 from stgcnd.engines.options import BACKENDS, BuildOptions
 from stgcnd.engines.quantize import quantize_qdq
+from stgcnd.engines.retry import BuildRetry, iso
 from stgcnd.engines.validate import validate_backend, validate_export
 from stgcnd.errors import (
     BackendUnavailable,
@@ -63,6 +65,7 @@ from stgcnd.errors import (
     ValidationError,
 )
 from stgcnd.export.demo_onnx import demo_onnx_bytes
+from stgcnd.free_memory import device_memory
 from stgcnd.export.onnx_export import export_model
 from stgcnd.fsutil import atomic_write_bytes, atomic_write_json, file_sha256
 from stgcnd.log import get_logger
@@ -77,6 +80,7 @@ from stgcnd.versions import tool_versions
 
 log = get_logger(__name__)
 
+MB = 1 << 20
 MANIFEST_FORMAT = "stgcnd-engine-manifest/1"
 MODEL_FORMAT = "stgcnd-store-model/1"
 EXPORT_VARIANT = "optimized"
@@ -158,17 +162,45 @@ def _write_failure(what: Path, exc: OSError) -> UserError:
                      "(or pass --engines DIR elsewhere). The previous artefact, if any, is kept")
 
 
+def _on_gpu(builder: Builder, options: BuildOptions) -> bool:
+    return builder.device_kind(options) == "cuda" or options.device.startswith("cuda")
+
+
+def _free_bytes(builder: Builder, options: BuildOptions) -> int | None:
+    """Free memory for a GPU build (stgcnd.free_memory, as the memory plan reads it); None
+    for a CPU build or where the driver does not answer."""
+    if not _on_gpu(builder, options):
+        return None
+    try:
+        return device_memory()[0]
+    except Exception:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0
+    return pid > 0
+
+
 def _first_line(text: str, limit: int = 300) -> str:
     line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 class EngineStore:
-    def __init__(self, root: Path | str, cancel: threading.Event | None = None) -> None:
+    def __init__(self, root: Path | str, cancel: threading.Event | None = None,
+                 retry: BuildRetry | None = None) -> None:
         """`cancel`: builds run in a child process that is killed, and its partial files
-        removed, as soon as the event is set (`BuildCancelled`; engines/child_build.py)."""
+        removed, as soon as the event is set (`BuildCancelled`; engines/child_build.py).
+        `retry`: when a failed build is tried again (engines/retry.py)."""
         self.root = Path(root)
         self.cancel = cancel
+        self.retry = retry or BuildRetry()
         # Manifests this store built: asked again (auto measures, then serves), the artefact
         # is reused with the reason BUILT_HERE, which commands show as built, not as reused.
         self.built_here: set[Path] = set()
@@ -250,36 +282,112 @@ class EngineStore:
                 if why is None:  # the re-export gave the same graph: nothing to rebuild
                     return self._reused(mdir, stem, builder, options, onnx_path)
                 reason = f"{reason}; {why}" if reason.startswith("ONNX") else why
-                self._refuse_failed_before(failed, parts, builder.name, options)
+                self._refuse_failed_before(failed, parts, builder, options)
             return self._build(loaded, builder, options, env, parts, mdir, stem, onnx_path,
                                reason or "missing", validate)
 
-    @staticmethod
-    def _refuse_failed_before(failed: Path, parts: dict[str, Any], backend: str,
+    def _refuse_failed_before(self, failed: Path, parts: dict[str, Any], builder: Builder,
                               options: BuildOptions) -> None:
         """A build that failed with this exact key is not retried at every start (a TensorRT
-        build runs for minutes; systemd restarts would run it again and again)."""
+        build runs for minutes; systemd restarts would run it again and again), only once
+        more memory is free or enough time has passed (engines/retry.py). A record left
+        `in_progress` is a build process that died (killed: often the out-of-memory
+        killer); it counts as a failure."""
         record = _read_json(failed)
         if record is None or record.get("key") != key_digest(parts):
             return
+        backend = builder.name
+        why = self.retry.why_now(record, _free_bytes(builder, options), time.time())
+        if why is not None:
+            log.info("engine_build_retry", backend=backend, precision=options.precision,
+                     why=why, attempt=int(record.get("attempts", 1)) + 1,
+                     max_attempts=self.retry.attempts, error=record.get("error"))
+            return
+        log.warning("engine_build_retry_later", backend=backend, precision=options.precision,
+                    path=str(failed), error=record.get("error"), **self.retry.when(record))
+        # The when first: the daemon's backend_fallback line keeps the first 300 characters.
         raise PreviousBuildFailed(
             f"the {backend} {options.precision} build of this model failed on "
-            f"{record.get('failed_at')} with the same model, options, versions and device: "
-            f"{record.get('error')}. Not building it again: change the configuration, or run "
-            f"`stgcnd build --backend {backend} --precision {options.precision} --rebuild` to "
-            "retry")
+            f"{record.get('failed_at')}. Not building it again now: "
+            f"{self.retry.describe(record)}; to retry at once run `stgcnd build --backend "
+            f"{backend} --precision {options.precision} --rebuild`. It failed with the same "
+            f"model, options, versions and device: {record.get('error')}")
 
-    @staticmethod
-    def _record_failure(failed: Path, parts: dict[str, Any], exc: BaseException) -> None:
-        error = _first_line(str(exc)) or type(exc).__name__
+    def _record_failure(self, failed: Path, started: dict[str, Any],
+                        exc: BaseException | str) -> None:
+        """`started`: the record written when the build started (attempts, free memory)."""
+        error = exc if isinstance(exc, str) else (_first_line(str(exc))
+                                                  or type(exc).__name__)
+        now = time.time()
+        record = {**{k: v for k, v in started.items() if k not in ("previous", "pid")},
+                  "error": error, "in_progress": False,
+                  "error_type": "killed" if isinstance(exc, str) else type(exc).__name__,
+                  "failed_at": iso(now), "failed_at_s": now}
         try:
-            atomic_write_json(failed, {
-                "key": key_digest(parts), "key_parts": parts, "error": error,
-                "error_type": type(exc).__name__,
-                "failed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            atomic_write_json(failed, record)
         except OSError:
             pass  # a full or read-only disk: the build is simply tried again next time
-        log.warning("engine_build_failed", path=str(failed), error=error)
+        log.warning("engine_build_failed", path=str(failed), error=error,
+                    free_mb=(record["free_bytes"] // MB
+                             if isinstance(record.get("free_bytes"), int) else None),
+                    **self.retry.when(record))
+
+    def _started(self, failed: Path, parts: dict[str, Any], builder: Builder,
+                 options: BuildOptions) -> dict[str, Any]:
+        """The record of a build about to start, left in place while a GPU build runs: a
+        build process killed on the way (the out-of-memory killer's SIGKILL) leaves it, and
+        it counts as a failed attempt. A CPU build takes seconds and is not the one the
+        killer picks: one killed is simply run again."""
+        previous = _read_json(failed)
+        key = key_digest(parts)
+        attempts = int(previous.get("attempts", 1)) if previous and \
+            previous.get("key") == key else 0
+        now = time.time()
+        record = {"key": key, "key_parts": parts, "attempts": attempts + 1,
+                  "free_bytes": _free_bytes(builder, options), "in_progress": True,
+                  "pid": os.getpid(), "error": "the build process ended before the build did "
+                  "(killed: often the out-of-memory killer)", "error_type": "killed",
+                  "failed_at": iso(now), "failed_at_s": now,
+                  "previous": {k: v for k, v in (previous or {}).items() if k != "previous"}}
+        if not _on_gpu(builder, options):
+            return record
+        try:
+            atomic_write_json(failed, record)
+        except OSError:
+            pass
+        return record
+
+    def _build_died(self, spec: Any, backend: str, options: BuildOptions,
+                    died: BuildProcessDied | None) -> None:
+        """The build child died without an answer: its started record becomes a failure;
+        or (`died` None) it was cancelled and killed: its started record is forgotten."""
+        builder = get_builder(backend)
+        mdir = self.model_dir(spec)
+        failed = mdir / f"{self.artifact_stem(backend, options, builder.device_kind(options))}" \
+            ".failed.json"
+        record = _read_json(failed)
+        if record is None or not record.get("in_progress"):
+            return  # it died before starting the build itself (exporting, loading)
+        if died is None:
+            if not _alive(int(record.get("pid", 0))):
+                self._forget_started(failed, record)
+            return
+        if record.get("pid") != died.pid:
+            return
+        self._record_failure(failed, record, f"the build process was {died.how} (often the "
+                             "out-of-memory killer: free memory, lower max_batch, add swap)")
+
+    @staticmethod
+    def _forget_started(failed: Path, started: dict[str, Any]) -> None:
+        """A cancelled build is no failure: the record as it was before it started."""
+        previous = started.get("previous")
+        try:
+            if previous:
+                atomic_write_json(failed, previous)
+            else:
+                failed.unlink(missing_ok=True)
+        except OSError:
+            pass
 
     def _prepare_in_child(self, spec: Any, backend: str, options: BuildOptions,
                           rebuild: str | None, validate: bool) -> Artifact:
@@ -292,8 +400,16 @@ class EngineStore:
             found = self.find(spec, backend, options)
             if found is not None:
                 return found
-        reused, reason = run_in_child(type(self), self.root, spec, backend, options, rebuild,
-                                      validate, self.cancel)
+        try:
+            reused, reason = run_in_child(functools.partial(type(self), retry=self.retry),
+                                          self.root, spec, backend, options, rebuild,
+                                          validate, self.cancel)
+        except BuildProcessDied as died:
+            self._build_died(spec, backend, options, died)
+            raise
+        except BuildCancelled:
+            self._build_died(spec, backend, options, None)
+            raise
         # The child committed (or found) it; read it back here without logging a second line.
         found = EngineStore(self.root).find(spec, backend, options, quiet=True)
         if found is None:
@@ -661,6 +777,8 @@ class EngineStore:
         tmp = mdir / f".{stem}.tmp-{os.getpid()}{builder.suffix or '.json'}"
         manifest_path = mdir / f"{stem}.json"
         failed = mdir / f"{stem}.failed.json"
+        started = self._started(failed, parts, builder, options)
+        recorded = False
         t0 = time.perf_counter()
         try:
             try:
@@ -670,7 +788,8 @@ class EngineStore:
             except (BuildCancelled, KeyboardInterrupt):
                 raise
             except Exception as exc:  # the runtime refused to build it (out of memory...)
-                self._record_failure(failed, parts, exc)
+                self._record_failure(failed, started, exc)
+                recorded = True
                 raise BuildFailed(
                     f"the {builder.name} {options.precision} build failed: "
                     f"{_first_line(str(exc)) or type(exc).__name__}; a smaller max_batch or "
@@ -691,7 +810,8 @@ class EngineStore:
                 try:
                     validation = self._validate(builder, ctx, draft)
                 except ValidationError as exc:  # built, but wrong: the same build would be
-                    self._record_failure(failed, parts, exc)
+                    self._record_failure(failed, started, exc)
+                    recorded = True
                     raise
             manifest["validation"] = validation
             try:
@@ -700,6 +820,10 @@ class EngineStore:
                 atomic_write_json(manifest_path, manifest)
             except OSError as exc:
                 raise _write_failure(manifest_path, exc) from None
+        except BaseException:
+            if not recorded:  # cancelled, or the disk: not the build's failure
+                self._forget_started(failed, started)
+            raise
         finally:
             tmp.unlink(missing_ok=True)
         failed.unlink(missing_ok=True)

@@ -40,6 +40,7 @@ CU_STREAM_NON_BLOCKING = 0x1    # no implicit ordering against the legacy defaul
 CUDA_ERROR_NOT_READY = 600
 _CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1
 _CU_ATTR_CC_MAJOR, _CU_ATTR_CC_MINOR = 75, 76
+_CU_ATTR_INTEGRATED = 18  # CU_DEVICE_ATTRIBUTE_INTEGRATED: the GPU shares the host's memory
 
 _lock = threading.Lock()
 _libs: tuple[ctypes.CDLL, ctypes.PyDLL] | None = None
@@ -125,6 +126,19 @@ def memory_info() -> tuple[int, int]:
     check(libraries()[0].cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)),
           "cuMemGetInfo")
     return int(free.value), int(total.value)
+
+
+def integrated() -> bool:
+    """Whether GPU 0 is integrated (a Jetson): its memory is the board's RAM, so that
+    cuMemGetInfo's free figure is the kernel's MemFree, without the reclaimable page cache
+    (stgcnd/free_memory.py reads the OS's MemAvailable instead)."""
+    make_current()
+    lib = libraries()[0]
+    dev, flag = ctypes.c_int(), ctypes.c_int()
+    check(lib.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet")
+    check(lib.cuDeviceGetAttribute(ctypes.byref(flag), _CU_ATTR_INTEGRATED, dev),
+          "cuDeviceGetAttribute(INTEGRATED)")
+    return bool(flag.value)
 
 
 def device_properties() -> dict[str, str] | None:

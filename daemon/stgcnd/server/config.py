@@ -127,6 +127,13 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         "device memory (MB) left free for others (on a Jetson: the cameras and the OS, which "
         "share it); -1: 1536 on a Jetson, 0 elsewhere", "must be >= -1 (-1 = auto)",
         ge=-1)] = -1
+    build_retry_after_s: Annotated[float, key(
+        "seconds after which a failed engine build is tried again at a start (sooner once "
+        "25% more memory is free than when it failed; docs/engines.md)",
+        "must be >= 0 seconds", ge=0)] = 3600.0
+    build_attempts: Annotated[int, key(
+        "times a failing engine build is tried before it is left failed (until the "
+        "configuration changes or `stgcnd build --rebuild`)", "must be >= 1", ge=1)] = 3
     drain_timeout: Annotated[float, key(
         "on SIGTERM, seconds for in-flight work; keep below the unit's TimeoutStopSec (15)",
         "must be > 0 seconds", gt=0)] = 10.0

@@ -3,25 +3,37 @@
 On an 8 GB Jetson the GPU shares memory with the CPU and the user's camera processes, and
 on any GPU a model's largest batch shapes cost the most (a TensorRT context's activations,
 a CUDA graph's pool: both sized by the largest bucket). At start the daemon takes the free
-device memory (less `memory_reserve_mb`, 1.5 GB on a Jetson, left to the cameras), or
-`memory_budget_mb` when set lower, as its budget, and places the models in configuration
-order:
+memory (stgcnd/free_memory.py: MemAvailable on a Jetson, cuMemGetInfo on a discrete GPU)
+less `memory_reserve_mb` (1.5 GB on a Jetson, left to the cameras), or `memory_budget_mb`
+when set lower, as its budget, and places the models in configuration order.
+
+What a model costs is modelled in three parts, each fitted from what is measured:
+
+- per process and runtime, a fixed part: on CUDA 11.4 (JetPack 5, no lazy module loading)
+  the first runner of a runtime loads every kernel image of its libraries and makes its
+  cuDNN/cuBLAS handles, hundreds of MB paid once however many buckets or models follow
+  (`fixed`, measured as what the first runners took beyond the runtime's own estimate);
+- per model, what loading it took (weights or engine: the drop in free memory measured once
+  its artefact exists, never across a build, whose page cache and libraries are not the
+  model's);
+- per runner, a part that grows with the largest bucket (`Runtime.runner_bytes`: TensorRT's
+  own device_memory_size, torch's measured peak), times a scale fitted when a runtime's later
+  runners take more than it says.
 
 1. before anything is built, a model whose batch of one cannot fit even by the model's own
    arithmetic (`window_bytes`: weights plus the largest layer's activations) is refused,
    with the numbers;
-2. once its runtime is loaded (weights or engine in memory: measured as the drop in free
-   memory), the runtime says what one runner would take for a set of buckets
-   (`Runtime.runner_bytes`: TensorRT's own device_memory_size, torch's measured peak); the
-   largest buckets are dropped until every instance fits, and a model that cannot fit its
-   batch of one fails at step "memory" (with backend "auto": the next runtime, down to the
-   CPU, which needs none of it);
-3. once its runners are made and warm, what they took is measured (the drop in free
-   memory); a model whose runners took more than planned and no longer fit is started
-   again with the buckets that fit at the measured cost (`memory_plan_corrected`): the
-   estimate need not be exact, the budget holds;
-4. the plan is logged (`memory_plan`: per model its buckets, bytes per runner, total; free
-   memory before and after), and what READY actually left free beside it.
+2. once its runtime is loaded the largest buckets are dropped until every instance fits,
+   and a model that cannot fit its batch of one fails at step "memory" (with backend
+   "auto": the next runtime, down to the CPU, which needs none of it);
+3. once its runners are made and warm, what they took is measured; runners that no longer
+   fit are made again with the buckets that fit at the fitted cost (`memory_plan_corrected`):
+   first taking the excess as the runtime's fixed part (paid already: it does not shrink
+   with the buckets), or, where even that cannot fit, as a per-bucket scale; the remade
+   runners' measurement then splits the two. The estimate need not be exact: the budget
+   holds;
+4. the plan is logged (`memory_plan`: the fixed parts, per model its buckets, bytes per
+   runner, total; free memory before and after), and what READY actually left free beside it.
 
 An explicit `memory_budget_mb` is the process's whole figure as nvidia-smi shows it: the CUDA
 context's share (CONTEXT_ALLOWANCE) is taken off it first. The automatic budget starts from
@@ -76,9 +88,10 @@ class Placed:
     model: str
     runtime: str
     buckets: list[int]
-    runner_bytes: int
+    runner_bytes: int          # charged per runner (the estimate times the fitted scale)
     instances: int
     loaded_bytes: int          # what loading the runtime took (weights, engine)
+    estimate: int = 0          # the runtime's own figure per runner for these buckets
 
     @property
     def total(self) -> int:
@@ -93,8 +106,12 @@ class MemoryPlan:
     free_at_start: int
     total: int
     reserve: int
-    free_now: Callable[[], int]           # the device's free bytes (cuMemGetInfo)
+    free_now: Callable[[], int]           # free bytes now (stgcnd.free_memory)
     placed: list[Placed] = field(default_factory=list)
+    # Per runtime, its one-time part in this process (kernel images, library handles, lane
+    # streams), and the first measurement it came from: (model, took, estimate).
+    fixed: dict[str, int] = field(default_factory=dict)
+    first: dict[str, tuple[str, int, int]] = field(default_factory=dict)
 
     @classmethod
     def for_device(cls, budget_mb: int, reserve_mb: int,
@@ -108,7 +125,7 @@ class MemoryPlan:
 
     @property
     def used(self) -> int:
-        return sum(p.total for p in self.placed)
+        return sum(p.total for p in self.placed) + sum(self.fixed.values())
 
     @property
     def left(self) -> int:
@@ -142,16 +159,49 @@ class MemoryPlan:
                         hint="raise memory_budget_mb, lower memory_reserve_mb, or set "
                              "buckets/max_batch to what fits")
         self.placed.append(Placed(name, runtime.info.name, kept, cost(kept), instances,
-                                  loaded_bytes))
+                                  loaded_bytes, runtime.runner_bytes(kept)))
         return kept
 
-    def measured(self, runners_bytes: int) -> float:
-        """Record what the last placed model's runners took; returns measured / planned.
-        The placement keeps the larger of the two."""
+    def measured(self, took: int) -> float:
+        """Record what the last placed model's runners took (`took` bytes, all instances);
+        returns the per-bucket scale it implies (measured / the runtime's estimate).
+
+        The first runners of a runtime in this process pay its fixed part: what they took
+        beyond the estimate is taken as that (the estimate of TensorRT's activations is
+        exact). The same model's runners measured again (remade with other buckets) pay no
+        fixed part: they give the scale, and the fixed part is what the first measurement
+        leaves at that scale. Later models' runners give their own scale."""
         placed = self.placed[-1]
-        planned = placed.runner_bytes * placed.instances
-        placed.runner_bytes = max(placed.runner_bytes, runners_bytes // placed.instances)
-        return runners_bytes / max(planned, 1)
+        estimate = max(placed.estimate * placed.instances, 1)
+        rt = placed.runtime
+        if rt not in self.fixed:
+            self.fixed[rt] = max(took - estimate, 0)
+            self.first[rt] = (placed.model, took, estimate)
+            per_bucket = min(took, estimate)
+        else:
+            per_bucket = took
+            model, first_took, first_estimate = self.first.get(rt, ("", 0, 0))
+            if model == placed.model:
+                scale = took / estimate
+                self.fixed[rt] = max(first_took - int(first_estimate * scale), 0)
+        placed.runner_bytes = per_bucket // placed.instances
+        return per_bucket / estimate
+
+    def refit(self, name: str, runtime: Runtime, buckets: Sequence[int], instances: int,
+              loaded_bytes: int, took: int) -> list[int]:
+        """`name`'s buckets again after its runners took `took` and overflowed: with the
+        excess as the runtime's fixed part (already paid), else, where that cannot fit even a
+        batch of one, as a per-bucket scale (the fixed part then taken as none)."""
+        rt = runtime.info.name
+        first_model = self.first[rt][0] if rt in self.first else ""
+        if first_model == name and self.fixed.get(rt):
+            try:  # its runtime's first runners: the excess may be the fixed part
+                return self.fit(name, runtime, buckets, instances, loaded_bytes)
+            except RuntimeFailed:
+                self.fixed[rt] = 0
+        estimate = max(runtime.runner_bytes(sorted(set(buckets))) * instances, 1)
+        return self.fit(name, runtime, buckets, instances, loaded_bytes,
+                        scale=max(took / estimate, 1.0))
 
     def _no_room(self, name: str, need: int, batch: int) -> str:
         return (f"model {name!r} needs {need / MB:.0f} MB of device memory for a batch of "
@@ -161,11 +211,15 @@ class MemoryPlan:
                 "fewer models or persons")
 
     def log_plan(self) -> None:
+        """One line in the cost model's terms: the runtimes' fixed parts, and per model what
+        loading it took, per runner at its buckets (and the scale fitted), and its total."""
         log.info("memory_plan", budget_mb=self.budget // MB,
                  free_at_start_mb=self.free_at_start // MB, reserve_mb=self.reserve // MB,
                  total_mb=self.total // MB, planned_mb=self.used // MB,
                  free_now_mb=self.free_now() // MB,
+                 fixed_mb={rt: round(b / MB, 1) for rt, b in self.fixed.items()},
                  models=[{"model": p.model, "runtime": p.runtime, "buckets": p.buckets,
                           "runner_mb": round(p.runner_bytes / MB, 1),
+                          "scale": round(p.runner_bytes / max(p.estimate, 1), 2),
                           "instances": p.instances, "loaded_mb": round(p.loaded_bytes / MB, 1),
                           "total_mb": round(p.total / MB, 1)} for p in self.placed])

@@ -8,9 +8,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from stgcnd.board import JETSON_RESERVE_MB
+from stgcnd.engines.retry import BuildRetry
 from stgcnd.engines.store import EngineStore
 from stgcnd.errors import BuildCancelled, UserError, step_of
+from stgcnd.free_memory import device_memory, reserve_mb
 from stgcnd.log import get_logger
 from stgcnd.model.spec import ModelSpec, default_labels
 from stgcnd.provision import (
@@ -22,7 +23,6 @@ from stgcnd.provision import (
     no_runtime_left,
 )
 from stgcnd.runtimes.base import Runtime
-from stgcnd.runtimes.cuda import memory_info
 from stgcnd.server.config import Config, ModelConfig
 from stgcnd.server.executor import Executor
 from stgcnd.server.memory_plan import MB, MemoryPlan
@@ -142,7 +142,9 @@ def load_models(config: Config, generation: int = 1,
     within seconds, leaving nothing partial in the store, and BuildCancelled is raised;
     builds then run in a child process (see stgcnd.engines.child_build).
     """
-    store = EngineStore(config.engines_dir, cancel=cancel)
+    store = EngineStore(config.engines_dir, cancel=cancel,
+                        retry=BuildRetry(config.server.build_retry_after_s,
+                                         config.server.build_attempts))
     loaded: dict[str, ServedModel] = {}
     planner = Planner(config, keep)
     try:
@@ -191,13 +193,12 @@ class Planner:
     def for_gpu(self) -> MemoryPlan:
         if self.plan is None:
             server = self.config.server
-            reserve = server.memory_reserve_mb
-            if reserve < 0:
-                reserve = JETSON_RESERVE_MB if BOARD.jetson else 0
+            reserve = reserve_mb(server.memory_reserve_mb, BOARD.jetson)
             budget = server.memory_budget_mb
             if budget:
                 budget = max(budget - self.kept_bytes // MB, 1)
-            self.plan = MemoryPlan.for_device(budget, reserve, memory_info)
+            # Free memory the one way `doctor` reads it too (MemAvailable on a Jetson).
+            self.plan = MemoryPlan.for_device(budget, reserve, device_memory)
         return self.plan
 
     def log(self) -> None:
@@ -253,19 +254,25 @@ def _serve_with(mc: ModelConfig, choice: Choice, spec: ModelSpec, store: EngineS
                 planner: Planner) -> ServedModel:
     gpu = choice.options.device == "cuda"
     plan = planner.for_gpu() if gpu else None
+    free_before = [0]
     if plan is not None:
         plan.check_before_build(mc.name, choice.backend, spec, choice.options.precision,
                                 mc.instances)
-        free_before = plan.free_now()
+
+        def artefact_ready() -> None:
+            # Measured once the artefact exists: a first start's build (a child process whose
+            # libraries fill the page cache) is not the model's cost.
+            free_before[0] = plan.free_now()
     runtime = load_runtime(spec, choice.backend, choice.options, store,
-                           noop_compute_us=mc.noop_compute_us)
+                           noop_compute_us=mc.noop_compute_us,
+                           before_load=artefact_ready if plan is not None else None)
     max_batch = min(choice.options.max_batch, int(runtime.info.max_batch))
     buckets = [b for b in mc.buckets if b <= max_batch] or [1]
     planned = 0
     if plan is not None:
         try:
             buckets = plan.fit(mc.name, runtime, buckets, mc.instances,
-                               loaded_bytes=max(free_before - plan.free_now(), 0))
+                               loaded_bytes=max(free_before[0] - plan.free_now(), 0))
         except BaseException:
             runtime.close()
             raise
@@ -290,21 +297,24 @@ def _serve_with(mc: ModelConfig, choice: Choice, spec: ModelSpec, store: EngineS
 def _hold_the_budget(plan: MemoryPlan, served: ServedModel, runners_from: int,
                      start: Callable[[ServedModel], None]) -> None:
     """Runners that took more than planned and no longer fit are made again with the
-    buckets that fit at the measured cost (the estimate is a model; this is the device)."""
+    buckets that fit at the fitted cost (memory_plan.py: a runtime's fixed part is paid
+    once, not per bucket; the estimate is a model, this is the device)."""
     took = max(runners_from - plan.free_now(), 0)
     placed = plan.placed[-1]
-    scale = plan.measured(took)
+    plan.measured(took)
     if plan.left >= 0:
         return
     log.warning("memory_plan_corrected", model=served.name, runtime=placed.runtime,
-                planned_mb=round(took / scale / MB, 1), measured_mb=round(took / MB, 1),
+                planned_mb=round(placed.estimate * placed.instances / MB, 1),
+                measured_mb=round(took / MB, 1),
+                fixed_mb=round(plan.fixed.get(placed.runtime, 0) / MB, 1),
                 buckets_before=list(served.buckets))
     for ex in served.executors:
         ex.close()
     served.executors.clear()
     plan.placed.pop()  # (closing the runners gave their graphs' pools back)
-    buckets = plan.fit(served.name, served.runtime, served.buckets, served.config.instances,
-                       placed.loaded_bytes, scale=scale)
+    buckets = plan.refit(served.name, served.runtime, served.buckets, served.config.instances,
+                         placed.loaded_bytes, took)
     served.buckets, served.max_batch = tuple(buckets), max(buckets)
     runners_from = plan.free_now()
     start(served)
