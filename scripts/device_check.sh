@@ -162,7 +162,7 @@ if [ "$PART" = memory ]; then
     [ "$name" = old ] && budget=""
     config "mem-$name" "$MODEL_M1
 $MODEL_M5" "$budget"
-    start "mem-$name" "$path" || continue
+    start "mem-$name" "$path" 600 || continue  # torch.compile: a minute or two a model
     echo "== mem-$name" | tee -a "$OUT/summary-$TAG.txt"
     nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader \
       | tee -a "$OUT/summary-$TAG.txt"
