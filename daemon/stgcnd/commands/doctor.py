@@ -16,8 +16,8 @@ from stgcnd.cpupower import cpu_power
 from stgcnd.engines.device import gpu_identity
 from stgcnd.engines.store import EngineStore
 from stgcnd.errors import BackendUnavailable
-from stgcnd.free_memory import free_memory, reserve_mb
 from stgcnd.runtimes import available, import_tensorrt, import_torch
+from stgcnd.runtimes.free_memory import free_memory, reserve_mb
 from stgcnd.runtimes.tensorrt_runtime import missing_api
 from stgcnd.server.config import engines_root
 from stgcnd.versions import jetson_stack, module_version
@@ -72,7 +72,7 @@ def _tensorrt() -> dict[str, Any]:
 
 def _driver() -> dict[str, Any]:
     """The GPU through the CUDA driver (the daemon's one CUDA layer): free memory now, read
-    the one way the daemon's memory plan reads it (stgcnd/free_memory.py: MemAvailable on a
+    the one way the daemon's memory plan reads it (stgcnd/runtimes/free_memory.py: MemAvailable on a
     Jetson), and what is left for the models once the default reserve is kept for the
     cameras (memory_reserve_mb)."""
     try:

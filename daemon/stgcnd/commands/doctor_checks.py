@@ -39,7 +39,6 @@ import numpy as np
 from stgcnd.board import Board, detect
 from stgcnd.device_nodes import Unit, describe, nodes_in_use, unit_gaps
 from stgcnd.engines.builders.tensorrt import network_flags, strongly_typed_only
-from stgcnd.free_memory import device_memory, meminfo
 from stgcnd.fsutil import parse_int, read_system_file
 from stgcnd.runtimes import import_tensorrt
 from stgcnd.runtimes.cuda import (
@@ -50,6 +49,7 @@ from stgcnd.runtimes.cuda import (
     make_current,
 )
 from stgcnd.runtimes.cuda import check as cuda_check
+from stgcnd.runtimes.free_memory import device_memory, meminfo
 from stgcnd.runtimes.tensorrt_runtime import tensorrt_logger, version_of
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"

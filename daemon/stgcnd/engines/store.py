@@ -65,7 +65,7 @@ from stgcnd.errors import (
     ValidationError,
 )
 from stgcnd.export.demo_onnx import demo_onnx_bytes
-from stgcnd.free_memory import device_memory
+from stgcnd.runtimes.free_memory import device_memory
 from stgcnd.export.onnx_export import export_model
 from stgcnd.fsutil import atomic_write_bytes, atomic_write_json, file_sha256
 from stgcnd.log import get_logger
@@ -167,7 +167,7 @@ def _on_gpu(builder: Builder, options: BuildOptions) -> bool:
 
 
 def _free_bytes(builder: Builder, options: BuildOptions) -> int | None:
-    """Free memory for a GPU build (stgcnd.free_memory, as the memory plan reads it); None
+    """Free memory for a GPU build (stgcnd.runtimes.free_memory, as the memory plan reads it); None
     for a CPU build or where the driver does not answer."""
     if not _on_gpu(builder, options):
         return None

@@ -131,7 +131,7 @@ def memory_info() -> tuple[int, int]:
 def integrated() -> bool:
     """Whether GPU 0 is integrated (a Jetson): its memory is the board's RAM, so that
     cuMemGetInfo's free figure is the kernel's MemFree, without the reclaimable page cache
-    (stgcnd/free_memory.py reads the OS's MemAvailable instead)."""
+    (stgcnd/runtimes/free_memory.py reads the OS's MemAvailable instead)."""
     make_current()
     lib = libraries()[0]
     dev, flag = ctypes.c_int(), ctypes.c_int()

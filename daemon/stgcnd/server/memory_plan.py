@@ -3,7 +3,7 @@
 On an 8 GB Jetson the GPU shares memory with the CPU and the user's camera processes, and
 on any GPU a model's largest batch shapes cost the most (a TensorRT context's activations,
 a CUDA graph's pool: both sized by the largest bucket). At start the daemon takes the free
-memory (stgcnd/free_memory.py: MemAvailable on a Jetson, cuMemGetInfo on a discrete GPU)
+memory (stgcnd/runtimes/free_memory.py: MemAvailable on a Jetson, cuMemGetInfo on a discrete GPU)
 less `memory_reserve_mb` (1.5 GB on a Jetson, left to the cameras), or `memory_budget_mb`
 when set lower, as its budget, and places the models in configuration order.
 
@@ -106,7 +106,7 @@ class MemoryPlan:
     free_at_start: int
     total: int
     reserve: int
-    free_now: Callable[[], int]           # free bytes now (stgcnd.free_memory)
+    free_now: Callable[[], int]           # free bytes now (stgcnd.runtimes.free_memory)
     placed: list[Placed] = field(default_factory=list)
     # Per runtime, its one-time part in this process (kernel images, library handles, lane
     # streams), and the first measurement it came from: (model, took, estimate).

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from stgcnd.engines.retry import BuildRetry
 from stgcnd.engines.store import EngineStore
 from stgcnd.errors import BuildCancelled, UserError, step_of
-from stgcnd.free_memory import device_memory, reserve_mb
 from stgcnd.log import get_logger
 from stgcnd.model.spec import ModelSpec, default_labels
 from stgcnd.provision import (
@@ -23,6 +22,7 @@ from stgcnd.provision import (
     no_runtime_left,
 )
 from stgcnd.runtimes.base import Runtime
+from stgcnd.runtimes.free_memory import device_memory, reserve_mb
 from stgcnd.server.config import Config, ModelConfig
 from stgcnd.server.executor import Executor
 from stgcnd.server.memory_plan import MB, MemoryPlan
