@@ -112,6 +112,9 @@ class MemoryPlan:
     # streams), and the first measurement it came from: (model, took, estimate).
     fixed: dict[str, int] = field(default_factory=dict)
     first: dict[str, tuple[str, int, int]] = field(default_factory=dict)
+    # What runners that were closed to be made again still hold (a caching allocator's
+    # blocks, compiled kernels): the device's all the same (models._hold_the_budget).
+    held: int = 0
 
     @classmethod
     def for_device(cls, budget_mb: int, reserve_mb: int,
@@ -125,7 +128,12 @@ class MemoryPlan:
 
     @property
     def used(self) -> int:
-        return sum(p.total for p in self.placed) + sum(self.fixed.values())
+        return sum(p.total for p in self.placed) + sum(self.fixed.values()) + self.held
+
+    def unaccounted(self) -> int:
+        """What the process holds beyond the plan's account: free memory at its start less
+        free memory now, less what it placed (on a Jetson also what others took meanwhile)."""
+        return self.free_at_start - self.free_now() - self.used
 
     @property
     def left(self) -> int:
@@ -218,6 +226,7 @@ class MemoryPlan:
                  total_mb=self.total // MB, planned_mb=self.used // MB,
                  free_now_mb=self.free_now() // MB,
                  fixed_mb={rt: round(b / MB, 1) for rt, b in self.fixed.items()},
+                 held_mb=round(self.held / MB, 1),
                  models=[{"model": p.model, "runtime": p.runtime, "buckets": p.buckets,
                           "runner_mb": round(p.runner_bytes / MB, 1),
                           "scale": round(p.runner_bytes / max(p.estimate, 1), 2),
