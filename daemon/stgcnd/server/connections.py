@@ -281,11 +281,11 @@ class Connections:
                         window_s=LOG_EVERY_S)
             self._logged_at, self._logged_counts = now, counts
 
-    def shed_quiet(self, now: float, quiet_s: float = CLOSE_IDLE_S) -> int:
+    def shed_quiet(self, now: float, quiet_s: float | None = CLOSE_IDLE_S) -> int:
         """Memory pressure (server/heap.py): close every connection that never delivered a
-        request (a never-ending message is never delivered), then those quiet for `quiet_s`,
-        whatever the cap; how many were closed."""
-        quiet_before = now - quiet_s
+        request (a never-ending or huge message is never delivered), then, unless `quiet_s`
+        is None, those quiet for `quiet_s`, whatever the cap; how many were closed."""
+        quiet_before = now - quiet_s if quiet_s is not None else 0.0
         quiet = [c for c in self.by_fd.values()
                  if not c.last_request or c.last_request <= quiet_before]
         for conn in quiet:

@@ -7,10 +7,12 @@ kills the process; a message of millions of empty frames (about 64 B each in lib
 stalls every other camera once it is complete, because the ROUTER reads its frames in order
 before anyone else's. The loop watches its resident size instead (RssWatch, a 2 us read of
 /proc/self/statm, up to fifty times a second) and closes the connections that have not delivered a
-request lately (server/connections.py) when it is over the limit, or when it grew by
-GROWTH_BYTES within GROWTH_WINDOW_S: a message arriving that fast is cut before it is complete
-(libzmq drops a half-received message when its connection goes), so nobody waits behind it.
-A camera sending windows is never quiet long enough to be closed.
+request lately (server/connections.py) when it is over the limit, or, when it grew by
+GROWTH_BYTES within GROWTH_WINDOW_S, those that never delivered one: a message arriving that
+fast on a new connection is cut before it is complete (libzmq drops a half-received message
+when its connection goes), so nobody waits behind it. A batch's own allocations grow the heap
+as fast, so growth alone never closes a connection that delivered a request: a camera waiting
+for its reply keeps it.
 
 What a hostile peer, or a burst of large messages, made the daemon hold is freed when the
 messages are read or the peer goes, but glibc keeps freed blocks in its heaps and the
@@ -39,7 +41,6 @@ GROWTH_BYTES = 16 << 20
 CONNECTION_BYTES = 64 << 10       # ...plus this much per connection accepted meanwhile (a
                                   # connection costs libzmq about 17 KB: a flood is no message)
 GROWTH_WINDOW_S = 0.5
-GROWTH_QUIET_S = 0.5             # growing: close connections that delivered nothing this long
 TRIM_SLACK_BYTES = 8 << 20        # settled this far above the last trim's result: trim
 TRIM_EVERY_S = 1.0                # at most one trim this often
 TRIM_GAVE_BACK_BYTES = 1 << 20    # a trim that returned this much is followed by another

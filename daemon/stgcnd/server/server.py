@@ -41,7 +41,6 @@ from stgcnd.server.curve import Curve, curve_enabled
 from stgcnd.server.events import EventFeed
 from stgcnd.server.heap import (
     CHECK_EVERY_S,
-    GROWTH_QUIET_S,
     TRIM_EVERY_S,
     RssWatch,
     give_back_free_memory,
@@ -350,7 +349,10 @@ class Server:
         # A reload's new models grow the heap as fast as a peer's message: not a peer's.
         grown = watch.growing() if not over and self._reload_thread is None else 0
         if over or grown:
-            quiet_s = GROWTH_QUIET_S if grown else CLOSE_IDLE_S
+            # Growth alone (no limit passed) is also what a batch's own allocations look
+            # like: then only connections that never delivered a request go (a message
+            # still arriving is one), never a camera waiting for its reply.
+            quiet_s = None if grown else CLOSE_IDLE_S
             closed = sum(c.shed_quiet(now, quiet_s) for c in self._all_connections())
             if over or closed:
                 requests.errors.report("memory-pressure", event="memory_pressure",
