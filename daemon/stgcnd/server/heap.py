@@ -6,7 +6,7 @@ makes the daemon's I/O thread buffer them without end, invisibly to the loop, un
 kills the process; a message of millions of empty frames (about 64 B each in libzmq's pipe)
 stalls every other camera once it is complete, because the ROUTER reads its frames in order
 before anyone else's. The loop watches its resident size instead (RssWatch, a 2 us read of
-/proc/self/statm, up to fifty times a second) and closes the connections that have not delivered a
+/proc/self/statm, ten times a second) and closes the connections that have not delivered a
 request lately (server/connections.py) when it is over the limit, or, when it grew by
 GROWTH_BYTES within GROWTH_WINDOW_S, those that never delivered one: a message arriving that
 fast on a new connection is cut before it is complete (libzmq drops a half-received message
@@ -30,9 +30,11 @@ import os
 from collections import deque
 from collections.abc import Callable
 
-# Fifty checks a second (a 2 us read each) whenever the loop is awake, at least ten (its
-# poll wakes every 100 ms): a message of a million frames takes 0.3 s to arrive.
-CHECK_EVERY_S = 0.02
+# Ten checks a second (a 2 us read each): a message of five million frames takes 1-1.6 s to
+# arrive and is cut; fifty a second (0.02) slowed the other cameras under a flood of pushes
+# from a peer that never reads (tests/server/test_abuse.py, after the soak test: calls over
+# 2 s), which the growth watch does not pay for.
+CHECK_EVERY_S = 0.1
 AUTO_HEADROOM_BYTES = 512 << 20   # auto limit: the RSS at READY plus this
 # A message arriving: libzmq's pipe grows about 64 B a frame, 150-300 MB/s on a 2-core VM
 # (1M frames: 62 MB in 0.3 s, 5M: 305 MB in 1.6 s); the daemon's own memory does not grow
@@ -69,7 +71,7 @@ def give_back_free_memory() -> bool:
 class RssWatch:
     """The process's resident size, read cheaply; `limit` in bytes (0: never over).
 
-    `sample()` once per check (10-50 times a second) keeps the last GROWTH_WINDOW_S of sizes:
+    `sample()` once per check (ten times a second) keeps the last GROWTH_WINDOW_S of sizes:
     `growing()` and `trim_due()` answer from them without another read."""
 
     def __init__(self, limit_mb: int) -> None:
