@@ -290,6 +290,24 @@ def test_memory_pressure_sheds_silent_and_quiet_connections_only(setup, monkeypa
     assert router.poll(5000)
 
 
+def test_growth_spares_new_connections_and_those_that_delivered(setup):
+    """Growth alone (server/heap.py) cuts only connections that never delivered a request
+    and are older than `spare_new_s`: a new camera's first request may still be on its way."""
+    make, peers, router = setup
+    conns = make(cap=10)
+    talker = peers.open(1)[0]
+    peers.open(2)
+    settle(conns, 3)
+    talker.send(b"hello")
+    request(router, conns, time.monotonic())
+    now = time.monotonic()
+    assert conns.shed_quiet(now, None, spare_new_s=60.0) == 0   # all new: nobody goes
+    assert conns.shed_quiet(now + 120.0, None, spare_new_s=60.0) == 2  # the silent two
+    settle(conns, 1)
+    talker.send(b"served")
+    assert router.poll(5000)
+
+
 MONITOR_BACKLOG = """
 import socket, sys, time, zmq
 sys.path.insert(0, {daemon!r})

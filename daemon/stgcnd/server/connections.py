@@ -281,13 +281,18 @@ class Connections:
                         window_s=LOG_EVERY_S)
             self._logged_at, self._logged_counts = now, counts
 
-    def shed_quiet(self, now: float, quiet_s: float | None = CLOSE_IDLE_S) -> int:
+    def shed_quiet(self, now: float, quiet_s: float | None = CLOSE_IDLE_S,
+                   spare_new_s: float = 0.0) -> int:
         """Memory pressure (server/heap.py): close every connection that never delivered a
         request (a never-ending or huge message is never delivered), then, unless `quiet_s`
-        is None, those quiet for `quiet_s`, whatever the cap; how many were closed."""
+        is None, those quiet for `quiet_s`, whatever the cap; how many were closed.
+        Connections accepted within `spare_new_s` stay: a camera's first request may still
+        be on its way."""
         quiet_before = now - quiet_s if quiet_s is not None else 0.0
+        new_after = now - spare_new_s
         quiet = [c for c in self.by_fd.values()
-                 if not c.last_request or c.last_request <= quiet_before]
+                 if (not c.last_request and c.since <= new_after)
+                 or 0 < c.last_request <= quiet_before]
         for conn in quiet:
             self._close(conn.fd, conn.ino)
         self.shed += len(quiet)

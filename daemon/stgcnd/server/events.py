@@ -298,18 +298,18 @@ class EventFeed:
     def socket(self) -> zmq.Socket[bytes] | None:
         return self._pub
 
-    def read(self, now: float) -> None:
+    def read(self, now: float) -> bool:
         """The subscriptions waiting (at most READ_BURST a pass): each is counted against its
         connection, which is cut off past the limits or when its key is not (or no longer)
-        authorized."""
+        authorized. True when none was left waiting."""
         pub, connections = self._pub, self.connections
         if pub is None or connections is None:
-            return
+            return True
         for _ in range(READ_BURST):
             try:
                 frame = pub.recv(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                return True
             try:
                 fd = int(frame.get(_SRCFD))
                 peer = peer_key(str(frame.get("Peer-Address")), fd, connections.loopback)
@@ -338,6 +338,7 @@ class EventFeed:
                 self._users[fd] = (conn.ino, user)
                 if user not in self.curve.keys:
                     self._cut(fd, user, "key-revoked")
+        return False
 
     def drop_revoked(self) -> None:
         """After a reload of the authorized keys: cut every subscriber whose key went (its

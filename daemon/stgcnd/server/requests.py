@@ -74,12 +74,15 @@ class RequestPath:
         self.receiver.users = True
 
     # -- reading ---------------------------------------------------------------------------
-    def read(self, limit: int = READ_BURST) -> None:
-        """Handle up to `limit` waiting requests (fewer while an oversized one is dropped)."""
+    def read(self, limit: int = READ_BURST) -> bool:
+        """Handle up to `limit` waiting requests (fewer while an oversized one is dropped);
+        True when none was left waiting."""
         receiver = self.receiver
+        emptied = False
         for _ in range(limit):
             msg = receiver.read()
             if msg is None:
+                emptied = not receiver.discarding
                 break
             if msg.too_many:
                 self._refuse_oversized(msg)
@@ -87,6 +90,7 @@ class RequestPath:
             self._handle(msg, time.monotonic())
         if not receiver.discarding and self._ban_when_discarded is not None:
             self._ban_oversized_sender(time.monotonic())
+        return emptied
 
     @property
     def discarding(self) -> bool:

@@ -62,6 +62,11 @@ RETIRE_TIMEOUT_S = 30.0   # a reloaded-away model's executors drain within this
 SHUTDOWN_QUIET_S = 0.1    # shutdown: the socket closes after this long without a request...
 SHUTDOWN_REFUSE_S = 1.0   # ...or after refusing for this long, whichever comes first
 CLOSE_LINGER_MS = 1000    # the last replies get this long to leave at close
+GROWTH_READ_PASSES = 4    # heap growth: read up to 4 bursts of waiting requests first...
+GROWTH_DEFER_CHECKS = 2   # ...and, when more wait, put the cut off by at most two checks
+# ...and spare connections younger than this: a new camera's first request may still be on
+# its way, while a message growing the heap by GROWTH_BYTES (16 MB) at 300 MB/s is 50 ms old.
+GROWTH_SPARES_NEW_S = 0.02
 # The I/O loop and the worker threads share one interpreter lock. Python's default 5 ms
 # switch interval would let a busy loop hold back a worker whose batch is done for up to
 # 5 ms; 0.5 ms bounds that hand-over at a cost of a few hundred extra switches per second.
@@ -96,6 +101,7 @@ class Server:
         self.requests: RequestPath | None = None
         self._rss: RssWatch | None = None
         self._next_trim = 0.0
+        self._growth_deferred = 0  # memory checks that put a growth cut off (_read_waiting)
         self._sampler: SystemSampler | None = None
         self.events: EventFeed | None = None
 
@@ -348,12 +354,15 @@ class Server:
             over = watch.over()
         # A reload's new models grow the heap as fast as a peer's message: not a peer's.
         grown = watch.growing() if not over and self._reload_thread is None else 0
+        if grown and not self._read_waiting(now):
+            return  # still reading what is waiting: the next check decides
         if over or grown:
             # Growth alone (no limit passed) is also what a batch's own allocations look
             # like: then only connections that never delivered a request go (a message
             # still arriving is one), never a camera waiting for its reply.
-            quiet_s = None if grown else CLOSE_IDLE_S
-            closed = sum(c.shed_quiet(now, quiet_s) for c in self._all_connections())
+            quiet_s, spare_new_s = (None, GROWTH_SPARES_NEW_S) if grown else (CLOSE_IDLE_S, 0.0)
+            closed = sum(c.shed_quiet(now, quiet_s, spare_new_s)
+                         for c in self._all_connections())
             if over or closed:
                 requests.errors.report("memory-pressure", event="memory_pressure",
                                        rss_mb=round((over or rss) / 2**20, 1),
@@ -364,6 +373,28 @@ class Server:
                 watch.restart_growth()
         elif watch.trim_due(now):
             watch.trim(now)
+
+    def _read_waiting(self, now: float) -> bool:
+        """Before growth closes the connections that never delivered a request: read the
+        requests and subscriptions already complete in the sockets' queues, so that a camera
+        whose request arrived during the batch that grew the heap counts as delivering (else
+        it would be cut, and its request go unanswered). False when more waits than
+        GROWTH_READ_PASSES bursts, for at most GROWTH_DEFER_CHECKS checks in a row: a peer
+        flooding small requests does not hold off the cut of a message still arriving."""
+        requests = self.requests
+        assert requests is not None
+        emptied = False
+        for _ in range(GROWTH_READ_PASSES if not requests.discarding else 0):
+            emptied = requests.read()
+            if emptied:
+                break
+        if self.events is not None:
+            emptied = self.events.read(now) and emptied
+        if emptied or self._growth_deferred >= GROWTH_DEFER_CHECKS:
+            self._growth_deferred = 0
+            return True
+        self._growth_deferred += 1
+        return False
 
     def _all_connections(self) -> list[Connections]:
         """The requests socket's connections and, with events, the subscribers'."""
