@@ -209,3 +209,69 @@ def test_a_blocking_runner_computes_on_its_worker_and_wakes_the_loop():
         assert runtime.threads and threading.current_thread().name not in runtime.threads
     finally:
         m.close()
+
+
+# -- #32.1: the expiry estimate neither goes stale nor is captured by one outlier ----------
+SHORT_BUDGET_S = 0.2    # the short-deadline camera's timeout: well above a normal 30 ms batch
+
+
+def _noop(model: ServedModel) -> NoopRuntime:
+    runtime = model.runtime
+    assert isinstance(runtime, NoopRuntime)
+    return runtime
+
+
+def _slow_batches(model: ServedModel, ex: Executor, compute_us: int, count: int) -> None:
+    """`count` batches of a camera without a deadline, each taking compute_us (as batches
+    under CPU contention do); then batches take 30 ms again."""
+    runtime = _noop(model)
+    runtime.compute_us = compute_us
+    for i in range(count):
+        assert model.submit(_job("patient", i))
+        _turn_until_replies(ex)
+    runtime.compute_us = 30_000
+
+
+def _answered_in_time(model: ServedModel, ex: Executor, req_id: int) -> bool:
+    """One request of the short-deadline camera: answered ok within its deadline?"""
+    asked = time.monotonic()
+    assert model.submit(_job("door", req_id, deadline=asked + SHORT_BUDGET_S))
+    (reply,), _turns = _turn_until_replies(ex)
+    return reply.outcome == "ok" and time.monotonic() - asked <= SHORT_BUDGET_S
+
+
+def _served_in_time_after(model: ServedModel, ex: Executor, limit_s: float) -> float | None:
+    """The short-deadline camera asks every 20 ms, as a camera does: seconds until a request
+    of it is answered ok within its deadline (None: not within limit_s)."""
+    t0 = time.monotonic()
+    req_id = 0
+    while time.monotonic() - t0 < limit_s:
+        req_id += 1
+        if _answered_in_time(model, ex, req_id):
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    return None
+
+
+def test_one_slow_batch_does_not_refuse_a_short_deadline_camera(model):
+    """One 1.2 s batch among 30 ms ones: the camera with a 200 ms deadline is served again
+    within a second, in time. (An EWMA moved a fifth of the way to it, 264 ms, and answered
+    that camera `expired` for good: nothing else ran to correct it.)"""
+    (ex,) = model.executors
+    _slow_batches(model, ex, 1_200_000, 1)
+    took = _served_in_time_after(model, ex, limit_s=1.0)
+    assert took is not None, f"not served within 1 s; estimate {ex.compute_ms}"
+    assert all(_answered_in_time(model, ex, 100 + i) for i in range(3))  # and from then on
+
+
+def test_a_stale_estimate_is_probed_and_corrected(model):
+    """Enough slow batches make the estimate slow (they were the device's speed then); when
+    the device is fast again nothing but the refused camera asks, so nothing would correct
+    it. After a few refused batches' time one runs anyway, and the estimate learns."""
+    (ex,) = model.executors
+    _slow_batches(model, ex, 250_000, 5)
+    assert ex.estimate_ms(1) >= 250.0  # now refuses a 200 ms deadline
+    took = _served_in_time_after(model, ex, limit_s=2.0)
+    assert took is not None, f"still refused after 2 s; estimate {ex.compute_ms}"
+    assert ex.estimate_ms(1) < 100.0 and ex.stats()["probes"] == 1
+    assert all(_answered_in_time(model, ex, 100 + i) for i in range(3))

@@ -16,7 +16,9 @@ It is never chosen by backend "auto": it computes nothing and only serves to ben
 
 `compute_us` (the model key `noop_compute_us`) makes every batch finish that long after it
 starts, whatever its size, as a GPU's would: the daemon's scheduling, batching and completion
-timing can then be measured and tested on any machine at a realistic device time.
+timing can then be measured and tested on any machine at a realistic device time. Runners read
+it at every launch, so a test can make one batch slow (as CPU contention makes one) by setting
+the runtime's `compute_us` while it serves.
 """
 
 from __future__ import annotations
@@ -83,7 +85,8 @@ class NoopRunner(Runner):
         info = runtime.info
         self._staging = np.empty((self.max_batch, *info.input_shape), dtype=np.float32)
         self._zeros = np.zeros((self.max_batch, info.num_class), dtype=np.float32)
-        self._compute_s = max(int(runtime.compute_us), 0) / 1e6
+        self._runtime = runtime
+        self._compute_s = 0.0  # the batch in flight's device time
         self._ready_at = 0.0
         self._n = 0
         self._copy_ms = 0.0
@@ -96,6 +99,7 @@ class NoopRunner(Runner):
         self._n = len(windows)
         now = time.perf_counter()
         self._copy_ms = (now - t0) * 1e3
+        self._compute_s = max(int(self._runtime.compute_us), 0) / 1e6
         self._ready_at = now + self._compute_s
 
     def done(self) -> bool:

@@ -2,17 +2,20 @@
 
 Every model is served the same way. The loop takes a batch from the model's scheduler when
 the executor is free, refuses the jobs that cannot finish in time (`expired`, judged by the
-warmed-up compute time of the bucket the batch runs in, never by set-up), launches the rest
-and goes back to serving other cameras. It finishes the batch on a later pass, when the
-runner says it is done, and turns its logits into one reply per job.
+estimated compute time of the batch's bucket: server/compute_estimate.py, seeded by the
+warm-up, never by set-up, and never stale), launches the rest and goes back to serving other
+cameras. It finishes the batch on a later pass, when the runner says it is done, and turns
+its logits into one reply per job.
 
 When to look: a runner whose compute runs on its own worker thread (runtimes.base.InWorker)
 wakes the loop itself when a batch is done. A runner that only enqueues device work (CUDA
 graphs, noop) is looked at on the loop's timer: each bucket has an estimate of launch-to-done
 time, seeded by the warm-up and then tracking the 90th percentile of where its batches finish
 (a batch done at the first look pulls it earlier by a little, one that needed another look
-pushes it later by nine times as much, so that about one batch in ten needs a second look). A
-look costs the loop a wake-up; looking late adds latency. Further looks follow every few
+pushes it later by nine times as much, so that about one batch in ten needs a second look; one
+far later jumps it half way there, undone when the next batch is done at the first look: one
+slow batch must not delay every later reply). A look costs the loop a wake-up; looking late
+adds latency. Further looks follow every few
 percent of the estimate (25..200 us).
 
 Liveness (gunicorn's arbiter): `busy_since` is a monotonic timestamp set while a batch runs;
@@ -32,12 +35,12 @@ from stgcnd.errors import at_step
 from stgcnd.log import get_logger
 from stgcnd.runtimes.base import Runner, Runtime
 from stgcnd.runtimes.cuda import CudaError
+from stgcnd.server.compute_estimate import ComputeEstimate
 from stgcnd.server.scheduler import Job, Scheduler
 from stgcnd_client.protocol import ErrorCode, encode_reply
 
 log = get_logger(__name__)
 
-EWMA = 0.2               # compute estimate per bucket: weight of the newest batch
 RECHECK_FRACTION = 0.04
 RECHECK_MIN_S = 25e-6
 RECHECK_MAX_S = 200e-6
@@ -101,7 +104,7 @@ class Executor:
         self.scheduler = scheduler
         self.runner = runner
         self.buckets = runner.buckets
-        self.compute_ms = dict(runner.compute_ms)   # bucket -> compute estimate (ms)
+        self.estimate = ComputeEstimate(runner.buckets, runner.compute_ms)
         self.wall_s = {b: ms / 1e3 for b, ms in runner.wall_ms.items()}
         self.polled = not runner.wakes_loop  # else the runner wakes the loop when done
         self.busy_since: float | None = None
@@ -115,6 +118,8 @@ class Executor:
         self._bucket = 0
         self._started = 0.0                    # monotonic, when it was launched
         self._looks = 0
+        self._probe = False                    # the batch in flight runs past its estimate
+        self._jumped: dict[int, tuple[float, float]] = {}  # bucket -> first look (before, after)
 
     @classmethod
     def prepare(cls, runtime: Runtime, model: str, labels: Sequence[str], index: int,
@@ -138,12 +143,14 @@ class Executor:
     def alive(self) -> bool:
         return not self._closed
 
+    @property
+    def compute_ms(self) -> dict[int, float]:
+        """bucket -> the compute estimate (ms) that `expired` is judged by."""
+        return self.estimate.as_dict()
+
     def estimate_ms(self, n: int) -> float:
-        """Expected compute time of a batch of n (its bucket's warmed-up estimate)."""
-        for b in self.buckets:
-            if b >= n:
-                return self.compute_ms.get(b, 0.0)
-        return self.compute_ms.get(self.buckets[-1], 0.0)
+        """Expected compute time of a batch of n (its bucket's estimate)."""
+        return self.estimate.ms(self.estimate.bucket_for(n))
 
     def close(self) -> None:
         """Free the runner (waiting for a batch still running); idempotent."""
@@ -209,15 +216,25 @@ class Executor:
             message = "the daemon is shutting down; retry on its restart"
             return [error_reply(j, ErrorCode.SHUTTING_DOWN, message, "shutting-down")
                     for j in jobs], []
+        bucket = self.estimate.bucket_for(len(jobs))
+        estimate_ms = self.estimate.ms(bucket)
+        eta = now + estimate_ms / 1e3
+        self._probe = False
+        if any(j.deadline is not None and eta > j.deadline for j in jobs):
+            if self.estimate.probe_due(bucket, now):
+                # The estimate has refused this bucket for a while and learnt nothing since:
+                # run what can still make it (a deadline not yet passed), and let the batch
+                # correct the estimate.
+                self._probe = True
+            else:
+                self.estimate.refused(bucket, now)
         replies: list[Reply] = []
-        eta = now + self.estimate_ms(len(jobs)) / 1e3
         runnable = []
         for job in jobs:
-            if job.deadline is not None and eta > job.deadline:
-                replies.append(error_reply(job, ErrorCode.EXPIRED, (
-                    f"deadline passed: {(now - job.received) * 1e3:.1f} ms in queue and a "
-                    f"batch of {len(jobs)} takes ~{self.estimate_ms(len(jobs)):.1f} ms; "
-                    "raise timeout_ms or add capacity"), "expired"))
+            if job.deadline is not None and (now >= job.deadline if self._probe
+                                             else eta > job.deadline):
+                replies.append(error_reply(job, ErrorCode.EXPIRED, _expired_message(
+                    job, now, len(jobs), estimate_ms), "expired"))
             else:
                 runnable.append(job)
         return replies, runnable
@@ -266,14 +283,24 @@ class Executor:
         """Keep the bucket's first look at about the 90th percentile of its finish times."""
         bucket = self._bucket
         est = self.wall_s.get(bucket, 0.0)
+        jumped = self._jumped.pop(bucket, None)
         if self._looks == 0:
-            self.wall_s[bucket] = est * EARLIER
+            if jumped is not None and jumped[1] == est:
+                # The batch before jumped the look out, and this one was done at it: that one
+                # was an outlier (one slow batch under CPU contention), not a slower device.
+                # Back to where it was, or every later reply waits for the outlier's look.
+                self.wall_s[bucket] = jumped[0]
+            else:
+                self.wall_s[bucket] = est * EARLIER
         else:
             # Far off (a seed from a cold warm-up, a slower device clock): jump half way to
             # what was seen instead of creeping up 4.5 % per batch.
             seen = seen_done - self._started
-            self.wall_s[bucket] = min(max(est * LATER, (est + seen) / 2 if seen > 2 * est
-                                          else 0), MAX_LOOK_S)
+            if seen > 2 * est:
+                self.wall_s[bucket] = min((est + seen) / 2, MAX_LOOK_S)
+                self._jumped[bucket] = (est, self.wall_s[bucket])
+            else:
+                self.wall_s[bucket] = min(est * LATER, MAX_LOOK_S)
 
     def _failed(self, jobs: list[Job], exc: Exception) -> list[Reply]:
         log.error("batch_failed", model=self.model, batch=len(jobs),
@@ -287,9 +314,8 @@ class Executor:
         t = self.runner.last_timings
         compute_ms = float(t.get("compute_ms", t.get("total_ms", 0.0)))
         bucket = self._bucket
-        old = self.compute_ms.get(bucket)
-        self.compute_ms[bucket] = compute_ms if old is None else \
-            (1 - EWMA) * old + EWMA * compute_ms
+        self.estimate.learn(bucket, compute_ms, probe=self._probe)
+        self._probe = False
         self.batches += 1
         self.windows += len(jobs)
         timings = {"compute_ms": round(compute_ms, 3), "batch": len(jobs), "bucket": bucket}
@@ -297,4 +323,15 @@ class Executor:
 
     def stats(self) -> dict[str, object]:
         return {"alive": self.alive, "batches": self.batches, "windows": self.windows,
-                "compute_ms": {str(b): round(v, 3) for b, v in sorted(self.compute_ms.items())}}
+                "compute_ms": {str(b): round(v, 3) for b, v in sorted(self.compute_ms.items())},
+                "probes": self.estimate.probes}
+
+
+def _expired_message(job: Job, now: float, batch: int, estimate_ms: float) -> str:
+    """Why a job was refused, in numbers and in no client's parameter names (the Python
+    client says `timeout`, in seconds; the wire says `timeout_ms`)."""
+    assert job.deadline is not None
+    budget_ms = (job.deadline - job.received) * 1e3
+    return (f"deadline passed: {(now - job.received) * 1e3:.1f} ms in queue and a batch of "
+            f"{batch} takes ~{estimate_ms:.1f} ms, beyond the request's {budget_ms:.0f} ms; "
+            "allow it more time or add capacity")
