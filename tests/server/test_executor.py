@@ -269,8 +269,8 @@ def test_a_stale_estimate_is_probed_and_corrected(model):
     the device is fast again nothing but the refused camera asks, so nothing would correct
     it. After a few refused batches' time one runs anyway, and the estimate learns."""
     (ex,) = model.executors
-    _slow_batches(model, ex, 250_000, 5)
-    assert ex.estimate_ms(1) >= 250.0  # now refuses a 200 ms deadline
+    _slow_batches(model, ex, 300_000, 8)
+    assert ex.estimate_ms(1) > SHORT_BUDGET_S * 1e3  # now refuses the 200 ms deadline
     took = _served_in_time_after(model, ex, limit_s=2.0)
     assert took is not None, f"still refused after 2 s; estimate {ex.compute_ms}"
     assert ex.estimate_ms(1) < 100.0 and ex.stats()["probes"] == 1

@@ -13,10 +13,11 @@ graphs, noop) is looked at on the loop's timer: each bucket has an estimate of l
 time, seeded by the warm-up and then tracking the 90th percentile of where its batches finish
 (a batch done at the first look pulls it earlier by a little, one that needed another look
 pushes it later by nine times as much, so that about one batch in ten needs a second look; one
-far later jumps it half way there, undone when the next batch is done at the first look: one
-slow batch must not delay every later reply). A look costs the loop a wake-up; looking late
-adds latency. Further looks follow every few
-percent of the estimate (25..200 us).
+far later jumps it half way there, undone when the next batch is done at the first look; and
+a batch done at the first look that computed in under half the time of the last batch that
+pushed the look later scales it down by as much: neither one slow batch nor a slow spell may
+delay every later reply). A look costs the loop a wake-up; looking late adds latency. Further
+looks follow every few percent of the estimate (25..200 us).
 
 Liveness (gunicorn's arbiter): `busy_since` is a monotonic timestamp set while a batch runs;
 the watchdog trusts it alone.
@@ -120,6 +121,8 @@ class Executor:
         self._looks = 0
         self._probe = False                    # the batch in flight runs past its estimate
         self._jumped: dict[int, tuple[float, float]] = {}  # bucket -> first look (before, after)
+        self._pushed_by_ms: dict[int, float] = {}  # bucket -> compute of the last batch that
+        #                                            pushed its first look later
 
     @classmethod
     def prepare(cls, runtime: Runtime, model: str, labels: Sequence[str], index: int,
@@ -283,16 +286,25 @@ class Executor:
         """Keep the bucket's first look at about the 90th percentile of its finish times."""
         bucket = self._bucket
         est = self.wall_s.get(bucket, 0.0)
+        t = self.runner.last_timings
+        computed_ms = float(t.get("compute_ms", t.get("total_ms", 0.0)))
         jumped = self._jumped.pop(bucket, None)
         if self._looks == 0:
+            pushed_by_ms = self._pushed_by_ms.get(bucket, 0.0)
             if jumped is not None and jumped[1] == est:
                 # The batch before jumped the look out, and this one was done at it: that one
                 # was an outlier (one slow batch under CPU contention), not a slower device.
                 # Back to where it was, or every later reply waits for the outlier's look.
                 self.wall_s[bucket] = jumped[0]
+            elif 0 < computed_ms < pushed_by_ms / 2:
+                # The device is fast again after a slow spell that pushed the look out: scale
+                # it down by as much (0.5 % a batch would take hundreds of late replies).
+                self.wall_s[bucket] = est * computed_ms / pushed_by_ms
+                del self._pushed_by_ms[bucket]
             else:
                 self.wall_s[bucket] = est * EARLIER
         else:
+            self._pushed_by_ms[bucket] = computed_ms
             # Far off (a seed from a cold warm-up, a slower device clock): jump half way to
             # what was seen instead of creeping up 4.5 % per batch.
             seen = seen_done - self._started
