@@ -5,16 +5,24 @@ camera thread wants its own socket anyway so a slow camera never waits on anothe
 Client per camera thread. The first thread that makes a call owns the Client; a call from any
 other thread raises `CrossThreadUse`. `close()` may come from any thread while no call runs.
 
+Deadlines: a call's `timeout` (seconds) is how long the caller waits, whatever the attempts.
+
 Reliability (the "Lazy Pirate" pattern): after sending, the client polls for the reply. When an
 attempt's share of the deadline passes with no reply, the socket is closed (dropping whatever it
 still queues), a fresh DEALER connects and the same request (same id) is sent again, as long as
-the caller's overall deadline and the retry budget allow. Replies that do not carry the
-outstanding request's id are discarded.
+the caller's overall deadline and the retry budget allow. Each attempt tells the daemon its own
+wait as the request's deadline (`timeout_ms` on the wire), so an abandoned attempt expires there
+instead of running. An `expired` answer to an attempt that had only a share of the time left is
+not the end of the call: the daemon is evidently there, what the attempt lacked was time, so the
+same request goes again at once, on the same socket, with everything that is left (whatever
+`retries` says). Only `expired` to an attempt that had all the time left is raised (`Expired`).
+Replies that do not carry the outstanding request's id are discarded.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import socket as _socket
 import threading
@@ -31,6 +39,7 @@ from .errors import (
     BadReply,
     ClientClosed,
     CrossThreadUse,
+    Expired,
     Timeout,
     server_error,
 )
@@ -50,6 +59,12 @@ class Client:
     >>> with Client("ipc:///run/stgcnd/stgcnd.sock", camera_id="aisle-3") as client:
     ...     result = client.infer(window)          # window: (3, T, V, M) float32
     ...     print(result.label_name, result.probs)
+
+    ``timeout`` (seconds, default 5) is how long a call waits in all, whatever its attempts;
+    a call's own ``timeout=`` overrides it. ``retries`` is how many times a request is resent
+    on a fresh socket after a reply did not come within its attempt's share of the time
+    (``Timeout`` when none came at all); an ``expired`` answer with time left is retried at
+    once with all of it (``Expired`` when even that was too little).
 
     A daemon on another machine (tcp with CURVE) also needs ``server_key`` (its public key)
     and ``client_key`` (this camera's pair), as files or z85 text: see stgcnd_client.curve.
@@ -72,8 +87,7 @@ class Client:
             raise ValueError(
                 f"endpoint must look like ipc:///path or tcp://host:port, got {endpoint!r}"
             )
-        if timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        timeout = _checked_timeout(timeout)
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
         self.endpoint = endpoint
@@ -172,9 +186,7 @@ class Client:
         **fields: Any,
     ) -> tuple[dict[str, Any], float]:
         with self._exclusive():
-            budget = self.timeout if timeout is None else float(timeout)
-            if budget <= 0:
-                raise ValueError(f"timeout must be > 0 seconds, got {budget}")
+            budget = self.timeout if timeout is None else _checked_timeout(timeout)
             start = time.monotonic()
             deadline = start + budget
             req_id = next(self._ids)
@@ -186,19 +198,25 @@ class Client:
                 if remaining <= 0:
                     break
                 wait = max(remaining / (attempts - attempt), min(remaining, MIN_ATTEMPT_S))
-                attempt_deadline = time.monotonic() + wait
                 made += 1
-                # The server gets this attempt's budget: once it passes, nobody reads the reply
-                # (this socket is about to be replaced), so the server may as well not run it.
-                frames = encode_request(
-                    op, req_id, self.camera_id, model, arrays, timeout_ms=wait * 1000.0, **fields
-                )
-                sent, reply = self._attempt(frames, req_id, attempt_deadline)
+                sent, reply = self._attempt(op, req_id, model, arrays, fields, wait)
                 connected = connected or sent
+                if reply is not None and _is_expired(reply) and wait < remaining:
+                    # The daemon is there and answering; what the attempt lacked was time, its
+                    # share of the budget being kept for resends after a lost reply. One more
+                    # attempt, on this socket, with everything that is left: the caller's
+                    # timeout is what the caller waits, whatever the attempts.
+                    left = deadline - time.monotonic()
+                    if left > 0:
+                        made += 1
+                        wait = left
+                        _sent, reply = self._attempt(op, req_id, model, arrays, fields, left)
                 if reply is not None:
                     client_ms = (time.monotonic() - start) * 1000.0
                     if not reply.ok:
                         assert reply.error is not None
+                        if reply.error.code == ErrorCode.EXPIRED.value:
+                            raise _expired(op, budget, wait, made, reply.error.message)
                         raise server_error(reply.error.code, reply.error.message)
                     return reply.result, client_ms
                 self._drop_socket()
@@ -215,6 +233,25 @@ class Client:
             )
 
     def _attempt(
+        self,
+        op: Op,
+        req_id: int,
+        model: str | None,
+        arrays: tuple[np.ndarray, ...],
+        fields: dict[str, Any],
+        wait: float,
+    ) -> tuple[bool, Reply | None]:
+        """Send the request (same id every attempt) and wait up to `wait` seconds for its
+        reply: (whether it was sent, the reply or None)."""
+        attempt_deadline = time.monotonic() + wait
+        # The server gets this attempt's wait as its deadline: once it passes, nobody reads the
+        # reply (this socket is about to be replaced), so the server may as well not run it.
+        frames = encode_request(
+            op, req_id, self.camera_id, model, arrays, timeout_ms=wait * 1000.0, **fields
+        )
+        return self._exchange(frames, req_id, attempt_deadline)
+
+    def _exchange(
         self, frames: list[bytes], req_id: int, deadline: float
     ) -> tuple[bool, Reply | None]:
         sock = self._ensure_socket()
@@ -298,6 +335,27 @@ class Client:
             yield
         finally:
             self._guard.release()
+
+
+def _checked_timeout(timeout: float) -> float:
+    seconds = float(timeout)
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+    return seconds
+
+
+def _is_expired(reply: Reply) -> bool:
+    return not reply.ok and reply.error is not None and reply.error.code == ErrorCode.EXPIRED.value
+
+
+def _expired(op: Op, budget: float, last_wait: float, attempts: int, why: str) -> Expired:
+    """The caller's view of a final `expired`: in its own terms (`timeout`, in seconds)."""
+    return Expired(
+        ErrorCode.EXPIRED.value,
+        f"{op.value} could not be answered within timeout={budget:g} s: the daemon refused "
+        f"the last of {attempts} attempt(s), which had {last_wait:.2f} s left, as too late "
+        f"({why}); pass a longer timeout (seconds), or lighten the daemon's load",
+    )
 
 
 def _ms_until(deadline: float) -> int:

@@ -44,7 +44,11 @@ class Busy(ServerError):
 
 
 class Expired(ServerError):
-    """The request could no longer meet its deadline and was not run."""
+    """The daemon could not answer within the call's `timeout` and did not run the request.
+
+    Raised only once an attempt that had all of the call's remaining time was refused: an
+    `expired` answer with time left is retried first (stgcnd_client.client). The message
+    gives the call's timeout in seconds and the daemon's reason."""
 
 
 class ShuttingDown(ServerError):

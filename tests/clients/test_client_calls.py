@@ -238,7 +238,6 @@ def test_call_waits_for_a_daemon_that_starts_late(endpoint):
     ("code", "exc_type"),
     [
         ("busy", Busy),
-        ("expired", Expired),
         ("shutting-down", ShuttingDown),
         ("bad-shape", ServerError),
         ("unknown-model", ServerError),
@@ -252,6 +251,63 @@ def test_error_replies_raise_typed_exceptions(serve, endpoint, code, exc_type):
     assert isinstance(info.value, ServerError) and isinstance(info.value, ClientError)
     assert info.value.code == code and info.value.message == f"{code} happened"
     assert type(info.value) is exc_type
+
+
+class ExpireFirst:
+    """Answers the first ``n`` requests `expired` (too little time for them), then answers."""
+
+    def __init__(self, n: int = 1) -> None:
+        self.n = n
+        self.model = FakeModelServer()
+
+    def __call__(self, req):
+        if self.n > 0:
+            self.n -= 1
+            return [encode_reply(req.id, error=("expired", "a batch of 1 takes ~2000.0 ms"))]
+        return self.model(req)
+
+
+def test_expired_with_time_left_is_retried_at_once_with_all_of_it(serve, endpoint):
+    """#32.3: the first attempt gets a share of the timeout (a quarter, with 3 retries); its
+    `expired` does not end the call: the same request goes again on the same socket with all
+    that is left, so the caller's timeout is what it waits, whatever the attempts."""
+    daemon = serve(ExpireFirst(1))
+    w = window()
+    with Client(endpoint, timeout=4.0, retries=3) as client:
+        result = client.infer(w)
+        assert client.reconnects == 0
+    np.testing.assert_allclose(result.logits, expected_logits(w), rtol=1e-6)
+    (first_id, first), (second_id, second) = daemon.received
+    assert first.id == second.id and first_id == second_id  # same request, same socket
+    assert first.timeout_ms == pytest.approx(1000, abs=5)  # 4 s over 4 attempts
+    assert 3900 < second.timeout_ms <= 4000                # everything that was left
+
+
+def test_expired_with_all_the_time_left_is_raised_in_the_callers_terms(serve, endpoint):
+    daemon = serve(ExpireFirst(10))
+    with Client(endpoint, timeout=5.0) as client, pytest.raises(Expired) as info:
+        client.push(window()[:, 0])
+    assert len(daemon.received) == 2  # a share, then everything left; not 4 shares
+    assert info.value.code == "expired" and isinstance(info.value, ServerError)
+    text = str(info.value)
+    assert "within timeout=5 s" in text and "a batch of 1 takes ~2000.0 ms" in text
+    assert "timeout_ms" not in text and "longer timeout (seconds)" in text
+
+
+def test_without_retries_the_one_attempt_has_all_the_time(serve, endpoint):
+    daemon = serve(ExpireFirst(10))
+    with Client(endpoint, timeout=2.0, retries=0) as client, pytest.raises(Expired):
+        client.infer(window())
+    ((_, only),) = daemon.received
+    assert only.timeout_ms == pytest.approx(2000, abs=5)
+
+
+def test_a_timeout_must_be_a_finite_number_of_seconds(endpoint):
+    for bad in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="finite number of seconds"):
+            Client(endpoint, timeout=bad)
+    with Client(endpoint) as client, pytest.raises(ValueError, match="seconds"):
+        client.ping(timeout=float("inf"))
 
 
 def test_error_reply_without_id_answers_the_outstanding_request(serve, endpoint):

@@ -280,8 +280,8 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         engine=True)] = False
     noop_compute_us: Annotated[int, key(
         "backend noop only: each batch finishes this long after it starts",
-        "must be in 0..1000000 and is for backend = \"noop\" only", engine=True, ge=0,
-        le=1_000_000)] = 0
+        "must be in 0..10000000 and is for backend = \"noop\" only", engine=True, ge=0,
+        le=10_000_000)] = 0
 
     @property
     def engine(self) -> tuple[object, ...]:
