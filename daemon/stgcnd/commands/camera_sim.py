@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from stgcnd.commands._camera_args import add_camera_args
+from stgcnd.commands._camera_args import add_camera_args, check_timeout
 from stgcnd.errors import UserError
 from stgcnd.server.transport import parse_endpoint
 from stgcnd.tools.demo.camera_sim import simulate
@@ -34,7 +34,9 @@ def run(args: argparse.Namespace) -> int:
     parse_endpoint(args.endpoint, listening=False)  # a malformed endpoint: one line, exit 2
     if args.cameras < 1 or args.fps <= 0 or args.duration <= 0:
         raise UserError("--cameras must be >= 1, --fps and --duration > 0")
-    rows = simulate(args.endpoint, args.cameras, args.fps, args.mode, args.duration, args.model)
+    check_timeout(args.timeout)
+    rows = simulate(args.endpoint, args.cameras, args.fps, args.mode, args.duration, args.model,
+                    timeout=args.timeout)
     if args.json:
         print(json.dumps(rows))
     return 1 if any(r["errors"] for r in rows) else 0

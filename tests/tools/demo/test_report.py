@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 from stgcnd.tools.demo.camera_sim import CameraStats, format_table
 from stgcnd.tools.demo.progress import LogFollower, describe
-from stgcnd.tools.demo.report import Load, explain_rate
+from stgcnd.tools.demo.report import (
+    Load,
+    Outcome,
+    events_line,
+    explain_rate,
+    prediction_verdict,
+)
 
 
 def test_saturated_cpu_is_named_with_its_numbers():
@@ -28,13 +35,54 @@ def test_kept_rate_is_one_line():
         "cameras kept their rate: 24.6 Hz of 25 fps (within 10 %)"]
 
 
-def test_a_run_shorter_than_a_window_is_not_called_slow():
+def _outcome(without: tuple[str, ...] = ("cam1", "cam2"), expired: int = 0,
+             timed_out: int = 0, busy: int = 0, other: int = 0) -> Outcome:
+    return Outcome(cameras=2, predictions=0 if len(without) == 2 else 9,
+                   without_predictions=without, expired=expired,
+                   timed_out=timed_out, busy=busy, other_errors=other)
+
+
+def test_every_camera_with_predictions_is_no_verdict():
+    assert prediction_verdict(_outcome(()), 5.0, 25, 20.0) is None
+
+
+def test_a_run_shorter_than_a_window_is_told_to_run_longer():
     # 150 frames at 25 fps take 6 s to fill: a 5 s run can have no prediction at all.
-    lines = explain_rate(Load(4, 25, 4.0, None, 22.3, None, duration_s=5.0))
-    assert lines == ["no prediction yet: a window is 150 frames, 6.0 s at 25 fps, and the "
-                     "cameras ran 5 s; run longer (--duration)"]
-    assert "did not keep up" in "\n".join(explain_rate(Load(4, 25, 4.0, None, 2.0, None,
-                                                            duration_s=20.0)))
+    assert prediction_verdict(_outcome(), 5.0, 25, 5.0) == (
+        "no camera got a prediction: a window is 150 frames, 6.0 s at 25 fps, and the "
+        "cameras ran 5 s; run longer (--duration)")
+    # Full windows (window mode) need no filling.
+    assert "run longer" not in str(prediction_verdict(_outcome(expired=9), 5.0, 25, 5.0,
+                                                      push=False))
+
+
+def test_no_prediction_in_time_says_why_and_what_to_change():
+    """#32.2: every prediction expired (or got no reply in time): a failure, with the
+    numbers and the options that change it."""
+    line = prediction_verdict(_outcome(expired=30, timed_out=2), 0.005, 25, 20.0)
+    assert line == (
+        "no camera got a prediction: 30 request(s) were answered expired and 2 got no reply "
+        "within the 0.005 s timeout, so the daemon could not answer in time (a saturated CPU, "
+        "or too short a timeout); pass a longer --timeout, or ask less of it: fewer --cameras "
+        "or a larger --stride")
+
+
+def test_some_cameras_without_predictions_are_named():
+    line = prediction_verdict(_outcome(("cam2",), busy=12), 5.0, 25, 20.0)
+    assert line is not None and line.startswith("1 of 2 cameras got no prediction (cam2): 12 ")
+    assert "fewer --cameras" in line
+
+
+def test_events_are_told_as_they_happened():
+    """#32.2: 'each camera's event lasts until the shutdown' was printed with 0 events."""
+    assert events_line(0, Counter(), predictions=0) == \
+        "events: none (no prediction came back, so none could start)"
+    assert events_line(0, Counter(), predictions=3).startswith("events: none started")
+    assert events_line(2, Counter(shutdown=2), predictions=40) == (
+        "events: 2 started, 2 ended at the shutdown, which ends every open event (the demo "
+        "model sees its second class in every window)")
+    assert events_line(3, Counter({"below-exit": 2, "shutdown": 1}), predictions=40) == \
+        "events: 3 started, 3 ended (2 below-exit, 1 shutdown)"
 
 
 def test_table_shows_dashes_until_there_is_data():

@@ -21,7 +21,9 @@ import numpy as np
 import zmq
 
 from stgcnd.model.synthetic import synthetic_windows
-from stgcnd_client import Client, ClientError, Result, ServerError, Timeout
+from stgcnd_client import Client, ClientError, Expired, Result, ServerError, Timeout
+
+HELLO_TIMEOUT_S = 5.0  # how long a camera waits for the daemon to answer its hello
 
 
 @dataclass
@@ -32,6 +34,8 @@ class CameraStats:
     replies: int = 0
     predictions: int = 0
     errors: int = 0
+    expired: int = 0      # of the errors: answered `expired` (no time for the prediction)
+    timed_out: int = 0    # of the errors: no reply within the timeout
     last_error: str = ""
     last_label: str = ""
     started: float = field(default_factory=time.monotonic)
@@ -52,18 +56,20 @@ class CameraStats:
         return {"camera": self.camera, "replies": self.replies, "predictions": self.predictions,
                 "rate_hz": self.replies / elapsed if self.replies else None, "p50_ms": p50,
                 "p99_ms": p99, "compute_ms": compute, "errors": self.errors,
+                "expired": self.expired, "timed_out": self.timed_out,
                 "label": self.last_label or "-", "error_causes": dict(self.causes)}
 
 
 def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: float,
                stats: CameraStats, stop: threading.Event, model: str | None = None,
                timeout: float = 5.0, start_delay: float = 0.0) -> None:
-    """One camera thread: its own Client (ZeroMQ sockets are per thread)."""
+    """One camera thread: its own Client (ZeroMQ sockets are per thread). `timeout` is each
+    frame's or window's (--timeout); the hello waits HELLO_TIMEOUT_S whatever it is."""
     if stop.wait(start_delay):
         return
     stats.started = time.monotonic()
     try:
-        client = Client(endpoint, camera_id=camera, timeout=timeout)
+        client = Client(endpoint, camera_id=camera, timeout=HELLO_TIMEOUT_S)
     except (ValueError, zmq.ZMQError) as exc:
         stats.failed(f"{endpoint} is not an endpoint a camera can connect to ({exc})")
         return
@@ -71,7 +77,7 @@ def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: floa
         try:
             info = client.hello()
         except Timeout:
-            stats.failed(no_daemon_cause(endpoint, timeout))
+            stats.failed(no_daemon_cause(endpoint, HELLO_TIMEOUT_S))
             return
         except (ClientError, zmq.ZMQError) as exc:
             stats.failed(f"the daemon at {endpoint} refused the camera: {exc}")
@@ -105,8 +111,14 @@ def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: floa
                         stats.compute_ms.append(res.timings["compute_ms"])
                     stats.last_label = res.label_name
             except Timeout:
-                stats.failed(f"no reply within {timeout:g} s (the daemon is overloaded, "
-                             "stopped or restarting)")
+                stats.timed_out += 1
+                stats.failed(f"no reply within the {timeout:g} s timeout (the daemon is "
+                             "overloaded, stopped or restarting)")
+            except Expired:
+                # One cause for all: the daemon's message differs in its numbers every time.
+                stats.expired += 1
+                stats.failed(f"the daemon answered expired: it could not predict within the "
+                             f"{timeout:g} s timeout")
             except ServerError as exc:
                 stats.failed(f"the daemon answered {exc.code}: {exc.message}")
             except ClientError as exc:
@@ -173,10 +185,10 @@ def format_table(rows: list[dict[str, object]]) -> str:
 
 def simulate(endpoint: str, cameras: int = 4, fps: float = 25.0, mode: str = "push",
              duration: float = 20.0, model: str | None = None, out: TextIO | None = None,
-             refresh: float = 1.0, err: TextIO | None = None, legend: str = ""
-             ) -> list[dict[str, object]]:
-    """Run the cameras; print a live table every `refresh` seconds (on a terminal); return
-    the final rows.
+             refresh: float = 1.0, err: TextIO | None = None, legend: str = "",
+             timeout: float = 5.0) -> list[dict[str, object]]:
+    """Run the cameras, each request with `timeout` seconds; print a live table every
+    `refresh` seconds (on a terminal); return the final rows.
 
     The final table goes to `out` (with `legend` under it), then one line per failure cause
     to `err` (stderr).
@@ -188,7 +200,7 @@ def simulate(endpoint: str, cameras: int = 4, fps: float = 25.0, mode: str = "pu
     # push-mode predictions (every `stride` frames) do not all land at the same moment.
     threads = [threading.Thread(target=run_camera, name=s.camera, daemon=True,
                                 args=(endpoint, s.camera, fps, mode, duration, s, stop, model),
-                                kwargs={"start_delay": i / cameras})
+                                kwargs={"start_delay": i / cameras, "timeout": timeout})
                for i, s in enumerate(stats)]
     for th in threads:
         th.start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from typing import Callable
 
 from stgcnd_client import Events
@@ -16,6 +17,7 @@ class EventPrinter(threading.Thread):
         self.endpoint, self.say = endpoint, say
         self.stop = threading.Event()
         self.started_events = self.ended_events = 0
+        self.ended_reasons: Counter[str] = Counter()  # reason -> events that ended so
         self._subscribed = threading.Event()
 
     def run(self) -> None:
@@ -34,6 +36,7 @@ class EventPrinter(threading.Thread):
                              f"{event['camera']} at {at} (probability {event['probability']})")
                 else:
                     self.ended_events += 1
+                    self.ended_reasons[str(event["reason"])] += 1
                     self.say(f"event {event['id']}: ended at {at} after "
                              f"{event['duration_s']} s, peak {event['peak']} "
                              f"({event['reason']})")

@@ -1,8 +1,11 @@
-"""What the demo's table means, and why cameras ran below their frame rate (with numbers)."""
+"""What the demo's table means, and its verdict from what came back: whether every camera got
+predictions (if not, why and what to change), whether the cameras kept their rate (if not, why,
+with numbers), and the events that happened."""
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 
 LEGEND = """\
@@ -28,13 +31,68 @@ class Load:
     duration_s: float = 0.0     # how long the cameras ran (0: unknown)
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What came back to the cameras, all together."""
+
+    cameras: int
+    predictions: int
+    without_predictions: tuple[str, ...]  # the cameras that got none
+    expired: int                # requests answered `expired`
+    timed_out: int              # requests with no reply within the timeout
+    busy: int                   # requests answered `busy`
+    other_errors: int
+
+
+def prediction_verdict(outcome: Outcome, timeout_s: float, fps: float, duration_s: float,
+                       push: bool = True) -> str | None:
+    """None when every camera got predictions; else one line: which did not, why, and what
+    to change. A demo without predictions has failed, whatever the rate of its replies.
+    `push`: the cameras pushed frames (no prediction before a window's worth)."""
+    missing = outcome.without_predictions
+    if not missing:
+        return None
+    who = ("no camera got a prediction" if len(missing) == outcome.cameras else
+           f"{len(missing)} of {outcome.cameras} cameras got no prediction "
+           f"({', '.join(missing)})")
+    fill_s = WINDOW_FRAMES / fps
+    if push and 0 < duration_s <= fill_s:
+        return (f"{who}: a window is {WINDOW_FRAMES} frames, {fill_s:.1f} s at {fps:g} fps, "
+                f"and the cameras ran {duration_s:g} s; run longer (--duration)")
+    if outcome.expired or outcome.timed_out:
+        return (f"{who}: {outcome.expired} request(s) were answered expired and "
+                f"{outcome.timed_out} got no reply within the {timeout_s:g} s timeout, so the "
+                "daemon could not answer in time (a saturated CPU, or too short a timeout); "
+                "pass a longer --timeout, or ask less of it: fewer --cameras or a larger "
+                "--stride")
+    if outcome.busy:
+        return (f"{who}: {outcome.busy} request(s) were refused as busy (the cameras' queues "
+                "in the daemon were full); ask less of it: fewer --cameras, a larger --stride "
+                "or a lower --fps")
+    if outcome.other_errors:
+        return f"{who}: their requests failed (the causes above)"
+    return f"{who}, although the daemon answered every frame; see the daemon's log"
+
+
+def events_line(started: int, ended: Counter[str], predictions: int) -> str:
+    """The demo's events, as they happened (`ended`: how many ended, by reason)."""
+    if not started:
+        if not predictions:
+            return "events: none (no prediction came back, so none could start)"
+        return ("events: none started (an event needs predictions of its class over "
+                "min_duration_s, 1 s in the demo)")
+    line = f"events: {started} started, {sum(ended.values())} ended"
+    if ended and set(ended) == {"shutdown"}:
+        return line + (" at the shutdown, which ends every open event (the demo model sees "
+                       "its second class in every window)")
+    if ended:
+        line += " (" + ", ".join(f"{n} {reason}" for reason, n in ended.most_common()) + ")"
+    return line
+
+
 def explain_rate(load: Load) -> list[str]:
-    """Lines saying whether cameras ran below their rate, and why; [] when they kept up."""
-    fill_s = WINDOW_FRAMES / load.fps
-    if load.compute_ms is None and 0 < load.duration_s <= fill_s:
-        return [f"no prediction yet: a window is {WINDOW_FRAMES} frames, {fill_s:.1f} s at "
-                f"{load.fps:g} fps, and the cameras ran {load.duration_s:g} s; run longer "
-                "(--duration)"]
+    """Lines saying whether cameras ran below their rate, and why; [] when they kept up.
+    Only for a run in which every camera got predictions (prediction_verdict)."""
     if load.achieved_hz >= SLOW_FRACTION * load.fps:
         return [f"cameras kept their rate: {load.achieved_hz:.1f} Hz of {load.fps:g} fps "
                 f"(within {100 * (1 - SLOW_FRACTION):.0f} %)"]
@@ -42,7 +100,7 @@ def explain_rate(load: Load) -> list[str]:
              f"(-{100 * (1 - load.achieved_hz / load.fps):.0f}%); within "
              f"{100 * (1 - SLOW_FRACTION):.0f} % counts as kept."]
     if load.compute_ms is None:
-        lines.append("  no prediction finished: the daemon did not keep up at all")
+        lines.append("  the daemon reported no compute time for its predictions")
         return lines
     need_ms = load.windows_per_s * load.compute_ms
     cpus = os.cpu_count() or 1
