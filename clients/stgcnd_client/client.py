@@ -35,6 +35,7 @@ import numpy as np
 import zmq
 
 from .curve import ClientKey, KeySource, curve_options
+from .endpoint import parse_endpoint
 from .errors import (
     BadReply,
     ClientClosed,
@@ -43,6 +44,7 @@ from .errors import (
     Timeout,
     server_error,
 )
+from .payload import as_frame, as_window
 from .protocol import ErrorCode, Op, ProtocolError, Reply, decode_reply, encode_request
 from .results import Result, ServerInfo
 
@@ -83,10 +85,7 @@ class Client:
         server_key: KeySource | None = None,
         client_key: ClientKey | None = None,
     ) -> None:
-        if not isinstance(endpoint, str) or "://" not in endpoint:
-            raise ValueError(
-                f"endpoint must look like ipc:///path or tcp://host:port, got {endpoint!r}"
-            )
+        parse_endpoint(endpoint)  # a wrong endpoint fails here, not as a ZMQError later
         timeout = _checked_timeout(timeout)
         if retries < 0:
             raise ValueError(f"retries must be >= 0, got {retries}")
@@ -120,7 +119,7 @@ class Client:
         self, window: Any, model: str | None = None, timeout: float | None = None
     ) -> Result:
         """Classify one full window (3, T, V, M), float32 or float16."""
-        array = _as_payload(window, ndim=4, what="window", shape_hint="(3, T, V, M)")
+        array = as_window(window)
         result, client_ms = self._call(Op.INFER, model=model, arrays=(array,), timeout=timeout)
         return Result.from_result(result, client_ms)
 
@@ -131,7 +130,7 @@ class Client:
 
         Returns None until the server's window is full, then a Result every ``stride`` frames.
         """
-        array = _as_payload(frame, ndim=3, what="frame", shape_hint="(3, V, M)")
+        array = as_frame(frame)
         result, client_ms = self._call(Op.PUSH, model=model, arrays=(array,), timeout=timeout)
         if not result.get("ready"):
             return None
@@ -362,15 +361,3 @@ def _ms_until(deadline: float) -> int:
     # Round up so a positive remainder never turns into a 0 ms (non-blocking) poll.
     remaining = deadline - time.monotonic()
     return 0 if remaining <= 0 else max(1, int(remaining * 1000.0 + 0.999))
-
-
-def _as_payload(value: Any, ndim: int, what: str, shape_hint: str) -> np.ndarray:
-    array = np.asarray(value)
-    if array.dtype not in (np.float32, np.float16):
-        if array.dtype.kind not in "fiub":
-            raise TypeError(f"{what} must be numeric (float32 preferred), got {array.dtype}")
-        # float64 is what numpy makes by default; the wire carries float32.
-        array = array.astype(np.float32)
-    if array.ndim != ndim:
-        raise ValueError(f"{what} must have shape {shape_hint}, got {array.shape}")
-    return array

@@ -20,6 +20,7 @@ import msgpack
 import zmq
 
 from .curve import ClientKey, KeySource, curve_options
+from .endpoint import parse_endpoint
 
 Event = Dict[str, Union[str, float]]  # see docs/protocol.md "Events" for the keys
 
@@ -33,6 +34,7 @@ class Events:
                  client_key: ClientKey | None = None) -> None:
         """`server_key` and `client_key`: for a daemon whose [server] curve is on, as for
         `Client` (stgcnd_client.curve)."""
+        parse_endpoint(endpoint)  # a wrong endpoint fails here, not as a ZMQError
         self._ctx = context or zmq.Context.instance()
         self._sock: zmq.Socket[bytes] = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.LINGER, 0)

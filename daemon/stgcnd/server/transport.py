@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import socket
 import stat
 from pathlib import Path
@@ -14,6 +13,8 @@ import zmq
 from stgcnd.errors import UserError
 from stgcnd.log import get_logger
 from stgcnd.server.config import Config
+from stgcnd_client.endpoint import EndpointError
+from stgcnd_client.endpoint import parse_endpoint as client_parse_endpoint
 
 log = get_logger(__name__)
 
@@ -97,7 +98,6 @@ def prepare_ipc_path(path: Path) -> None:
 
 # A Unix socket path is at most 107 bytes (sun_path is 108 with the terminating NUL).
 SUN_PATH_MAX = 107
-_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[\w.-]+|\*):(\d+|\*)$")
 
 
 def check_endpoint(endpoint: str) -> None:
@@ -119,48 +119,12 @@ def parse_endpoint(endpoint: str, *, listening: bool) -> tuple[str, str]:
     """("ipc", path) or ("tcp", "host:port") for a well-formed endpoint, else UserError.
 
     `listening`: checked for the daemon (which binds: host "*" allowed) rather than a client.
+    The rules are the client's (stgcnd_client.endpoint), so that both agree.
     """
-    example = "ipc:///run/stgcnd/stgcnd.sock or tcp://127.0.0.1:5555"
-    if not isinstance(endpoint, str) or not endpoint.strip():
-        raise UserError(f"the endpoint is empty; use {example}")
-    if "://" not in endpoint:
-        raise UserError(f"{endpoint!r} is not a ZeroMQ endpoint{_did_you_mean(endpoint)}")
-    scheme, address = endpoint.split("://", 1)
-    if scheme == "inproc":
-        raise UserError(f"{endpoint}: inproc:// exists only inside one process, so no camera "
-                        f"can reach it; use {example}")
-    if scheme not in ("ipc", "tcp"):
-        raise UserError(f"{endpoint}: unsupported scheme {scheme + '://'!r}; use {example}")
-    if scheme == "ipc":
-        if not address:
-            raise UserError(f"{endpoint}: ipc:// needs a socket path, e.g. "
-                            "ipc:///run/stgcnd/stgcnd.sock")
-        return scheme, address
-    match = _HOST_PORT.match(address)
-    if not match:
-        raise UserError(f"{endpoint}: expected tcp://HOST:PORT, e.g. tcp://127.0.0.1:5555"
-                        + (" (tcp://*:5555 listens on every interface)" if listening else ""))
-    host, port = match.groups()
-    if host == "*" and not listening:
-        raise UserError(f"{endpoint}: '*' is for the daemon's side (every interface); connect "
-                        f"to the daemon's address, e.g. tcp://127.0.0.1:{port}")
-    if port == "*" or not 1 <= int(port) <= 65535:
-        raise UserError(f"{endpoint}: the port must be a number from 1 to 65535 that cameras "
-                        "can be told, e.g. tcp://127.0.0.1:5555")
-    return scheme, address
-
-
-def _did_you_mean(endpoint: str) -> str:
-    text = endpoint.strip()
-    if text.startswith("ipc:"):  # "ipc:/tmp/x.sock", "ipc:tmp/x.sock"
-        text = text[len("ipc:"):]
-    elif text.startswith("tcp:"):
-        return f": did you mean tcp://{text[len('tcp:'):].lstrip('/')}?"
-    if _HOST_PORT.match(text):
-        return f": did you mean tcp://{text}?"
-    if "/" in text or text.endswith(".sock"):
-        return f": did you mean ipc://{Path(text).absolute()}?"
-    return "; use ipc:///path/to/socket or tcp://host:port"
+    try:
+        return client_parse_endpoint(endpoint, listening=listening)
+    except EndpointError as exc:
+        raise UserError(str(exc)) from None
 
 
 def _check_ipc_listen(endpoint: str, address: str) -> None:
