@@ -35,3 +35,14 @@ def spec_from_args(args: argparse.Namespace) -> ModelSpec:
                          graph_op=args.graph_op)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+def require_files(**paths: Path | None) -> None:
+    """Every input file a flag names exists (flag name -> path; None: not given), checked
+    before a model is loaded or a backend measured: a typo should not cost the user those
+    seconds before it is reported."""
+    missing = [f"--{flag.replace('_', '-')} {path}" for flag, path in paths.items()
+               if path is not None and not Path(path).is_file()]
+    if missing:
+        raise UserError(f"no such file: {', '.join(missing)}; check the path (relative ones "
+                        f"are relative to {Path.cwd()})")

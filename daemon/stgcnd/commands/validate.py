@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from stgcnd.commands._model_args import add_model_arguments, spec_from_args
+from stgcnd.commands._model_args import add_model_arguments, require_files, spec_from_args
 from stgcnd.commands.build import (
     add_build_arguments,
     options_from_args,
@@ -67,6 +67,7 @@ def check_thresholds(result: dict[str, Any], max_abs: float | None, min_top1: fl
 
 
 def run(args: argparse.Namespace) -> int:
+    require_files(windows=args.windows, calibration=args.calibration)
     spec = spec_from_args(args)
     model = load_for_inference(spec)
     store = store_from_args(args)
