@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,12 +29,7 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """Call write(tmp) on a temp file beside `path`, fsync it, then rename it over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # The writer's pid in the name: a killed writer's leftovers can be found and removed
-    # (`stgcnd engines prune`, a cancelled build) without touching a live writer's file.
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}.", suffix=".part",
-                                    dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp = _new_temp_file(path)
     try:
         write(tmp)
         with open(tmp, "rb+") as f:
@@ -44,6 +39,22 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def _new_temp_file(path: Path) -> Path:
+    """An empty file beside `path`, made with the permissions any new file gets (0666 less
+    the umask: 0644 under the usual 022), not mkstemp's 0600: exported models, engines and
+    reports are read by other users (the daemon's, a colleague's). The writer's pid in the
+    name: a killed writer's leftovers can be found and removed (`stgcnd engines prune`, a
+    cancelled build) without touching a live writer's file."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}.{secrets.token_hex(4)}.part"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(f"no free temporary name beside {path}")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
