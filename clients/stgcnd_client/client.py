@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from .curve import ClientKey, KeySource, curve_options
+from .curve import ClientKey, KeySource, curve_options, unreachable_hint
 from .endpoint import parse_endpoint
 from .errors import (
     BadReply,
@@ -224,7 +224,7 @@ class Client:
             if not connected:
                 raise Timeout(
                     f"could not reach stgcnd at {self.endpoint} within {elapsed:.2f} s; "
-                    "is the daemon running, and may this process open its socket?"
+                    + unreachable_hint(self.endpoint, keyed=bool(self._curve))
                 )
             raise Timeout(
                 f"no reply from stgcnd at {self.endpoint} to {op.value} within {elapsed:.2f} s "

@@ -67,3 +67,21 @@ def _z85(key: str | bytes, what: str) -> bytes:
         raise ValueError(f"{what}: a z85 CURVE key has {Z85_KEY_LENGTH} characters, got "
                          f"{len(raw)}")
     return raw
+
+
+def unreachable_hint(endpoint: str, keyed: bool) -> str:
+    """Why a call found no daemon to send to, by transport: the end of Timeout's "could not
+    reach" message. A daemon with CURVE on refuses, during ZeroMQ's handshake, a client
+    without keys or with a key it does not know: the connection never completes, so the
+    client cannot even send, which looks exactly like no daemon at all."""
+    if not endpoint.startswith("tcp://"):
+        return "is the daemon running, and may this process open its socket?"
+    if not keyed:
+        return ("is the daemon running and listening there? A daemon on another machine "
+                "may need CURVE keys (its [server] curve is on): pass server_key= (its public "
+                "key, `stgcnd keys server`) and client_key= (this camera's pair, made with "
+                "`stgcnd keys create NAME` on the daemon's machine) to Client; see "
+                "docs/remote-cameras.md")
+    return ("is the daemon running and listening there, is server_key its public key "
+            "(`stgcnd keys server`), and is this client's key authorized (`stgcnd keys "
+            "list` on the daemon's machine; it logs refused keys as curve_denied)?")

@@ -299,3 +299,35 @@ def test_a_revoked_keys_subscriber_gets_no_event_after_the_reload(curve_daemon, 
         late = revoked.recv(timeout_ms=1000)
         assert after[1] is None and late is None, (after, late)
     assert "events_subscriber_cut" in [e["event"] for e in d.log_events()]
+
+
+@pytest.mark.slow
+def test_refused_handshakes_are_explained_to_the_client_and_in_the_log(curve_daemon, tmp_path):
+    """Issue #32, item 7: a camera without keys is told the endpoint may need them (after its
+    timeout, not 30 s), and the daemon logs each kind of refusal once per 10 s with a count:
+    no keys, a server key that is not the daemon's, a key it does not know."""
+    d = curve_daemon()
+    good = _create(d.config_path, "good", tmp_path / "out")
+    d.start()
+    server = tmp_path / "keys" / "server.key"
+    stranger = tuple(k.decode() for k in zmq.curve_keypair())
+    with Client(d.endpoint, "cam-none", timeout=1.0, retries=0) as plain, \
+            pytest.raises(Timeout) as info:
+        plain.ping()
+    for named in ("may need CURVE keys", "server_key=", "client_key=", "stgcnd keys create"):
+        assert named in str(info.value)
+    for server_key, client_key in ((zmq.curve_keypair()[0].decode(), good),
+                                   (server, stranger)):
+        with Client(d.endpoint, "cam-refused", timeout=1.0, retries=0, server_key=server_key,
+                    client_key=client_key) as refused, pytest.raises(Timeout):
+            refused.ping()
+    with Client(d.endpoint, "cam-good", server_key=server, client_key=good) as ok:
+        denied = ok.stats()["curve"]["denied"]
+    lines = [e for e in d.log_events() if e["event"] == "curve_denied"]
+    assert sorted(e["reason"] for e in lines) == ["no-keys", "unknown-key", "wrong-server-key"]
+    assert denied > len(lines)  # each client retried its handshake; one line per reason
+    by_reason = {e["reason"]: e for e in lines}
+    assert "stgcnd keys create" in by_reason["no-keys"]["action"]
+    assert "stgcnd keys server" in by_reason["wrong-server-key"]["action"]
+    assert by_reason["unknown-key"]["client_key"] == stranger[0]
+    assert all(e["peer"] and e["denied"] >= 1 for e in lines)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from zmq.utils import z85
 from stgcnd.errors import UserError
 from stgcnd.log import get_logger
 from stgcnd.server.config import Config
+from stgcnd.server.handshakes import Refusal, Refusals
 from stgcnd.threadname import name_os_thread
 
 log = get_logger(__name__)
@@ -35,7 +35,9 @@ log = get_logger(__name__)
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # fixed by the ZAP spec (RFC 27)
 SERVER_NAME = "server"
 POLL_MS = 100  # how soon the handler thread notices stop()
-DENIED_LOG_EVERY_S = 10.0  # denials are logged as a count, not one line per handshake
+UNKNOWN_KEY = Refusal("unknown-key", "the client's CURVE key is not authorized",
+                      "add the client's .key to the authorized directory (`stgcnd keys "
+                      "create`), then `systemctl reload stgcnd`")
 
 
 @dataclass(frozen=True)
@@ -169,10 +171,10 @@ class Curve:
         self.public, secret = server_keypair(keys_dir(config))
         self._secret = secret
         self.keys: dict[str, ClientKey] = {}  # swapped whole on reload: readers need no lock
-        self.denied = 0
+        # Refused handshakes, from the ZAP handler (unknown keys) and from the sockets'
+        # monitors (no keys, a wrong server key: server/handshakes.py).
+        self.refusals = Refusals("curve_denied", "denied")
         self.dropped = 0  # requests refused: their connection's key was revoked since
-        self._denied_logged = 0
-        self._next_denied_log = 0.0
         self._stop = threading.Event()
         self._zap = ctx.socket(zmq.REP)
         self._zap.setsockopt(zmq.LINGER, 0)
@@ -180,6 +182,11 @@ class Curve:
         self.reload()
         self._thread = threading.Thread(target=self._run, name="zap", daemon=True)
         self._thread.start()
+
+    @property
+    def denied(self) -> int:
+        """Handshakes refused, ever (the stats reply's curve.denied)."""
+        return self.refusals.count
 
     def secure(self, router: zmq.Socket[bytes]) -> None:
         router.setsockopt(zmq.CURVE_SERVER, 1)
@@ -230,12 +237,5 @@ class Curve:
         return [version, req_id, b"200", b"OK", public.encode(), b""]
 
     def _denied(self, address: str, public: str) -> None:
-        self.denied += 1
-        now = time.monotonic()
-        if now >= self._next_denied_log:
-            self._next_denied_log = now + DENIED_LOG_EVERY_S
-            log.warning("curve_denied", address=address, client_key=public,
-                        denied=self.denied - self._denied_logged,
-                        action="add the client's .key to the authorized directory "
-                               "(`stgcnd keys create`), then `systemctl reload stgcnd`")
-            self._denied_logged = self.denied
+        self.refusals.refused(UNKNOWN_KEY, f"ip:{address}" if address else "",
+                              address=address, client_key=public)

@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from stgcnd.server.connections import (
 )
 from stgcnd.server.curve import Curve, curve_enabled
 from stgcnd.server.events import EventFeed
+from stgcnd.server.handshakes import Refusals, monitor_reporter
 from stgcnd.server.heap import (
     CHECK_EVERY_S,
     TRIM_EVERY_S,
@@ -96,6 +98,7 @@ class Server:
         self._pipe = SelfPipe()    # signals and worker threads wake the loop through it
         self._router: zmq.Socket[bytes] | None = None
         self.curve: Curve | None = None  # CURVE's keys and ZAP handler (server/curve.py)
+        self.refusals = Refusals("handshake_failed", "failed")  # replaced at start-up
         self._ipc_path: Path | None = None
         self.connections: Connections | None = None
         self.requests: RequestPath | None = None
@@ -142,7 +145,13 @@ class Server:
         if curve_enabled(self.config):  # before the binds: no connection without a key
             self.curve = Curve(self._ctx, self.config)
         requests_cap, events_cap = self._connection_budget()
+        # Refused handshakes: the client never hears why, so the log says it
+        # (server/handshakes.py); with CURVE, as curve_denied with the ZAP handler's.
+        self.refusals = self.curve.refusals if self.curve is not None else \
+            Refusals("handshake_failed", "failed")
         self.events = EventFeed(self._ctx, self.config, self.curve, events_cap)
+        if self.events.connections is not None:
+            self.events.connections.on_handshake_failed = self._report_handshakes()
         self.events.configure(self.models)
         self._router = make_router(self._ctx, self.config)
         if self.curve is not None:
@@ -189,10 +198,14 @@ class Server:
         memory a peer can make libzmq hold (server/heap.py)."""
         assert self._router is not None
         self.connections = Connections(self._ctx, self._router, cap)
+        self.connections.on_handshake_failed = self._report_handshakes()
         self._rss = RssWatch(self.config.server.max_rss_mb)
         log.info("memory_limit", rss_mb=round(self._rss.rss() / 2**20, 1),
                  limit_mb=round(self._rss.limit / 2**20, 1),
                  action="over it, connections that send nothing are closed")
+
+    def _report_handshakes(self) -> Callable[[int, str], None]:
+        return monitor_reporter(self.refusals, curve=self.curve is not None)
 
     def _start_model(self, model: ServedModel) -> None:
         s = self.config.server
