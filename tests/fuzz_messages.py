@@ -4,7 +4,8 @@
 Pure: msgpack, numpy and `random` only; no sockets. Each generator returns `Case`s: the frames
 to send (no identity frame) and what any conforming server must answer, as far as the protocol
 fixes it. `expected_reply_id` is an oracle independent of `decode_request`: it unpacks the header
-with the documented limits and reads an integer "id" from it, or gives None.
+with the documented limits and reads an integer "id" from it (from a header that breaks them,
+from the entries read before the break: docs/protocol.md, §3), or gives None.
 """
 
 from __future__ import annotations
@@ -49,20 +50,45 @@ class Case:
 
 
 def expected_reply_id(frames: list[bytes], limits: Limits) -> int | None:
-    """The id a reply must carry: the header's integer id when the header is readable."""
-    if not frames or len(frames[0]) > limits.max_header_bytes:
+    """The id a reply must carry (docs/protocol.md, §3): the header's integer id when the
+    header decodes; when it does not (a limit broken, trailing bytes, cut short, too large),
+    the last integer "id" among the entries of its map read before the damage, within the
+    first max_map_len entries."""
+    if not frames:
         return None
+    if len(frames[0]) <= limits.max_header_bytes:
+        try:
+            header = msgpack.unpackb(
+                frames[0], raw=False, strict_map_key=True, max_str_len=limits.max_str_len,
+                max_bin_len=limits.max_bin_len, max_array_len=limits.max_array_len,
+                max_map_len=limits.max_map_len, max_ext_len=0)
+        except Exception:
+            pass
+        else:
+            return _int_or_none(header.get("id")) if isinstance(header, dict) else None
+    return _id_before_the_damage(frames[0], limits)
+
+
+def _id_before_the_damage(header: bytes, limits: Limits) -> int | None:
+    stream = msgpack.Unpacker(raw=False, strict_map_key=False, max_str_len=limits.max_str_len,
+                              max_bin_len=limits.max_bin_len, max_ext_len=0,
+                              max_array_len=limits.max_array_len,
+                              max_map_len=limits.max_map_len)
+    stream.feed(header)
+    found = None
     try:
-        header = msgpack.unpackb(
-            frames[0], raw=False, strict_map_key=True, max_str_len=limits.max_str_len,
-            max_bin_len=limits.max_bin_len, max_array_len=limits.max_array_len,
-            max_map_len=limits.max_map_len, max_ext_len=0)
+        for _ in range(min(stream.read_map_header(), limits.max_map_len)):
+            if stream.unpack() == "id":
+                found = _int_or_none(stream.unpack())
+            else:
+                stream.skip()
     except Exception:
-        return None
-    if not isinstance(header, dict):
-        return None
-    rid = header.get("id")
-    return rid if isinstance(rid, int) and not isinstance(rid, bool) else None
+        pass
+    return found
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class Generator:

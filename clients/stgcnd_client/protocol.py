@@ -198,6 +198,7 @@ def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Reque
         raise ProtocolError(
             ErrorCode.TOO_LARGE,
             f"header frame is {header_buf.nbytes} bytes; the limit is {limits.max_header_bytes}",
+            peek_id(header_buf, limits),
         )
     header = _unpack(header_buf, limits)
     if not isinstance(header, dict):
@@ -308,6 +309,36 @@ def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Reque
         version=version,
         nbytes=total,
     )
+
+
+def peek_id(header: Any, limits: Limits | None = None) -> int | None:
+    """The request id of a header that may not decode as a whole: the int under "id" among
+    the first `max_map_len` entries of the header's map, read one entry at a time; None when
+    there is no such id. So that a reply carries the id whenever the request had one, also
+    when the header breaks a limit (a string too long, too many entries, trailing bytes,
+    non-string keys) or is too large. Values are skipped unread, so this allocates no more
+    than the id itself, and reads no more entries than a valid header may have."""
+    limits = limits or DEFAULT_LIMITS
+    unpacker = msgpack.Unpacker(
+        raw=False, strict_map_key=False, max_str_len=limits.max_str_len, max_bin_len=0,
+        max_array_len=limits.max_array_len, max_map_len=limits.max_map_len, max_ext_len=0,
+        max_buffer_size=max(_as_bytes_view(header).nbytes, 1),
+    )
+    req_id = None
+    try:
+        unpacker.feed(_as_bytes_view(header))
+        entries = unpacker.read_map_header()
+        for _ in range(min(entries, limits.max_map_len)):
+            if unpacker.unpack() != "id":
+                unpacker.skip()
+                continue
+            value = unpacker.unpack()
+            req_id = value if _is_int(value) else None  # the last "id" counts, as in a dict
+    except Exception:
+        # Whatever stops the reading (end of data, a limit, a value that is not msgpack),
+        # the id read so far, if any, is the header's.
+        pass
+    return req_id
 
 
 def too_many_frames(limits: Limits) -> str:
@@ -514,7 +545,8 @@ def _unpack(buf: memoryview, limits: Limits) -> Any:
         # msgpack raises several types (ValueError, FormatError, StackError, ExtraData, ...);
         # every one of them means the same thing to the peer.
         raise ProtocolError(
-            ErrorCode.MALFORMED, f"header is not a valid msgpack map within limits: {exc}"
+            ErrorCode.MALFORMED, f"header is not a valid msgpack map within limits: {exc}",
+            peek_id(buf, limits),
         ) from None
 
 
