@@ -33,7 +33,7 @@ from .errors import (
     Timeout,
 )
 from .events import Events
-from .protocol import PROTOCOL_VERSION, ErrorCode, Op, ProtocolError
+from .protocol import PROTOCOL_VERSION, ErrorCode, Op, ProtocolError, Reason
 from .results import ModelInfo, Result, ServerInfo
 from .window import SkeletonWindow
 
@@ -54,6 +54,7 @@ __all__ = [
     "ModelInfo",
     "Op",
     "ProtocolError",
+    "Reason",
     "Result",
     "ServerError",
     "ServerInfo",

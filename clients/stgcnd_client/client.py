@@ -215,8 +215,11 @@ class Client:
                     if not reply.ok:
                         assert reply.error is not None
                         if reply.error.code == ErrorCode.EXPIRED.value:
-                            raise _expired(op, budget, wait, made, reply.error.message)
-                        raise server_error(reply.error.code, reply.error.message)
+                            expired = _expired(op, budget, wait, made, reply.error.message)
+                            expired.appended = reply.error.appended  # a push's frame is kept
+                            raise expired
+                        raise server_error(reply.error.code, reply.error.message,
+                                           reply.error.reason, reply.error.appended)
                     return reply.result, client_ms
                 self._drop_socket()
                 self._lost_reply = True

@@ -31,16 +31,27 @@ class BadReply(ClientError):
 
 
 class ServerError(ClientError):
-    """The server answered with an error. ``code`` is one of `ErrorCode`'s values."""
+    """The server answered with an error. ``code`` is one of `ErrorCode`'s values.
 
-    def __init__(self, code: str, message: str) -> None:
+    ``reason``: why a `busy` or `shutting-down` was refused (`Reason`'s values), else None.
+    ``appended``: for a push, whether its frame is in the camera's window on the server (a
+    resend with the same id never appends it twice); None for other ops, or when the server
+    could not decode the request (then it was not appended).
+    """
+
+    def __init__(self, code: str, message: str, reason: str | None = None,
+                 appended: bool | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        self.reason = reason
+        self.appended = appended
 
 
 class Busy(ServerError):
-    """The camera's queue on the server is full; the request was not run."""
+    """Not run: the camera's queue on the server is full (``reason`` "queue-full": drop the
+    frame or back off), or the daemon serves max_cameras cameras ("no-camera-slot": retry in
+    a few seconds)."""
 
 
 class Expired(ServerError):
@@ -67,6 +78,7 @@ _BY_CODE: dict[str, type[ServerError]] = {
 }
 
 
-def server_error(code: str, message: str) -> ServerError:
+def server_error(code: str, message: str, reason: str | None = None,
+                 appended: bool | None = None) -> ServerError:
     """The exception instance for an error reply with this code."""
-    return _BY_CODE.get(code, ServerError)(code, message)
+    return _BY_CODE.get(code, ServerError)(code, message, reason, appended)

@@ -87,18 +87,35 @@ COMMON_REQUEST_KEYS: frozenset[str] = frozenset(
 )
 
 
+class Reason(str, Enum):
+    """Why a `busy` or `shutting-down` request was refused: the error map's ``reason``, for
+    clients that back off differently (docs/protocol.md, §5)."""
+
+    QUEUE_FULL = "queue-full"            # busy: the camera has queue_size requests queued
+    NO_CAMERA_SLOT = "no-camera-slot"    # busy: max_cameras served, none can give way yet
+    STOPPING = "stopping"                # shutting-down: the daemon is stopping
+    MODEL_REPLACED = "model-replaced"    # shutting-down: a reload is replacing the model
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class ProtocolError(Exception):
     """A message does not follow the protocol. ``code`` is an `ErrorCode` value.
 
     ``req_id`` is the request id when the header got far enough to read one, so the daemon can
     echo it in the error reply; None when the message could not be decoded at all.
+    ``reason`` (busy, shutting-down) and ``appended`` (push) go into the reply's error map.
     """
 
-    def __init__(self, code: ErrorCode | str, message: str, req_id: int | None = None) -> None:
+    def __init__(self, code: ErrorCode | str, message: str, req_id: int | None = None,
+                 reason: Reason | None = None, appended: bool | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code = ErrorCode(code)
         self.message = message
         self.req_id = req_id
+        self.reason = reason
+        self.appended = appended
 
 
 @dataclass(frozen=True)
@@ -139,6 +156,8 @@ class Request:
 class ErrorInfo:
     code: str
     message: str
+    reason: str | None = None      # busy / shutting-down: a `Reason` value (or a newer one)
+    appended: bool | None = None   # push: whether its frame is in the camera's window
 
 
 @dataclass(frozen=True)
@@ -369,9 +388,8 @@ def encode_reply(
         # are copied into one for msgpack.
         header["result"] = result if type(result) is dict else dict(result or {})
     else:
-        code, message = _error_parts(error)
         header["ok"] = False
-        header["error"] = {"code": code, "message": message}
+        header["error"] = _error_map(error)
     return [_pack(header)]
 
 
@@ -418,7 +436,11 @@ def decode_reply(frames: Sequence[Any]) -> Reply:
         raise ProtocolError(
             ErrorCode.MALFORMED, 'error reply needs "error": {"code": str, "message": str}', req_id
         )
-    info = ErrorInfo(code=error["code"], message=error.get("message", ""))
+    # Optional keys of a v1 error map; of another type (a newer server's?) they are left out.
+    reason, appended = error.get("reason"), error.get("appended")
+    info = ErrorInfo(code=error["code"], message=error.get("message", ""),
+                     reason=reason if isinstance(reason, str) else None,
+                     appended=appended if isinstance(appended, bool) else None)
     return Reply(id=req_id, ok=False, error=info, version=version)
 
 
@@ -607,10 +629,17 @@ def _check_dimensions(
         )
 
 
-def _error_parts(error: Any) -> tuple[str, str]:
+def _error_map(error: Any) -> dict[str, Any]:
+    """The reply's error map: code and message, then reason and appended where given."""
     if isinstance(error, (ProtocolError, ErrorInfo)):
-        return str(_enum_value(error.code)), error.message
+        out: dict[str, Any] = {"code": str(_enum_value(error.code)), "message": error.message}
+        if error.reason is not None:
+            out["reason"] = str(_enum_value(error.reason))
+        if error.appended is not None:
+            out["appended"] = error.appended
+        return out
     if isinstance(error, Mapping):
-        return str(_enum_value(error["code"])), str(error.get("message", ""))
+        return {**error, "code": str(_enum_value(error["code"])),
+                "message": str(error.get("message", ""))}
     code, message = error
-    return str(_enum_value(code)), str(message)
+    return {"code": str(_enum_value(code)), "message": str(message)}

@@ -5,13 +5,19 @@ answers is tests/server/test_protocol_daemon.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgpack
 import pytest
 
+from stgcnd_client import Busy, Reason, ShuttingDown
+from stgcnd_client.errors import server_error
 from stgcnd_client.protocol import (
     ErrorCode,
     ProtocolError,
+    decode_reply,
     decode_request,
+    encode_reply,
     peek_id,
 )
 
@@ -56,3 +62,32 @@ def test_peek_reads_no_more_than_a_valid_header_may_hold():
     assert peek_id(msgpack.packb({"id": 9, **{f"k{i}": i for i in range(64)}})) == 9
 
 
+@pytest.mark.parametrize(("reason", "appended", "exc_type"), [
+    (Reason.QUEUE_FULL, True, Busy), (Reason.NO_CAMERA_SLOT, False, Busy),
+    (Reason.STOPPING, True, ShuttingDown), (Reason.MODEL_REPLACED, True, ShuttingDown)])
+def test_reason_and_appended_travel_in_the_error_map(reason, appended, exc_type):
+    """8.2, 8.3: `busy` and `shutting-down` say why, a push's error whether its frame was
+    appended; both are plain keys of the error map, next to code and message."""
+    code = ErrorCode.BUSY if exc_type is Busy else ErrorCode.SHUTTING_DOWN
+    (frame,) = encode_reply(7, error=ProtocolError(code, "no", 7, reason, appended))
+    assert msgpack.unpackb(frame) == {"v": 1, "id": 7, "ok": False, "error": {
+        "code": code.value, "message": "no", "reason": reason.value, "appended": appended}}
+    info = decode_reply([frame]).error
+    assert info is not None and (info.reason, info.appended) == (reason.value, appended)
+    exc = server_error(info.code, info.message, info.reason, info.appended)
+    assert type(exc) is exc_type and (exc.reason, exc.appended) == (reason.value, appended)
+
+
+def test_an_error_map_without_the_new_keys_still_decodes():
+    (frame,) = encode_reply(7, error=("busy", "queue full"))
+    assert msgpack.unpackb(frame)["error"] == {"code": "busy", "message": "queue full"}
+    info = decode_reply([frame]).error
+    assert info is not None and info.reason is None and info.appended is None
+
+
+def test_the_document_names_every_reason_once_in_the_error_map():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+    error_map = text[text.index("**The error map.**"):text.index("\n## 5.")]
+    for reason in Reason:
+        assert error_map.count(f"`{reason.value}`") == 1, reason
+    assert "`appended` (bool)" in error_map

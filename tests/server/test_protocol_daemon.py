@@ -5,6 +5,7 @@ the same answers is tests/clients/test_protocol_decisions.py."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import zmq
 
-from stgcnd_client.protocol import encode_request
+from stgcnd_client.protocol import decode_reply, encode_request
 from tests.server.daemon_harness import Daemon, stop_by_pid
 
 pytestmark = pytest.mark.slow
@@ -79,3 +80,65 @@ def test_the_id_is_echoed_after_header_failures(dealer):
     assert got == [(41, "malformed"), (42, "too-large"), (43, "malformed"), (None, "malformed")]
 
 
+def test_busy_says_the_queue_is_full_and_a_push_that_its_frame_was_kept(dealer):
+    """8.2, 8.3: `reason` tells the two kinds of `busy` apart, `appended` whether a push's
+    frame is in the window."""
+    for i in range(1, 5):  # one runs, two wait (queue_size 2), the rest are refused
+        send(dealer, "infer", i, "queue-infer", "slow", (WINDOW,))
+    busy = [r for r in replies(dealer, 4) if not r["ok"]]
+    assert busy and all(r["error"]["code"] == "busy" for r in busy)
+    assert all(r["error"]["reason"] == "queue-full" for r in busy)
+    assert all("appended" not in r["error"] for r in busy)  # an infer has no frame to keep
+
+    next_id = fill_window(dealer, "queue-push", "slow")
+    for i in range(next_id, next_id + 4):  # each completes a window: a prediction each
+        send(dealer, "push", i, "queue-push", "slow", (FRAME,))
+    busy = [r for r in replies(dealer, 4) if not r["ok"]]
+    assert busy and all((r["error"]["reason"], r["error"]["appended"]) == ("queue-full", True)
+                        for r in busy)
+    send(dealer, "push", next_id + 4, "queue-push", "slow", (FRAME,), timeout_ms=0)
+    (last,) = replies(dealer, 1)
+    assert last["error"]["appended"] is True
+    send(dealer, "reset", next_id + 5, "queue-push", "slow")
+    replies(dealer, 1)
+
+
+def test_a_push_refused_before_its_window_says_it_was_not_appended(dealer):
+    send(dealer, "push", 1, "bad-frame", "fast", (np.zeros((3, 17, 1), np.float32),))
+    (reply,) = replies(dealer, 1)
+    assert (reply["error"]["code"], reply["error"]["appended"]) == ("bad-shape", False)
+    send(dealer, "push", 2, "bad-frame", "fast", (FRAME,))
+    assert replies(dealer, 1)[0]["result"]["seq"] == 1  # nothing was appended before
+
+
+def test_no_camera_slot_and_shutting_down_say_why_and_whether_the_frame_was_kept(tmp_path):
+    """8.2, 8.3 with a daemon of its own: two camera slots (one for cameras never served),
+    and a drain that ends before the queued push could run."""
+    d = Daemon(tmp_path, models=MODELS, max_cameras=2, drain_timeout=0.1).start()
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(d.endpoint)
+    try:
+        next_id = fill_window(s, "holder", "slow")
+        send(s, "push", next_id, "holder", "slow", (FRAME,))      # runs for 0.4 s
+        send(s, "push", next_id + 1, "holder", "slow", (FRAME,))  # waits behind it
+        send(s, "push", 1, "newcomer", "slow", (FRAME,))          # no slot: holder is busy
+        (slot,) = replies(s, 1)
+        assert slot["error"]["code"] == "busy"
+        assert (slot["error"]["reason"], slot["error"]["appended"]) == ("no-camera-slot", False)
+        d.signal(signal.SIGTERM)  # the drain ends before the waiting push can run
+        ran, stopped = replies(s, 2)
+        assert ran["id"] == next_id and ran["ok"]
+        assert stopped["id"] == next_id + 1 and stopped["error"]["code"] == "shutting-down"
+        assert (stopped["error"]["reason"], stopped["error"]["appended"]) == ("stopping", True)
+    finally:
+        s.close(0)
+        stop_by_pid(d)
+
+
+def test_replies_decode_with_the_client_library(dealer):
+    """The new keys are optional keys of the error map: the client reads them as it is."""
+    send(dealer, "push", 9, "decoded", "fast", (np.zeros((3, 17, 1), np.float32),))
+    raw = dealer.recv_multipart() if dealer.poll(5000) else []
+    info = decode_reply(raw).error
+    assert info is not None and info.code == "bad-shape" and info.appended is False

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 
 from stgcnd.server.cameras import CameraState, CameraTable, Eviction
 from stgcnd.server.models import ServedModel
-from stgcnd_client.protocol import ErrorCode, ProtocolError, Request, check_frame, check_window
+from stgcnd_client.protocol import (
+    ErrorCode,
+    ProtocolError,
+    Reason,
+    Request,
+    check_frame,
+    check_window,
+)
 
 
 @dataclass
@@ -52,7 +59,7 @@ def admit(req: Request, peer: str, received: float, models: Mapping[str, ServedM
         raise ProtocolError(ErrorCode.BUSY, (
             f"this daemon already serves max_cameras={cameras.max_cameras} cameras and none "
             "of them can give way yet; retry in a few seconds or raise [server] max_cameras"),
-            req.id)
+            req.id, Reason.NO_CAMERA_SLOT)
     if req.op == "infer":
         check_queue(req, model, cam.name, queue_size)
     return Admitted(model, cam, evicted)
@@ -64,4 +71,4 @@ def check_queue(req: Request, model: ServedModel, camera: str, queue_size: int) 
     if model.scheduler.queued(camera) >= queue_size:
         raise ProtocolError(ErrorCode.BUSY, (
             f"camera {camera!r} already has {queue_size} requests queued; slow down or "
-            "raise [server] queue_size"), req.id)
+            "raise [server] queue_size"), req.id, Reason.QUEUE_FULL)

@@ -38,7 +38,7 @@ from stgcnd.runtimes.base import Runner, Runtime
 from stgcnd.runtimes.cuda import CudaError
 from stgcnd.server.compute_estimate import ComputeEstimate
 from stgcnd.server.scheduler import Job, Scheduler
-from stgcnd_client.protocol import ErrorCode, encode_reply
+from stgcnd_client.protocol import ErrorCode, ProtocolError, Reason, encode_reply
 
 log = get_logger(__name__)
 
@@ -62,7 +62,10 @@ class Reply:
 
 
 def error_reply(job: Job, code: ErrorCode, message: str, outcome: str) -> Reply:
-    return Reply(job, encode_reply(job.req_id, error=(code.value, message)), outcome)
+    # A push job's frame is in its camera's window already: only the prediction failed.
+    reason = Reason.STOPPING if code == ErrorCode.SHUTTING_DOWN else None
+    return Reply(job, encode_reply(job.req_id, error=ProtocolError(
+        code, message, reason=reason, appended=True if job.op == "push" else None)), outcome)
 
 
 def replies_for(jobs: Sequence[Job], logits: np.ndarray, labels: Sequence[str], model: str,
@@ -78,11 +81,12 @@ def replies_for(jobs: Sequence[Job], logits: np.ndarray, labels: Sequence[str], 
         if not all(map(math.isfinite, row)):
             # Inputs of huge magnitude overflow float32 (or float16 engines) inside the
             # network: a NaN prediction must never reach a client as if it were one.
-            out.append(Reply(job, encode_reply(job.req_id, error=(
-                ErrorCode.NON_FINITE.value,
+            refused = error_reply(job, ErrorCode.NON_FINITE, (
                 "the model produced non-finite logits for this window (values too large for "
                 "the network's precision); send normalized keypoints (x, y in 0..1 or "
-                "pixels, visibility in 0..1)")), "error", t))
+                "pixels, visibility in 0..1)"), "error")
+            refused.timings = t
+            out.append(refused)
             continue
         top = max(row)
         exps = [math.exp(v - top) for v in row]

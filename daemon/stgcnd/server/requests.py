@@ -34,6 +34,7 @@ from stgcnd_client.protocol import (
     ErrorCode,
     Limits,
     ProtocolError,
+    Reason,
     Request,
     decode_request,
     encode_reply,
@@ -104,8 +105,8 @@ class RequestPath:
                 return count
             self.send(msg.identity, encode_reply(
                 request_id(msg.frames[0], self.limits) if msg.frames else None,
-                error=(ErrorCode.SHUTTING_DOWN.value,
-                       "the daemon is shutting down; retry on restart")))
+                error=ProtocolError(ErrorCode.SHUTTING_DOWN, "the daemon is shutting down; "
+                                    "retry on restart", reason=Reason.STOPPING)))
         return READ_BURST
 
     def _refuse_oversized(self, msg: Incoming) -> None:
@@ -172,7 +173,9 @@ class RequestPath:
                                 "busy" if busy else "error")
             if busy:
                 self.quality.refused_busy(req.camera)
-        self.send(identity, encode_reply(req_id, error=(exc.code.value, exc.message)))
+        if req is not None and req.op == "push" and exc.appended is None:
+            exc.appended = False  # refused before its frame reached the window (_push)
+        self.send(identity, encode_reply(req_id, error=exc))
 
     def _dispatch(self, identity: bytes, req: Request, received: float, peer: str,
                   key: ClientKey | None = None) -> None:
@@ -221,13 +224,24 @@ class RequestPath:
                 deadline: float | None) -> None:
         job = Job(identity, req.id, cam.name, model.name, req.op, window, cam.lane, received,
                   deadline, extra)
-        if not model.submit(job):  # closed: the model is being replaced or the daemon stops
+        if not model.submit(job):  # closed: a reload replaces the model (the daemon's own
+            # stop refuses requests before they are read: refuse_all)
             raise ProtocolError(ErrorCode.SHUTTING_DOWN, "this model is being replaced; "
-                                "retry in a moment", req.id)
+                                "retry in a moment", req.id, Reason.MODEL_REPLACED)
         cam.in_flight += 1
 
     def _push(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
               received: float, deadline: float | None) -> None:
+        try:
+            self._push_frame(identity, req, cam, model, received, deadline)
+        except ProtocolError as exc:
+            # Past admission, the frame is in the window (appended now, or by the attempt
+            # this one resends): only its prediction was refused.
+            exc.appended = True
+            raise
+
+    def _push_frame(self, identity: bytes, req: Request, cam: CameraState,
+                    model: ServedModel, received: float, deadline: float | None) -> None:
         rec = cam.pushes.get(model.name)
         if rec is not None and rec.req_id == req.id:
             # A resend (the client timed out or got busy/expired): the frame is in the ring
