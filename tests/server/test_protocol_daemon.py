@@ -111,6 +111,16 @@ def test_a_push_refused_before_its_window_says_it_was_not_appended(dealer):
     assert replies(dealer, 1)[0]["result"]["seq"] == 1  # nothing was appended before
 
 
+@pytest.mark.parametrize("op", ["hello", "ping", "stats", "reset", "infer", "push"])
+def test_an_unknown_model_is_refused_by_every_op(dealer, op):
+    """8.6: before, hello, ping and stats ignored the model they were given."""
+    arrays = {"infer": (WINDOW,), "push": (FRAME,)}.get(op, ())
+    send(dealer, op, 77, "unknown-model", "nope", arrays)
+    (reply,) = replies(dealer, 1)
+    assert (reply["id"], reply["error"]["code"]) == (77, "unknown-model")
+    assert "fast, slow" in reply["error"]["message"]
+
+
 def test_no_camera_slot_and_shutting_down_say_why_and_whether_the_frame_was_kept(tmp_path):
     """8.2, 8.3 with a daemon of its own: two camera slots (one for cameras never served),
     and a drain that ends before the queued push could run."""

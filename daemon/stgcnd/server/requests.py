@@ -180,6 +180,10 @@ class RequestPath:
     def _dispatch(self, identity: bytes, req: Request, received: float, peer: str,
                   key: ClientKey | None = None) -> None:
         op = req.op
+        if req.model is not None and op in ("ping", "hello", "stats"):
+            # These answer for the whole daemon, but a name it does not serve is the
+            # client's mistake all the same: said at once, not at its first infer.
+            model_for(req, self.models)
         if op == "ping":
             self.send(identity, encode_reply(req.id, {"pong": True, "server_time": time.time()}))
             return
