@@ -5,9 +5,11 @@ answers is tests/server/test_protocol_daemon.py."""
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import msgpack
+import numpy as np
 import pytest
 
 from stgcnd_client import Busy, Reason, ShuttingDown
@@ -15,9 +17,11 @@ from stgcnd_client.errors import server_error
 from stgcnd_client.protocol import (
     ErrorCode,
     ProtocolError,
+    check_frame,
     decode_reply,
     decode_request,
     encode_reply,
+    encode_request,
     peek_id,
 )
 
@@ -83,6 +87,31 @@ def test_an_error_map_without_the_new_keys_still_decodes():
     assert msgpack.unpackb(frame)["error"] == {"code": "busy", "message": "queue full"}
     info = decode_reply([frame]).error
     assert info is not None and info.reason is None and info.appended is None
+
+
+@pytest.mark.parametrize("packed", [
+    b"\xcc\xc8",               # uint 8: what msgpack-c writes for 200.0f and 200.0
+    b"\xca" + struct.pack(">f", 200.0),   # float 32
+    b"\xcb" + struct.pack(">d", 200.0),   # float 64
+])
+def test_timeout_ms_takes_any_msgpack_number(packed):
+    """8.12: msgpack-c writes whole float32 values (not only doubles) as ints."""
+    header = msgpack.packb({**PING, "timeout_ms": None})
+    header = header.replace(b"\xaatimeout_ms\xc0", b"\xaatimeout_ms" + packed)
+    assert decode_request([header]).timeout_ms == 200.0
+
+
+def test_the_frame_size_is_checked_before_its_shape():
+    """8.13: bad-size (the frame's bytes against the header's own shape) is decoding;
+    bad-shape (the header's shape against the model's) comes after, at admission."""
+    frame = np.zeros((3, 33, 1), np.float32)
+    header, data = encode_request("push", 3, "cam", None, [frame])
+    assert refused(header, data[:-4]).code == ErrorCode.BAD_SIZE
+    wrong = np.zeros((3, 17, 1), np.float32)  # decodes, then is not the model's frame
+    req = decode_request(encode_request("push", 3, "cam", None, [wrong]))
+    with pytest.raises(ProtocolError) as info:
+        check_frame(req.arrays[0], (3, 30, 33, 1))
+    assert info.value.code == ErrorCode.BAD_SHAPE
 
 
 def test_the_document_names_every_reason_once_in_the_error_map():

@@ -111,6 +111,34 @@ def test_a_push_refused_before_its_window_says_it_was_not_appended(dealer):
     assert replies(dealer, 1)[0]["result"]["seq"] == 1  # nothing was appended before
 
 
+def test_timeout_zero_appends_and_expires_only_the_prediction(dealer):
+    """8.4: `timeout_ms` bounds the prediction: a push that makes none is answered ok at
+    once, even with 0; one that makes one due keeps its frame and is answered expired."""
+    send(dealer, "push", 1, "zero", "fast", (FRAME,), timeout_ms=0)
+    (first,) = replies(dealer, 1)
+    assert first["ok"] and first["result"]["seq"] == 1 and not first["result"]["ready"]
+    for i in range(2, FRAMES):
+        send(dealer, "push", i, "zero", "fast", (FRAME,))
+        replies(dealer, 1)
+    send(dealer, "push", FRAMES, "zero", "fast", (FRAME,), timeout_ms=0)
+    (due,) = replies(dealer, 1)
+    assert (due["error"]["code"], due["error"]["appended"]) == ("expired", True)
+    send(dealer, "push", FRAMES + 1, "zero", "fast", (FRAME,))
+    assert replies(dealer, 1)[0]["result"]["seq"] == FRAMES + 1
+
+
+def test_replies_to_pipelined_requests_come_as_they_are_ready(dealer):
+    """8.5: a refusal, an answer that needs no device and another model's prediction all
+    overtake a prediction still running: match replies by id, never by order."""
+    send(dealer, "infer", 1, "pipelined", "slow", (WINDOW,))
+    send(dealer, "infer", 2, "pipelined", "slow", (np.zeros((3, 5, 33, 1), np.float32),))
+    send(dealer, "ping", 3, "pipelined")
+    send(dealer, "infer", 4, "pipelined", "fast", (WINDOW,))
+    got = replies(dealer, 4)
+    assert [r["id"] for r in got][-1] == 1
+    assert {r["id"]: r["ok"] for r in got} == {1: True, 2: False, 3: True, 4: True}
+
+
 @pytest.mark.parametrize("op", ["hello", "ping", "stats", "reset", "infer", "push"])
 def test_an_unknown_model_is_refused_by_every_op(dealer, op):
     """8.6: before, hello, ping and stats ignored the model they were given."""
@@ -119,6 +147,15 @@ def test_an_unknown_model_is_refused_by_every_op(dealer, op):
     (reply,) = replies(dealer, 1)
     assert (reply["id"], reply["error"]["code"]) == (77, "unknown-model")
     assert "fast, slow" in reply["error"]["message"]
+
+
+def test_the_model_is_checked_before_the_shape(dealer):
+    """8.13: unknown-model before bad-shape, bad-size before both."""
+    send(dealer, "push", 5, "order", "nope", (np.zeros((3, 17, 1), np.float32),))
+    assert replies(dealer, 1)[0]["error"]["code"] == "unknown-model"
+    header, data = encode_request("push", 6, "order", "nope", [FRAME])
+    dealer.send_multipart([header, data[:-4]])
+    assert replies(dealer, 1)[0]["error"]["code"] == "bad-size"
 
 
 def test_no_camera_slot_and_shutting_down_say_why_and_whether_the_frame_was_kept(tmp_path):
