@@ -107,6 +107,7 @@ class Track:
     recent: collections.deque[float] = field(default_factory=collections.deque)
     since: float = 0.0                  # monotonic: pending since, or active since
     started_wall: float = 0.0
+    last_wall: float = 0.0              # the camera's latest prediction (an idle camera's end)
     peak: float = 0.0
     cooldown_until: float = float("-inf")
 
@@ -185,6 +186,7 @@ class Events:
                 continue
             p = float(probs[i])
             s = track.smooth(p)
+            track.last_wall = wall
             rule = track.rule
             if track.state == "idle":
                 if s >= rule.enter and now >= track.cooldown_until:
@@ -204,10 +206,13 @@ class Events:
         return out
 
     def forget(self, camera: str, now: float, wall: float, reason: str) -> list[Event]:
-        """A camera gone (idle, evicted): its open events end."""
+        """A camera gone (idle, evicted): its open events end, dated by its last prediction
+        (the last that saw them), not by when the daemon noticed it was gone: minutes later
+        for an idle camera, which would lengthen the event by as much."""
         ended: list[Event] = []
         for key in [k for k in self._tracks if k[0] == camera]:
-            ended += self._end_all(camera, key[1], self._tracks.pop(key), now, wall, reason)
+            ended += self._end_all(camera, key[1], self._tracks.pop(key), now, wall, reason,
+                                   at_last_prediction=True)
         return ended
 
     def close_all(self, now: float, wall: float, reason: str) -> list[Event]:
@@ -220,15 +225,18 @@ class Events:
         return sum(t.state == "active" for ts in self._tracks.values() for t in ts.values())
 
     def _end_all(self, camera: str, model: str, tracks: dict[int, Track], now: float,
-                 wall: float, reason: str) -> list[Event]:
+                 wall: float, reason: str, at_last_prediction: bool = False) -> list[Event]:
         labels = self._configs[model][1] if model in self._configs else ()
-        return [self._end(camera, model, labels, i, t, now, wall, reason)
+        return [self._end(camera, model, labels, i, t, now, wall, reason,
+                          t.last_wall if at_last_prediction else wall)
                 for i, t in tracks.items() if t.state == "active"]
 
     def _end(self, camera: str, model: str, labels: Sequence[str], i: int, track: Track,
-             now: float, wall: float, reason: str) -> Event:
+             now: float, wall: float, reason: str, ended: float | None = None) -> Event:
+        """`ended`: when the event ended (default `wall`: now); `at`: when this was said."""
         event = self._event("end", camera, model, labels, i, track, wall)
-        event.update(ended=round(wall, 3), duration_s=round(wall - track.started_wall, 3),
+        ended_ms, started_ms = _ms(wall if ended is None else ended), _ms(track.started_wall)
+        event.update(ended=ended_ms / 1e3, duration_s=(ended_ms - started_ms) / 1e3,
                      reason=reason)
         track.state = "idle"
         track.cooldown_until = now + track.rule.cooldown_s
@@ -237,13 +245,20 @@ class Events:
     @staticmethod
     def _event(kind: str, camera: str, model: str, labels: Sequence[str], i: int,
                track: Track, wall: float) -> Event:
-        # The id: unique across restarts and forgotten cameras by its start, in milliseconds.
-        return {"kind": kind, "id": f"{camera}/{model}/{i}/{int(track.started_wall * 1e3)}",
+        # The id: unique across restarts and forgotten cameras by its start, in milliseconds:
+        # the same milliseconds as `started` (ms / 1000), so that either gives the other.
+        started_ms = _ms(track.started_wall)
+        return {"kind": kind, "id": f"{camera}/{model}/{i}/{started_ms}",
                 "camera": camera,
                 "model": model, "class": labels[i] if i < len(labels) else str(i),
-                "class_index": i, "started": round(track.started_wall, 3),
+                "class_index": i, "started": started_ms / 1e3,
                 "at": round(wall, 3), "probability": round(track.smoothed or 0.0, 4),
                 "peak": round(track.peak, 4)}
+
+
+def _ms(wall: float) -> int:
+    """Unix time in whole milliseconds, rounded: how events report times."""
+    return round(wall * 1e3)
 
 
 class EventFeed:
