@@ -32,7 +32,7 @@ from msgspec import Meta
 
 from stgcnd.errors import UserError
 from stgcnd.model.graph import LAYOUTS
-from stgcnd.model.spec import MOTION_FORMULAS
+from stgcnd.model.spec import MOTION_FORMULAS, ModelSpec, default_labels
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -197,7 +197,8 @@ class EventsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     k: Annotated[int, key("k-of-n: k", "must be >= 1", ge=1)] = 3
     n: Annotated[int, key("k-of-n: n (>= k)", "must be >= 1", ge=1)] = 5
     quiet_classes: Annotated[Optional[Tuple[str, ...]], key(
-        "classes that never raise events; unset: the first label (e.g. normal)")] = None
+        "classes that never raise events, by the model's labels (the demo model's: normal, "
+        "abnormal); unset: the first label (e.g. normal)")] = None
     classes: Annotated[Dict[str, ClassEvents], key(
         "per class: [models.events.classes.NAME] enter / exit")] = {}
     cameras: Annotated[Dict[str, CameraEvents], key(
@@ -468,16 +469,31 @@ def _check(config: Config) -> Config:
                 raise UserError(f"{where}: {name} {meta.rule}, got "
                                 f"{getattr(m, name)!r}")
         if m.events is not None:
-            _check_events(m.events, m.labels, where)
+            _check_events(m.events, known_labels(m), where)
     return config
 
 
-def _check_events(ev: EventsConfig, labels: Tuple[str, ...], where: str) -> None:
+def known_labels(m: ModelConfig) -> Tuple[str, ...] | None:
+    """The class names the model will have, where its configuration alone says: its labels,
+    else the demo model's (it has two classes); None for a checkpoint without labels, which
+    may carry its own: check_event_classes runs once it is loaded (server/models.py)."""
+    if m.labels:
+        return tuple(m.labels)
+    return default_labels(ModelSpec().num_class) if m.demo else None
+
+
+def _check_events(ev: EventsConfig, labels: Tuple[str, ...] | None, where: str) -> None:
     if ev.exit > ev.enter:
         raise UserError(f"{where}: [models.events] exit ({ev.exit}) must be <= enter "
                         f"({ev.enter}): an event ends below exit, after it started at enter")
     if ev.smoothing == "k-of-n" and ev.k > ev.n:
         raise UserError(f"{where}: [models.events] k ({ev.k}) must be <= n ({ev.n})")
+    if labels is not None:
+        check_event_classes(ev, labels, where)
+
+
+def check_event_classes(ev: EventsConfig, labels: Tuple[str, ...], where: str) -> None:
+    """Every class [models.events] names (classes, quiet_classes) is one of `labels`."""
     named = [*ev.classes, *(ev.quiet_classes or ())]
     unknown = [c for c in named if c not in labels]
     if unknown:

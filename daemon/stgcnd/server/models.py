@@ -23,7 +23,7 @@ from stgcnd.provision import (
 )
 from stgcnd.runtimes.base import Runtime
 from stgcnd.runtimes.free_memory import device_memory, reserve_mb
-from stgcnd.server.config import Config, ModelConfig
+from stgcnd.server.config import Config, ModelConfig, check_event_classes
 from stgcnd.server.executor import Executor
 from stgcnd.server.memory_plan import MB, MemoryPlan
 from stgcnd.server.scheduler import Job, Scheduler
@@ -125,6 +125,13 @@ def labels_for(mc: ModelConfig, runtime: Runtime) -> tuple[str, ...]:
         default_labels(runtime.info.num_class)
 
 
+def _check_event_classes(mc: ModelConfig, runtime: Runtime) -> None:
+    """The classes [models.events] names are the model's, now that its labels are known (a
+    checkpoint without configured labels may carry them: config._check could not tell)."""
+    if mc.events is not None:
+        check_event_classes(mc.events, labels_for(mc, runtime), f"model {mc.name!r}")
+
+
 def load_models(config: Config, generation: int = 1,
                 keep: dict[str, ServedModel] | None = None,
                 start: Callable[[ServedModel], None] | None = None,
@@ -153,11 +160,13 @@ def load_models(config: Config, generation: int = 1,
                 raise BuildCancelled("start-up cancelled")
             old = (keep or {}).get(mc.name)
             if old is not None and old.config.engine == mc.engine:
+                _check_event_classes(mc, old.runtime)  # the reload's labels, its events
                 loaded[mc.name] = old
                 continue
             t0 = time.perf_counter()
             served = _first_that_serves(mc, store, generation, start, planner)
             loaded[mc.name] = served
+            _check_event_classes(mc, served.runtime)
             info = served.runtime.info
             first = served.executors[0] if served.executors else None
             log.info("model_ready", model=mc.name, backend=info.name, why=served.why,
