@@ -324,10 +324,15 @@ def test_refused_handshakes_are_explained_to_the_client_and_in_the_log(curve_dae
     with Client(d.endpoint, "cam-good", server_key=server, client_key=good) as ok:
         denied = ok.stats()["curve"]["denied"]
     lines = [e for e in d.log_events() if e["event"] == "curve_denied"]
-    assert sorted(e["reason"] for e in lines) == ["no-keys", "unknown-key", "wrong-server-key"]
-    assert denied > len(lines)  # each client retried its handshake; one line per reason
+    reasons = [e["reason"] for e in lines]
+    assert len(set(reasons)) == len(reasons)  # one line per reason, however many retries
+    # The keyless client: a mismatch, or its hang-up on finding it first (handshakes.py).
+    assert {"unknown-key", "wrong-server-key"} < set(reasons) <= {
+        "unknown-key", "wrong-server-key", "no-keys", "hung-up"}
+    assert denied > len(lines)  # each client retried its handshake
     by_reason = {e["reason"]: e for e in lines}
-    assert "stgcnd keys create" in by_reason["no-keys"]["action"]
+    for keyless in {"no-keys", "hung-up"} & set(by_reason):
+        assert "stgcnd keys create" in by_reason[keyless]["action"]
     assert "stgcnd keys server" in by_reason["wrong-server-key"]["action"]
     assert by_reason["unknown-key"]["client_key"] == stranger[0]
     assert all(e["peer"] and e["denied"] >= 1 for e in lines)

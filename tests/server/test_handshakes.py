@@ -5,6 +5,7 @@ ROUTER's monitor is read by Connections as the daemon reads it."""
 
 from __future__ import annotations
 
+import errno
 import socket
 import time
 from collections.abc import Iterator
@@ -15,7 +16,15 @@ from structlog.testing import capture_logs
 
 from stgcnd.server import handshakes
 from stgcnd.server.connections import Connections
-from stgcnd.server.handshakes import Refusals, monitor_reporter, protocol_refusal
+from stgcnd.server.handshakes import (
+    Refusals,
+    hang_up_refusal,
+    monitor_reporter,
+    protocol_refusal,
+)
+
+PROTOCOL = int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+HUNG_UP = int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
 @pytest.fixture
@@ -48,9 +57,11 @@ def dealer(ctx: zmq.Context, endpoint: str, server_key: bytes | None = None) -> 
     return s
 
 
-def failures(conns: Connections, want: int, timeout: float = 5.0) -> list[tuple[int, str]]:
-    got: list[tuple[int, str]] = []
-    conns.on_handshake_failed = lambda error, peer: got.append((error, peer))
+def failures(conns: Connections, want: int, timeout: float = 5.0
+             ) -> list[tuple[int, int, str]]:
+    """The first `want` failed handshakes: (monitor event, its value, peer)."""
+    got: list[tuple[int, int, str]] = []
+    conns.on_handshake_failed = lambda event, value, peer: got.append((event, value, peer))
     end = time.monotonic() + timeout
     while len(got) < want and time.monotonic() < end:
         if conns.monitor.poll(20):
@@ -60,16 +71,22 @@ def failures(conns: Connections, want: int, timeout: float = 5.0) -> list[tuple[
 
 def test_a_client_without_keys_is_reported(curve_router):
     ctx, endpoint, _, conns = curve_router
-    s = dealer(ctx, endpoint)
-    try:
-        (error, peer), *_ = failures(conns, 1)
-    finally:
-        s.close(0)
-    assert error == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
-    # On the loopback the refusal can beat the loop to the accept: then who is not known.
-    assert peer == "unknown" or peer.startswith(("uid:", "ip:", "fd:")), peer
-    refusal = protocol_refusal(error, curve=True)
-    assert refusal.reason == "no-keys" and "stgcnd keys create" in refusal.action
+    got = []
+    for _ in range(4):
+        s = dealer(ctx, endpoint)
+        try:
+            got += failures(conns, 1)
+        finally:
+            s.close(0)
+    assert len(got) == 4
+    for event, value, peer in got:
+        # The mismatch, or the client hanging up on finding it first (handshakes.py).
+        refusal = (protocol_refusal(value, curve=True) if event == PROTOCOL
+                   else hang_up_refusal(value, curve=True))
+        assert refusal.reason in ("no-keys", "hung-up"), refusal
+        assert "stgcnd keys create" in refusal.action
+        # On the loopback the refusal can beat the loop to the accept: then who is unknown.
+        assert peer == "unknown" or peer.startswith(("uid:", "ip:", "fd:")), peer
 
 
 def test_the_peer_is_named_when_its_connection_was_seen_first(curve_router):
@@ -85,8 +102,8 @@ def test_the_peer_is_named_when_its_connection_was_seen_first(curve_router):
         (seen,) = [c.peer for c in conns.by_fd.values()]
         raw.sendall(b"\xff" + bytes(8) + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0")
                     + bytes(32))  # a ZMTP 3 greeting without CURVE: what a keyless client says
-        ((error, peer),) = failures(conns, 1)
-    assert error == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH
+        ((event, error, peer),) = failures(conns, 1)
+    assert (event, error) == (PROTOCOL, zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
     assert peer == seen and peer != "unknown"
 
 
@@ -94,9 +111,10 @@ def test_a_wrong_server_key_is_reported_as_such(curve_router):
     ctx, endpoint, _, conns = curve_router
     s = dealer(ctx, endpoint, server_key=zmq.curve_keypair()[0])  # not this router's key
     try:
-        (error, _peer), *_ = failures(conns, 1)
+        (event, error, _peer), *_ = failures(conns, 1)
     finally:
         s.close(0)
+    assert event == PROTOCOL  # the client waits for the daemon's answer: no race here
     assert protocol_refusal(error, curve=True).reason == "wrong-server-key"
 
 
@@ -116,21 +134,25 @@ def test_refusals_are_logged_once_per_reason_per_window_with_a_count(monkeypatch
     no_keys = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
     with capture_logs() as logs:
         for _ in range(5):
-            report(no_keys, "ip:10.0.0.7")
-        report(int(zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC), "ip:10.0.0.8")
+            report(PROTOCOL, no_keys, "ip:10.0.0.7")
+        report(PROTOCOL, int(zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC), "ip:10.0.0.8")
+        report(HUNG_UP, errno.EPIPE, "unknown")
         monkeypatch.setattr(handshakes, "LOG_EVERY_S", 0.0)  # the window has passed
         refusals._next_line = dict.fromkeys(refusals._next_line, 0.0)
-        report(no_keys, "ip:10.0.0.7")
-    assert refusals.count == 7
+        report(PROTOCOL, no_keys, "ip:10.0.0.7")
+    assert refusals.count == 8
     lines = [(e["reason"], e["denied"], e["peer"], e.get("address")) for e in logs]
     assert lines == [("no-keys", 1, "ip:10.0.0.7", "10.0.0.7"),
                      ("wrong-server-key", 1, "ip:10.0.0.8", "10.0.0.8"),
+                     ("hung-up", 1, "unknown", None),
                      ("no-keys", 5, "ip:10.0.0.7", "10.0.0.7")]  # the 4 held back, and this
+    assert "EPIPE" in logs[2]["why"]
     assert all(e["event"] == "curve_denied" and e["log_level"] == "warning" for e in logs)
 
 
 def test_without_curve_a_client_with_keys_is_told_curve_is_off():
     refusal = protocol_refusal(int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH), curve=False)
     assert refusal.reason == "curve-off" and 'curve = "on"' in refusal.action
+    assert 'curve = "on"' in hang_up_refusal(errno.EPIPE, curve=False).action
     other = protocol_refusal(int(zmq.PROTOCOL_ERROR_ZMTP_UNEXPECTED_COMMAND), curve=False)
     assert other.reason == "protocol-error" and "ZMTP_UNEXPECTED_COMMAND" in other.why

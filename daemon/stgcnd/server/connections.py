@@ -62,7 +62,9 @@ _ACCEPTED = int(zmq.EVENT_ACCEPTED)
 _DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
 _LISTENING = int(zmq.EVENT_LISTENING)
 _ACCEPT_FAILED = int(zmq.EVENT_ACCEPT_FAILED)
-_HANDSHAKE_FAILED = int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+# A handshake that failed: on a ZMTP error (its value), or as the peer hung up (an errno)
+_HANDSHAKE_FAILED = (int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL),
+                     int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL))
 _EVENT = struct.Struct("=HI")     # a monitor message's first frame: event id, value (the fd)
 _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
@@ -157,7 +159,7 @@ class Connections:
         self.loopback: dict[int, str] = {}
         address = f"inproc://stgcnd-monitor-{next(_unique)}"
         sock.monitor(address, _ACCEPTED | _DISCONNECTED | _LISTENING | _ACCEPT_FAILED
-                     | _HANDSHAKE_FAILED)
+                     | _HANDSHAKE_FAILED[0] | _HANDSHAKE_FAILED[1])
         self.monitor = ctx.socket(zmq.PAIR)
         self.monitor.setsockopt(zmq.RCVHWM, 0)  # never full: libzmq would block its I/O thread
         self.monitor.setsockopt(zmq.LINGER, 0)
@@ -176,13 +178,12 @@ class Connections:
         self._shutdown = _libc_shutdown()
         self._logged_at = 0.0
         self._logged_counts = (0, 0)
-        # A refused handshake, told (ZMTP error, peer) once its connection is known; set by
-        # the server (server/handshakes.py). The monitor's HANDSHAKE_FAILED_PROTOCOL carries
-        # the error but no fd: libzmq's I/O thread sends that connection's DISCONNECTED, with
-        # the fd, right after it (one I/O thread: nothing comes between), so the error waits
-        # here for it.
-        self.on_handshake_failed: Callable[[int, str], None] | None = None
-        self._failed_handshake: int | None = None
+        # A failed handshake, told (monitor event, its value, peer) once its connection is
+        # known; set by the server (server/handshakes.py). The monitor's HANDSHAKE_FAILED_*
+        # events carry no fd: libzmq's I/O thread sends that connection's DISCONNECTED, with
+        # the fd, right after one (one I/O thread: nothing comes between), so it waits here.
+        self.on_handshake_failed: Callable[[int, int, str], None] | None = None
+        self._failed_handshake: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.by_fd)
@@ -207,8 +208,8 @@ class Connections:
             monitor.recv(_NOBLOCK)  # the endpoint frame
             event, value = _EVENT.unpack_from(head)
             failed, self._failed_handshake = self._failed_handshake, None
-            if event == _HANDSHAKE_FAILED:
-                self._failed_handshake = value
+            if event in _HANDSHAKE_FAILED:
+                self._failed_handshake = (event, value)
             elif event == _ACCEPTED:
                 self._accepted(value, now)
                 for gate in self.gates:
@@ -218,7 +219,7 @@ class Connections:
                 if failed is not None and self.on_handshake_failed is not None:
                     # No conn: it closed before its accept was read (a local client is
                     # refused within microseconds), so who it was is lost.
-                    self.on_handshake_failed(failed, conn.peer if conn else "unknown")
+                    self.on_handshake_failed(*failed, conn.peer if conn else "unknown")
                 self._closing.pop(value, None)
                 self.loopback.pop(value, None)
             elif event == _ACCEPT_FAILED:  # value: errno; the arming is spent all the same

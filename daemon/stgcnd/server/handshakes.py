@@ -7,7 +7,12 @@ the daemon's log is the only place that can say why. Two places see a refusal:
 - a listening socket's monitor (server/connections.py): HANDSHAKE_FAILED_PROTOCOL, whose
   value is the ZMTP error: a client without keys on a CURVE socket (`no-keys`), one whose
   server key is not this daemon's (`wrong-server-key`), one with keys on a socket without
-  CURVE (`curve-off`), or another protocol error (`protocol-error`, e.g. an HTTP client).
+  CURVE (`curve-off`), or another protocol error (`protocol-error`, e.g. an HTTP client);
+  HANDSHAKE_FAILED_NO_DETAIL (`hung-up`): the peer closed the connection mid-handshake. Which
+  of the two a client whose mechanism does not match causes is a race: it sends its greeting
+  in two parts, and when the daemon's whole greeting reaches it first it finds the mismatch
+  and closes before the part that names its mechanism has left, so the daemon sees it hang up
+  (EPIPE) instead of a mismatch: often, on the loopback.
 
 One line per reason per LOG_EVERY_S at most, with how many of that reason there were since
 its last line: a camera without keys reconnects every 100 ms, and must not flood the journal.
@@ -16,6 +21,7 @@ The ZAP handler runs on its own thread, the monitor on the I/O loop: a lock guar
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +35,7 @@ log = get_logger(__name__)
 
 LOG_EVERY_S = 10.0
 
+_PROTOCOL_FAILED = int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 _MECHANISM_MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
 _CRYPTOGRAPHIC = int(zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
 _PROTOCOL_ERRORS = {int(getattr(zmq, name)): name[len("PROTOCOL_ERROR_"):]
@@ -42,6 +49,20 @@ class Refusal:
     reason: str      # a short code, for filtering logs
     why: str         # what happened, in words
     action: str      # what to do about it
+
+
+def hang_up_refusal(errno_value: int, curve: bool) -> Refusal:
+    """A handshake the peer ended (errno `errno_value`, as the daemon saw it) on a socket
+    with (`curve`) or without CURVE."""
+    seen = errno.errorcode.get(errno_value, str(errno_value))
+    if curve:
+        return Refusal("hung-up", f"the client closed the connection during the handshake "
+                       f"({seen}): what a client without CURVE keys does when the daemon's "
+                       "greeting reaches it first (so does a port probe)", KEYS_HOWTO)
+    return Refusal("hung-up", f"the client closed the connection during the handshake "
+                   f"({seen}): what a client with CURVE keys does on a daemon whose curve is "
+                   "off when its greeting reaches it first (so does a port probe)",
+                   "connect without server_key/client_key, or set curve = \"on\" in [server]")
 
 
 def protocol_refusal(error: int, curve: bool) -> Refusal:
@@ -92,9 +113,12 @@ class Refusals:
                     action=refusal.action, **fields)
 
 
-def monitor_reporter(refusals: Refusals, curve: bool) -> Callable[[int, str], None]:
-    """What a socket's Connections calls with (ZMTP error, peer) for a failed handshake."""
-    def report(error: int, peer: str) -> None:
+def monitor_reporter(refusals: Refusals, curve: bool) -> Callable[[int, int, str], None]:
+    """What a socket's Connections calls with (monitor event, its value, peer) for a failed
+    handshake: HANDSHAKE_FAILED_PROTOCOL (a ZMTP error) or _NO_DETAIL (an errno)."""
+    def report(event: int, value: int, peer: str) -> None:
+        refusal = (protocol_refusal(value, curve) if event == _PROTOCOL_FAILED
+                   else hang_up_refusal(value, curve))
         address = {"address": peer[len("ip:"):]} if peer.startswith("ip:") else {}
-        refusals.refused(protocol_refusal(error, curve), peer, **address)
+        refusals.refused(refusal, peer, **address)
     return report

@@ -204,7 +204,7 @@ class Server:
                  limit_mb=round(self._rss.limit / 2**20, 1),
                  action="over it, connections that send nothing are closed")
 
-    def _report_handshakes(self) -> Callable[[int, str], None]:
+    def _report_handshakes(self) -> Callable[[int, int, str], None]:
         return monitor_reporter(self.refusals, curve=self.curve is not None)
 
     def _start_model(self, model: ServedModel) -> None:
