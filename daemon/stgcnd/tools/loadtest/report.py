@@ -12,7 +12,10 @@ What counts (all over the measured interval: requests *due* in [warmup, warmup +
 - overhead_ms: round trip from the send minus the server's compute_ms, per prediction: what
   the daemon and the client library add to the model's run.
 - daemon_cpu.us_per_request: the daemon's CPU time between the two stats samples (at the start
-  and the end of the measured interval) divided by the replies in that interval.
+  and the end of the measured interval) divided by the requests the daemon read between them,
+  every client's (daemon_cpu.py; docs/performance.md, "CPU per request"); proc_us_per_request:
+  the same from /proc where the daemon is on this machine; other_clients: the daemon read
+  noticeably more requests than this load sent.
 - load_cpu.us_per_request: the load processes' own CPU time over the whole run (warm-up
   included) per request they sent, to tell when the load generator shares the daemon's cores.
 """
@@ -176,10 +179,7 @@ def format_table(r: dict[str, Any]) -> str:
     for name, d in r["server_ms"].items():
         lines.append(_dist_line(f"server {name}", d))
     lines.append(_dist_line("overhead (rt - compute)", r["overhead_ms"]))
-    cpu = r["daemon_cpu"]
-    lines.append(f"  daemon CPU per request: {cpu['us_per_request']:.1f} us ({cpu['source']})"
-                 if cpu["us_per_request"] is not None else
-                 f"  daemon CPU per request: n/a ({cpu['note']})")
+    lines += _cpu_lines(r["daemon_cpu"])
     load = r["load_cpu"]
     if load["us_per_request"] is not None:
         lines.append(f"  load generator CPU per request: {load['us_per_request']:.1f} us")
@@ -202,3 +202,17 @@ def format_table(r: dict[str, Any]) -> str:
     for camera, why in r["stopped_cameras"].items():
         lines.append(f"  camera {camera} stopped: {why}")
     return "\n".join(lines)
+
+
+def _cpu_lines(cpu: dict[str, Any]) -> list[str]:
+    if cpu["us_per_request"] is None:
+        return [f"  daemon CPU per request: n/a ({cpu['note']})"]
+    line = (f"  daemon CPU per request: {cpu['us_per_request']:.1f} us over {cpu['requests']:,} "
+            f"requests it read ({cpu['source']}")
+    proc = cpu.get("proc_us_per_request")
+    line += f"; /proc: {proc:.1f} us)" if proc is not None else ")"
+    lines = [line]
+    if cpu.get("other_clients"):
+        lines.append(f"    other clients shared the daemon: it read {cpu['requests']:,} requests, "
+                     f"this load got {cpu['load_replies']:,} replies; the figure is over all")
+    return lines
