@@ -186,6 +186,37 @@ def test_two_loads_on_one_daemon_each_report_what_proc_says(noop_daemon):
         assert cpu["other_clients"] is True and cpu["requests"] > 1.5 * cpu["load_replies"]
 
 
+@pytest.mark.slow
+def test_a_scenario_measures_its_floor_and_its_goals_can_fail():
+    """one-camera: the floor is measured at the same load in the same run, the overhead goal
+    is judged against it with both numbers shown, and a missed goal exits 1."""
+    proc = loadtest("--serve", "--backend", "noop", "--frames", "30", "--scenario",
+                    "one-camera", "--json", "-", timeout=240)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    r = json.loads(proc.stdout)
+    floor = r["floor"]
+    assert floor["transport"] == "ipc" and (floor["processes"], floor["cameras"]) == (1, 1)
+    assert floor["rate_hz"] == 25.0 and floor["round_trip_ms"]["count"] >= 200
+    overhead, lost = r["scenario"]["goals"]
+    assert overhead["limit"] == pytest.approx(floor["round_trip_ms"]["p99"] + 0.5)
+    assert overhead["value"] == r["overhead_ms"]["p99"]
+    assert overhead["met"] == (overhead["value"] <= overhead["limit"])
+    assert proc.returncode == (1 if False in (overhead["met"], lost["met"]) else 0)
+    assert "measuring the floor first: bare ZeroMQ ipc echo" in proc.stderr
+    assert "floor (bare ZeroMQ ipc echo, 1 x 1 camera(s) at 25 Hz for 10 s)" in proc.stderr
+    assert "goal: overhead p99 <= floor p99 + 0.5 ms" in proc.stderr
+
+
+def test_a_scenario_refuses_load_options_it_would_ignore():
+    """Issue #32: `--duration` with `--scenario` was silently ignored."""
+    proc = loadtest("--endpoint", "ipc:///tmp/stgcnd-loadtest-nobody.sock",
+                    "--scenario", "paced-64", "--duration", "60", "--cameras", "2")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert ("--scenario paced-64 sets the load itself (8 process(es) x 8 camera(s) at 25 Hz, "
+            "window mode, 15 s after 3 s of warm-up), so --cameras, --duration would be "
+            "ignored; drop them") in proc.stderr, proc.stderr
+
+
 def test_user_errors_are_one_line():
     no_target = loadtest("--cameras", "1")
     assert no_target.returncode == 2 and "--endpoint" in no_target.stderr
