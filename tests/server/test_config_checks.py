@@ -3,12 +3,17 @@ model, said with the configuration key that fixes it, all problems at once (issu
 
 from __future__ import annotations
 
+import signal
+
+import numpy as np
 import pytest
 
 from stgcnd.errors import UserError
 from stgcnd.runtimes import available, gpu_present
 from stgcnd.server.config import Config, ModelConfig, ServerConfig
 from stgcnd.server.config_checks import check_config
+from stgcnd_client import Client
+from tests.server.daemon_harness import Daemon
 
 IPC = "ipc:///tmp/stgcnd-config-checks.sock"
 
@@ -85,3 +90,25 @@ def test_what_passes_says_what_was_not_checked():
     not_checked = check_config(config(model(backend="onnxruntime")))
     assert not_checked[0] == f"whether {IPC} is free to listen on (serve checks it at start)"
     assert "model 'm': that the onnxruntime engine builds and validates here" in not_checked
+
+
+@pytest.mark.slow
+def test_a_reload_refuses_what_a_start_refuses_and_keeps_serving(tmp_path):
+    noop = '[[models]]\nname = "m"\ndemo = true\nbackend = "noop"\nframes = 30\n'
+    d = Daemon(tmp_path, models=noop).start()
+    try:
+        with Client(d.endpoint, camera_id="steady") as c:
+            c.infer(np.zeros((3, 30, 33, 1), np.float32))
+            d.config_path.write_text(d.config_path.read_text().replace(
+                'backend = "noop"', 'backend = "onnxruntime"\nprecision = "fp16"'))
+            d.signal(signal.SIGHUP)
+            assert "reload failed" in d.notify.wait_for("READY", timeout=60)["STATUS"]
+            assert c.infer(np.zeros((3, 30, 33, 1), np.float32)).logits is not None
+        [failed] = [e for e in d.log_events() if e.get("event") == "reload"
+                    and e.get("phase") == "failed"]
+        assert 'backend = "onnxruntime" serves precision' in failed["error"]
+        assert not [e for e in d.log_events() if e.get("event") == "engine_build_started"]
+        assert d.stop() == 0
+    finally:
+        d.stop()
+        d.close()
