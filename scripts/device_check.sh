@@ -142,7 +142,7 @@ if [ "$PART" = serve ]; then
     config "$name" "$MODEL_M1" ""
     start "$name" "$path" || continue
     for s in ${SCENARIOS:-one-camera paced-64 saturation joins push}; do
-      lt "$name" "$s" --model single ${FLOOR_US:+--floor-us $FLOOR_US}
+      lt "$name" "$s" --model single  # a scenario measures its floor itself
     done
     # Idle: the daemon's own CPU over 5 s with nobody connected (ticks of 10 ms).
     t0=$(awk '{print $14+$15}' /proc/$DPID/stat); sleep 5

@@ -21,140 +21,55 @@ floor for a camera whose windows take that long to compute.
 trips every thread on the path sleeps for most of 40 ms, not for one hold, so each request
 finds them as a camera's window does in service.
 
-The daemon's overhead (round trip minus compute) and its CPU per request cannot go below
-these on the same machine: both ends pay ZeroMQ's I/O threads and the ipc socket, with no
-decoding, checking or inference in between.
+The pieces live in stgcnd.tools.loadtest.echo_floor, which `stgcnd loadtest --scenario` runs
+itself to judge the daemon against the floor of the same machine in the same run.
 """
 
 from __future__ import annotations
 
-import ctypes
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
-import zmq
 
-REQUEST = [b"h" * 90, np.zeros((3, 150, 33, 1), np.float32).tobytes()]
-WARM_UP = 1000
-
-
-def exact_sleeps() -> None:
-    """Linux lets a sleeping thread oversleep by its timer slack (50 us by default), which the
-    daemon's timerfd does not pay; ask for 1 ns so that a sleeping hold is as exact."""
-    try:
-        ctypes.CDLL(None).prctl(29, 1, 0, 0, 0)  # PR_SET_TIMERSLACK
-    except (OSError, AttributeError):
-        pass
+try:
+    from stgcnd.tools.loadtest import echo_floor
+except ImportError:  # run from a checkout without `pip install -e .`: use the checkout's
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))
+    from stgcnd.tools.loadtest import echo_floor
 
 
-def hold(seconds: float, spin: bool) -> None:
-    if seconds <= 0:
-        return
-    if not spin:
-        time.sleep(seconds)
-        return
-    until = time.perf_counter() + seconds
-    while time.perf_counter() < until:
-        pass
+def echo_cpu(cpu: echo_floor.EchoCpu) -> str:
+    if cpu.us_per_request is None:
+        return f"echo process CPU not measured (fewer than {echo_floor.WARM_UP} requests)"
+    return f"echo process CPU {cpu.us_per_request:.1f} us/request over {cpu.requests} requests"
 
 
-def serve(endpoint: str, hold_s: float = 0.0, spin: bool = False) -> None:
-    exact_sleeps()
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.bind(endpoint)
-    reply = b"r" * 60
-    served, cpu0, warm = 0, 0.0, False
-    while True:
-        msg = router.recv_multipart(copy=False)
-        if len(msg) == 2 and msg[1].bytes == b"stop":
-            # Fewer requests than the warm-up (a paced run): the clock also holds start-up.
-            cpu_us = (time.process_time() - cpu0) / served * 1e6 if warm and served else -1.0
-            router.send_multipart([msg[0].bytes, f"{cpu_us:.1f} {served}".encode()])
-            break
-        hold(hold_s, spin)
-        router.send_multipart([msg[0].bytes, reply])
-        served += 1
-        if served == WARM_UP and not warm:
-            served, cpu0, warm = 0, time.process_time(), True
-    router.close(0)
-    ctx.term()
-
-
-def cameras(endpoint: str, k: int, rate: float, seconds: float, offset: float) -> None:
-    """K cameras in one thread, each sending `rate` windows a second (open loop)."""
-    ctx = zmq.Context()
-    socks = []
-    for _ in range(k):
-        s = ctx.socket(zmq.DEALER)
-        s.connect(endpoint)
-        socks.append(s)
-    poller = zmq.Poller()
-    for s in socks:
-        poller.register(s, zmq.POLLIN)
-    period = 1.0 / rate
-    start = time.monotonic() + 0.5
-    due = [start + (offset + j / k) * period for j in range(k)]
-    end = start + seconds
-    while True:
-        now = time.monotonic()
-        j = min(range(k), key=due.__getitem__)
-        if due[j] >= end:
-            break
-        timeout = max(due[j] - now, 0.0)
-        for sock, _ in poller.poll(timeout * 1e3):
-            while sock.get(zmq.EVENTS) & zmq.POLLIN:
-                sock.recv_multipart(zmq.NOBLOCK)
-        if time.monotonic() >= due[j]:
-            socks[j].send_multipart(REQUEST)
-            due[j] += period
-    time.sleep(0.2)
-    for s in socks:
-        s.close(0)
-    ctx.term()
-
-
-def stop(endpoint: str) -> str:
-    ctx = zmq.Context()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.connect(endpoint)
-    dealer.send_multipart([b"stop"])
-    cpu_us, served = dealer.recv_multipart()[-1].decode().split()
-    dealer.close(0)
-    ctx.term()
-    if float(cpu_us) < 0:
-        return f"echo process CPU not measured (fewer than {WARM_UP} requests)"
-    return f"echo process CPU {cpu_us} us/request over {served} requests"
-
-
-def closed(endpoint: str, n: int, hold_s: float = 0.0, rate: float = 0.0) -> str:
-    ctx = zmq.Context()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.connect(endpoint)
-    times = []
-    period = 1.0 / rate if rate > 0 else 0.0
-    due = time.perf_counter()
-    for _ in range(n):
-        if period:
-            due += period
-        t0 = time.perf_counter()
-        dealer.send_multipart(REQUEST)
-        dealer.recv_multipart()
-        times.append(time.perf_counter() - t0)
-        if period:
-            time.sleep(max(due - time.perf_counter(), 0.0))
-    dealer.close(0)
-    ctx.term()
+def closed(n: int, hold_s: float, spin: bool, rate: float) -> str:
+    with echo_floor.Echo(hold_s=hold_s, spin=spin) as echo:
+        times = echo_floor.closed_loop(echo.endpoint, n, rate)
+        cpu = echo.stop()
     ms = (np.array(times[n // 10:]) - hold_s) * 1e3  # the first tenth warms up
     p50, p90, p99 = np.percentile(ms, [50, 90, 99])
     held = f", minus a {hold_s * 1e6:g} us hold" if hold_s else ""
     paced = f"at {rate:g} Hz" if rate > 0 else "closed loop"
-    return (f"zmq ipc echo, {len(REQUEST[1])}-byte request, one camera {paced}{held}: p50 "
-            f"{p50:.3f} / p90 {p90:.3f} / p99 {p99:.3f} ms over {len(ms)} round trips")
+    head = (f"zmq ipc echo, {len(echo_floor.REQUEST[1])}-byte request, one camera {paced}{held}:"
+            f" p50 {p50:.3f} / p90 {p90:.3f} / p99 {p99:.3f} ms over {len(ms)} round trips")
+    if hold_s:
+        head += " (the echo " + ("spins" if spin else "sleeps") + " meanwhile)"
+    return f"{head}; {echo_cpu(cpu)}"
+
+
+def open_loop(processes: int, cameras: int, rate: float, seconds: float) -> str:
+    # The echo's warm-up as in the closed loop: its first thousand requests.
+    warmup_s = min(echo_floor.WARM_UP / (processes * cameras * rate), seconds / 2)
+    floor = echo_floor.measure(processes, cameras, rate, seconds, warmup_s=warmup_s)
+    cpu = echo_floor.EchoCpu(floor.echo_cpu_us_per_request, floor.echo_requests)
+    rt = floor.round_trip_ms
+    trips = (f"; round trip p50 {rt['p50']:.3f} / p99 {rt['p99']:.3f} ms"
+             if rt["count"] else "")
+    return (f"zmq ipc echo, {processes} x {cameras} cameras at {rate:g} Hz for {seconds:g} s "
+            f"({processes * cameras * rate:g} requests/s offered){trips}; {echo_cpu(cpu)}")
 
 
 def main() -> int:
@@ -172,31 +87,10 @@ def main() -> int:
         i = args.index("--rate")
         rate = float(args[i + 1])
         del args[i:i + 2]
-    if len(args) == 2 and args[0] == "--serve":
-        serve(args[1], hold_s, spin)
-        return 0
-    if len(args) == 6 and args[0] == "--cameras":
-        cameras(args[1], int(args[2]), float(args[3]), float(args[4]), float(args[5]))
-        return 0
-    endpoint = f"ipc://{Path(tempfile.mkdtemp()) / 'echo.sock'}"
-    held = ["--hold-us", str(hold_s * 1e6)] + (["--spin"] if spin else [])
-    server = subprocess.Popen([sys.executable, __file__, "--serve", endpoint, *held])
-    try:
-        if args and args[0] == "--open":
-            p, k, rate, seconds = int(args[1]), int(args[2]), float(args[3]), float(args[4])
-            procs = [subprocess.Popen([sys.executable, __file__, "--cameras", endpoint, str(k),
-                                       str(rate), str(seconds), str(i / p)]) for i in range(p)]
-            for proc in procs:
-                proc.wait()
-            head = (f"zmq ipc echo, {p} x {k} cameras at {rate:g} Hz for {seconds:g} s "
-                    f"({p * k * rate:g} requests/s offered)")
-        else:
-            head = closed(endpoint, int(args[0]) if args else 10000, hold_s, rate)
-            if hold_s:
-                head += " (the echo " + ("spins" if spin else "sleeps") + " meanwhile)"
-        print(f"{head}; {stop(endpoint)}")
-    finally:
-        server.wait(10)
+    if args and args[0] == "--open":
+        print(open_loop(int(args[1]), int(args[2]), float(args[3]), float(args[4])))
+    else:
+        print(closed(int(args[0]) if args else 10000, hold_s, spin, rate))
     return 0
 
 

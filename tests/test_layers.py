@@ -71,8 +71,13 @@ SERVE_ENTRY = ("stgcnd.__main__", "stgcnd.commands.serve")
 # board II (#31, ~520: free memory one way, the fixed + per-bucket cost model, build retries,
 # one serving plan for serve and `build --config`, TensorRT's edges, device nodes). Issue #33
 # is where this goes down: tools out of the daemon's package, one way for each job.
-MAX_DAEMON_LINES = 14000
-MAX_PACKAGE_LINES = 24500
+# Raised again on 2026-11-27 (from 14,000 / 24,500; the tree was at 14,004 / 24,466): issue
+# #32's one set of configuration checks for `config check`, `serve` and a reload
+# (server/config_checks.py, ~105 lines) and loadtest goals judged against the bare ZeroMQ floor
+# measured in the same run (~430 in tools, ~210 of it the echo moved from scripts/ into
+# stgcnd.tools.loadtest.echo_floor so that the command can run it).
+MAX_DAEMON_LINES = 14110
+MAX_PACKAGE_LINES = 25010
 
 
 def modules() -> dict[str, Path]:

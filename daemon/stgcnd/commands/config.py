@@ -1,8 +1,10 @@
 """`stgcnd config example|check|keys`: the configuration schema, for people and for review.
 
-`check` reads a file (with the environment's STGCND_* overrides, as the daemon would) and
-prints the resolved configuration, or the same error the daemon would give, without loading
-any model: an edit can be checked before `systemctl reload stgcnd`.
+`check` reads a file (with the environment's STGCND_* overrides, as the daemon would), runs
+the checks `serve` runs before it loads anything (server/config_checks.py) and prints the
+resolved configuration, or the same error the daemon would give, without loading any model:
+an edit can be checked before `systemctl reload stgcnd`. What only loading the models can
+tell is listed on stderr.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Any
 
 import msgspec
 
-from stgcnd.server.config import check_files, example, key_table, load_config
+from stgcnd.server.config import example, key_table, load_config
+from stgcnd.server.config_checks import check_config
 
 
 def register(subparsers: Any) -> None:
@@ -31,9 +34,12 @@ def register(subparsers: Any) -> None:
     check = sub.add_parser(
         "check", help="check a configuration file as the daemon would read it",
         description="Read FILE (default: $STGCND_CONFIG, else /etc/stgcnd/stgcnd.toml, else "
-                    "the built-in defaults), apply STGCND_* variables, check that the files "
-                    "the models name exist, and print the resolved configuration as JSON. "
-                    "Exit status 2 with the daemon's error when it would refuse it.")
+                    "the built-in defaults), apply STGCND_* variables, run the checks "
+                    "`stgcnd serve` runs before it loads anything (files the models name, "
+                    "endpoints, CURVE, each model's backend and precision on this machine), "
+                    "and print the resolved configuration as JSON; what only loading the "
+                    "models can tell is listed on stderr. Exit status 2 with the daemon's "
+                    "error when it would refuse it.")
     check.add_argument("file", nargs="?", type=Path, metavar="FILE",
                        help="the file to check (default: where the daemon would look)")
     check.set_defaults(func=run_check)
@@ -45,9 +51,14 @@ def _print(text: str) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    config = check_files(load_config(args.file))
+    config = load_config(args.file)
+    not_checked = check_config(config)
     resolved = msgspec.to_builtins(config)
     resolved["endpoint"] = config.endpoint
     resolved["engines_dir"] = str(config.engines_dir)
     print(json.dumps(resolved, indent=2))
+    print(f"{config.source}: the checks `stgcnd serve` runs before loading passed. Not "
+          "checked without loading the models:", file=sys.stderr)
+    for line in not_checked:
+        print(f"  - {line}", file=sys.stderr)
     return 0

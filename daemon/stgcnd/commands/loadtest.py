@@ -5,15 +5,35 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from stgcnd.errors import UserError
+from stgcnd.tools.loadtest import echo_floor
+from stgcnd.tools.loadtest.daemon_cpu import is_local
 from stgcnd.tools.loadtest.plan import DEFAULT_RATE_HZ, LoadPlan
 from stgcnd.tools.loadtest.report import format_table, has_failures
 from stgcnd.tools.loadtest.runner import run_load
-from stgcnd.tools.loadtest.scenarios import SCENARIOS, format_verdicts, verdicts
+from stgcnd.tools.loadtest.scenarios import (
+    SCENARIOS,
+    Scenario,
+    describe_load,
+    format_verdicts,
+    missed,
+    verdicts,
+)
 from stgcnd.tools.loadtest.serve import ServedDaemon, ServeOptions
+
+T = TypeVar("T")
+
+# Load options a scenario sets itself (the argparse dest of each, and its flag): given with
+# --scenario they would be ignored, so they are refused. Their defaults are None here and
+# resolved in _plan, to tell a flag given from one left alone.
+SCENARIO_SETS = {"processes": "--processes", "cameras": "--cameras", "mode": "--mode",
+                 "rate": "--rate", "closed_loop": "--closed-loop", "duration": "--duration",
+                 "warmup": "--warmup", "join": "--join", "join_at": "--join-at",
+                 "join_window": "--join-window"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,34 +59,33 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "keys create`); unbound to camera ids: the load's ids are made up")
     p.add_argument("--scenario", choices=sorted(SCENARIOS), default=None,
                    help="a named load and its goals (docs/performance.md); it sets the load "
-                        "options below and prints whether each goal was met: "
+                        "options below itself (giving one is an error), measures the bare "
+                        "ZeroMQ floor at the same load first where a goal needs it, prints "
+                        "whether each goal was met, and exits 1 when one was missed: "
                         + "; ".join(f"{s.name}: {s.what}" for s in SCENARIOS.values()))
-    p.add_argument("--floor-us", type=float, default=None, metavar="US",
-                   help="the bare ZeroMQ round trip p99 measured on this machine "
-                        "(scripts/zmq_echo_floor.py), for the one-camera goal")
-    load = p.add_argument_group("load")
-    load.add_argument("--processes", type=int, default=1, help="load processes (default: 1)")
-    load.add_argument("--cameras", type=int, default=4,
+    load = p.add_argument_group("load (without --scenario)")
+    load.add_argument("--processes", type=int, default=None, help="load processes (default: 1)")
+    load.add_argument("--cameras", type=int, default=None,
                       help="cameras per process from the start (default: 4)")
-    load.add_argument("--mode", choices=["window", "push"], default="window",
+    load.add_argument("--mode", choices=["window", "push"], default=None,
                       help="window: a full window per request; push: one frame per request, "
                            "the server keeps the window (default: window)")
     loop = load.add_mutually_exclusive_group()
     loop.add_argument("--rate", type=float, default=None, metavar="HZ",
                       help="open loop: requests per second per camera on a fixed schedule "
                            "(default: 25)")
-    loop.add_argument("--closed-loop", action="store_true",
+    loop.add_argument("--closed-loop", action="store_true", default=None,
                       help="send the next request as soon as the reply arrives")
-    load.add_argument("--duration", type=float, default=10.0,
+    load.add_argument("--duration", type=float, default=None,
                       help="measured seconds (default: 10)")
-    load.add_argument("--warmup", type=float, default=2.0,
+    load.add_argument("--warmup", type=float, default=None,
                       help="seconds of load before measuring, excluded from stats (default: 2)")
-    load.add_argument("--join", type=int, default=0, metavar="N",
+    load.add_argument("--join", type=int, default=None, metavar="N",
                       help="N extra cameras that join during the measured interval")
     load.add_argument("--join-at", type=float, default=None, metavar="S",
                       help="second of the measured interval at which they join (default: "
                            "its middle)")
-    load.add_argument("--join-window", type=float, default=5.0, metavar="S",
+    load.add_argument("--join-window", type=float, default=None, metavar="S",
                       help="the running cameras' errors are reported separately for S seconds "
                            "from the join (default: 5)")
     load.add_argument("--timeout-ms", type=float, default=5000.0,
@@ -100,19 +119,71 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse what this run could not honour, before anything starts."""
+    if args.scenario:
+        given = [flag for dest, flag in SCENARIO_SETS.items()
+                 if getattr(args, dest) is not None]
+        if given:
+            scenario = SCENARIOS[args.scenario]
+            raise UserError(f"--scenario {scenario.name} sets the load itself "
+                            f"({describe_load(scenario.load)}), so {', '.join(given)} would be "
+                            f"ignored; drop {'them' if len(given) > 1 else 'it'}, or drop "
+                            "--scenario to choose the load yourself (no goals are judged then)")
+    if args.serve and args.endpoint:
+        raise UserError("--serve starts its own daemon on a temporary endpoint; drop --endpoint "
+                        "(or drop --serve to test a running daemon)")
+    if not args.serve and not args.endpoint:
+        raise UserError("give --endpoint of a running daemon, or --serve to start one")
+
+
+def given(value: T | None, default: T) -> T:
+    """A load option's value: the flag's, else its default (flags default to None, so that
+    check_options can tell one given alongside --scenario)."""
+    return default if value is None else value
+
+
 def _plan(args: argparse.Namespace, endpoint: str) -> LoadPlan:
     if args.scenario:
         load = SCENARIOS[args.scenario].load
         return LoadPlan(endpoint=endpoint, model=args.model, timeout_ms=args.timeout_ms,
                         seed=args.seed, server_key=args.server_key,
                         client_key=args.client_key, **load)
-    return LoadPlan(endpoint=endpoint, processes=args.processes, cameras=args.cameras,
-                    mode=args.mode, rate_hz=None if args.closed_loop else
-                    (args.rate if args.rate is not None else DEFAULT_RATE_HZ),
-                    duration=args.duration, warmup=args.warmup, join=args.join,
-                    join_at=args.join_at, join_window=args.join_window, model=args.model,
+    return LoadPlan(endpoint=endpoint, processes=given(args.processes, 1),
+                    cameras=given(args.cameras, 4), mode=given(args.mode, "window"),
+                    rate_hz=None if args.closed_loop else given(args.rate, DEFAULT_RATE_HZ),
+                    duration=given(args.duration, 10.0), warmup=given(args.warmup, 2.0),
+                    join=given(args.join, 0), join_at=args.join_at,
+                    join_window=given(args.join_window, 5.0), model=args.model,
                     timeout_ms=args.timeout_ms, seed=args.seed, server_key=args.server_key,
                     client_key=args.client_key)
+
+
+def floor_measure(scenario: Scenario | None, plan: LoadPlan
+                  ) -> Callable[[], dict[str, Any]] | None:
+    """What measures the scenario's floor (the bare ZeroMQ echo at its load), or None when no
+    goal needs one. It runs once the daemon answers, before the load."""
+    if scenario is None or not scenario.floor_s:
+        return None
+    rate = plan.rate_hz
+    if rate is None:  # no scenario with a floor is closed loop; a plain guard
+        return None
+
+    def measure() -> dict[str, Any]:
+        if not is_local(plan.endpoint):
+            return {"note": f"the daemon ({plan.endpoint}) is on another machine: an echo here "
+                            "would not be its floor"}
+        transport = "tcp" if plan.endpoint.startswith("tcp://") else "ipc"
+        print(f"measuring the floor first: bare ZeroMQ {transport} echo at the same load "
+              f"({plan.processes} x {plan.cameras} camera(s) at {rate:g} Hz) for "
+              f"{scenario.floor_s:g} s", file=sys.stderr, flush=True)
+        floor = echo_floor.measure(plan.processes, plan.cameras, rate, scenario.floor_s,
+                                   transport=transport).to_dict()
+        if plan.server_key:
+            floor["without"] = "CURVE (the daemon's goal is judged against plain ZeroMQ)"
+        return floor
+
+    return measure
 
 
 def _emit(report: dict[str, Any], json_path: str | None) -> None:
@@ -129,13 +200,11 @@ def _emit(report: dict[str, Any], json_path: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.serve and args.endpoint:
-        raise UserError("--serve starts its own daemon on a temporary endpoint; drop --endpoint "
-                        "(or drop --serve to test a running daemon)")
-    if not args.serve and not args.endpoint:
-        raise UserError("give --endpoint of a running daemon, or --serve to start one")
+    check_options(args)
+    scenario = SCENARIOS[args.scenario] if args.scenario else None
     if not args.serve:
-        report = run_load(_plan(args, args.endpoint))
+        plan = _plan(args, args.endpoint)
+        report = run_load(plan, floor=floor_measure(scenario, plan))
     else:
         plan_check = _plan(args, "ipc://placeholder")  # bad load options fail before a start
         opts = ServeOptions(backend=args.backend, frames=args.frames, persons=args.persons,
@@ -148,19 +217,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"starting daemon ({opts.backend if opts.config is None else opts.config}); "
               f"log: {daemon.log_path}", file=sys.stderr, flush=True)
         with daemon:
-            report = run_load(_plan(args, daemon.endpoint), served_pid=daemon.pid,
-                              served=daemon.describe())
+            plan = _plan(args, daemon.endpoint)
+            report = run_load(plan, served_pid=daemon.pid, served=daemon.describe(),
+                              floor=floor_measure(scenario, plan))
         report["served"] = daemon.describe()  # now with the daemon's exit code
         if daemon.returncode != 0:
             print(f"warning: the daemon exited with code {daemon.returncode}; see "
                   f"{daemon.log_path}", file=sys.stderr, flush=True)
-    if args.scenario:
-        rows = verdicts(SCENARIOS[args.scenario], report, args.floor_us)
-        report["scenario"] = {"name": args.scenario, "floor_us": args.floor_us, "goals": rows}
+    if scenario is not None:
+        rows = verdicts(scenario, report)
+        report["scenario"] = {"name": scenario.name, "goals": rows}
     _emit(report, args.json)
-    if args.scenario:
-        print(f"scenario {args.scenario}:\n" + format_verdicts(report["scenario"]["goals"]),
+    if scenario is not None:
+        print(f"scenario {scenario.name}:\n" + format_verdicts(report["scenario"]["goals"]),
               file=sys.stderr if args.json == "-" else sys.stdout, flush=True)
+        if missed(report["scenario"]["goals"]):
+            return 1
     if args.fail_on_errors and has_failures(report):
         return 1
     return 0

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from stgcnd.errors import BuildCancelled, UserError
 from stgcnd.log import get_logger, log_is_json
-from stgcnd.server.config import check_files, load_config
-from stgcnd.server.curve import check_security
+from stgcnd.server.config import load_config
+from stgcnd.server.config_checks import check_config
 from stgcnd.server.server import Server
 from stgcnd.server.transport import check_endpoint
 
@@ -68,13 +68,15 @@ def report_fatal(event: str, exc: BaseException) -> int:
 def run(args: argparse.Namespace) -> int:
 
     try:
-        config = check_files(load_config(args.config, overrides={
+        config = load_config(args.config, overrides={
             "endpoint": args.endpoint,
             "engines_dir": str(args.engines) if args.engines else None,
-            "stats_interval": args.stats_interval}, flag_names=FLAG_NAMES))
-        # Before any model is loaded or built: a wrong endpoint fails now, with a fix.
+            "stats_interval": args.stats_interval}, flag_names=FLAG_NAMES)
+        # Before any model is loaded or built: what `stgcnd config check` checks, then
+        # whether the endpoint is free to listen on now (which a check before a reload,
+        # with the daemon listening there, cannot ask).
+        check_config(config)
         check_endpoint(config.endpoint)
-        check_security(config)
         server = Server(config, args.config)
         server.install_signal_handlers()
     except Exception as exc:

@@ -29,7 +29,8 @@ from stgcnd import __version__, cpupower
 from stgcnd.errors import BuildCancelled
 from stgcnd.log import get_logger
 from stgcnd.server.cameras import CameraTable
-from stgcnd.server.config import Config, check_files, load_config
+from stgcnd.server.config import Config, load_config
+from stgcnd.server.config_checks import check_config
 from stgcnd.server.connections import (
     CLOSE_IDLE_S,
     Connections,
@@ -450,7 +451,8 @@ class Server:
             try:
                 if self.curve is not None:  # revoked keys: their requests get `forbidden`
                     self.curve.reload()
-                config = check_files(load_config(self.config_path))
+                config = load_config(self.config_path)
+                check_config(config)  # what `config check` and a start check, as they do
                 if config.endpoint != self.config.endpoint:
                     log.warning("reload_endpoint_ignored", endpoint=config.endpoint,
                                 reason="changing the endpoint needs a restart")

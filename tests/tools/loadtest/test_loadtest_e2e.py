@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -66,7 +67,21 @@ def check_cpu(r: dict, stats: dict) -> None:
         assert cpu["us_per_request"] is None and "process_cpu_s" in cpu["note"]
         return
     assert cpu["us_per_request"] is not None and math.isfinite(cpu["us_per_request"])
-    assert cpu["us_per_request"] > 0 and cpu["requests"] == r["replies"]
+    # Over the requests the daemon itself read between the samples: this load's (those
+    # sent around a sample's instant may fall on either side) and the second stats call.
+    assert cpu["us_per_request"] > 0 and cpu["load_replies"] == r["replies"]
+    cameras = len(r["cameras"])
+    assert abs(cpu["requests"] - r["replies"]) <= 2 * cameras + 1, (cpu, r["replies"])
+    assert cpu["other_clients"] is False
+    agrees_with_proc(cpu)
+
+
+def agrees_with_proc(cpu: dict) -> None:
+    """The daemon's own CPU figure and /proc's reading of its pid at the same instants agree
+    to /proc's resolution (10 ms ticks at each end)."""
+    assert cpu["proc_us_per_request"] is not None, cpu
+    gap_s = abs(cpu["proc_us_per_request"] - cpu["us_per_request"]) * cpu["requests"] / 1e6
+    assert gap_s <= 0.03, cpu
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +149,72 @@ def test_load_processes_never_import_torch_or_the_server():
         print(json.dumps({"shape": list(data.shape), "bad": bad}))
     """)
     assert res == {"shape": [12, 3, 33, 2], "bad": []}
+
+
+def _proc_cpu_s(pid: int) -> float:
+    fields = (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1]).split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+@pytest.mark.slow
+def test_two_loads_on_one_daemon_each_report_what_proc_says(noop_daemon):
+    """Issue #32: with another client on the daemon, the CPU per request was the daemon's CPU
+    over this load's replies only (twice /proc's figure with two equal loads). Each load now
+    reports the daemon's CPU over every request it read, which /proc confirms."""
+    args = ["--endpoint", noop_daemon.endpoint, "--processes", "1", "--cameras", "4",
+            "--rate", "100", "--duration", "4", "--warmup", "1", "--json", "-"]
+    paths = [str(REPO / "daemon"), str(REPO / "clients"), str(REPO),
+             os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    with Client(noop_daemon.endpoint, camera_id="lt-proc") as c:
+        pid = c.stats()["pid"]
+        before = (_proc_cpu_s(pid), c.stats()["requests"])
+        loads = [subprocess.Popen([sys.executable, "-c", CLI, "loadtest", *args],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=env, cwd=REPO) for _ in range(2)]
+        outs = [proc.communicate(timeout=180) for proc in loads]
+        after = (_proc_cpu_s(pid), c.stats()["requests"])
+    whole_run_us = (after[0] - before[0]) / (after[1] - before[1]) * 1e6
+    for proc, (out, err) in zip(loads, outs):
+        assert proc.returncode == 0, err[-3000:]
+        cpu = json.loads(out)["daemon_cpu"]
+        # The same figure as /proc over the whole run (both loads, their start and end):
+        # the old one was about twice it.
+        assert 0.6 * whole_run_us < cpu["us_per_request"] < 1.5 * whole_run_us, \
+            (cpu, whole_run_us)
+        agrees_with_proc(cpu)
+        assert cpu["other_clients"] is True and cpu["requests"] > 1.5 * cpu["load_replies"]
+
+
+@pytest.mark.slow
+def test_a_scenario_measures_its_floor_and_its_goals_can_fail():
+    """one-camera: the floor is measured at the same load in the same run, the overhead goal
+    is judged against it with both numbers shown, and a missed goal exits 1."""
+    proc = loadtest("--serve", "--backend", "noop", "--frames", "30", "--scenario",
+                    "one-camera", "--json", "-", timeout=240)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    r = json.loads(proc.stdout)
+    floor = r["floor"]
+    assert floor["transport"] == "ipc" and (floor["processes"], floor["cameras"]) == (1, 1)
+    assert floor["rate_hz"] == 25.0 and floor["round_trip_ms"]["count"] >= 200
+    overhead, lost = r["scenario"]["goals"]
+    assert overhead["limit"] == pytest.approx(floor["round_trip_ms"]["p99"] + 0.5)
+    assert overhead["value"] == r["overhead_ms"]["p99"]
+    assert overhead["met"] == (overhead["value"] <= overhead["limit"])
+    assert proc.returncode == (1 if False in (overhead["met"], lost["met"]) else 0)
+    assert "measuring the floor first: bare ZeroMQ ipc echo" in proc.stderr
+    assert "floor (bare ZeroMQ ipc echo, 1 x 1 camera(s) at 25 Hz for 10 s)" in proc.stderr
+    assert "goal: overhead p99 <= floor p99 + 0.5 ms" in proc.stderr
+
+
+def test_a_scenario_refuses_load_options_it_would_ignore():
+    """Issue #32: `--duration` with `--scenario` was silently ignored."""
+    proc = loadtest("--endpoint", "ipc:///tmp/stgcnd-loadtest-nobody.sock",
+                    "--scenario", "paced-64", "--duration", "60", "--cameras", "2")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert ("--scenario paced-64 sets the load itself (8 process(es) x 8 camera(s) at 25 Hz, "
+            "window mode, 15 s after 3 s of warm-up), so --cameras, --duration would be "
+            "ignored; drop them") in proc.stderr, proc.stderr
 
 
 def test_user_errors_are_one_line():

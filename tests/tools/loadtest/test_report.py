@@ -44,9 +44,14 @@ def cameras() -> list[CameraResult]:
     return [running, joiner]
 
 
-def samples(first: float | None, last: float | None) -> dict:
-    return {"first": CpuSample(first, "stats" if first is not None else None, 7),
-            "last": CpuSample(last, "stats" if last is not None else None, 7),
+def samples(first: float | None, last: float | None, requests: tuple[int, int] = (100, 105),
+            proc: tuple[float, float] | None = None) -> dict:
+    """Two CPU samples; `requests`: the daemon's own counter in each stats reply; `proc`:
+    /proc's readings of its pid beside them."""
+    return {"first": CpuSample(first, "stats" if first is not None else None, 7,
+                               requests=requests[0], proc_cpu_s=proc[0] if proc else None),
+            "last": CpuSample(last, "stats" if last is not None else None, 7,
+                              requests=requests[1], proc_cpu_s=proc[1] if proc else None),
             "first_at_s": 1.0, "last_at_s": 3.0, "load_cpu_s": 0.8}
 
 
@@ -62,8 +67,9 @@ def test_counts_rates_and_latency_over_the_measured_interval():
     assert r["overhead_ms"]["p50"] == 2.0 and r["overhead_ms"]["max"] == 8.0
     assert r["server_ms"]["queue"]["max"] == 5.0 and r["server_ms"]["compute"]["count"] == 4
     assert r["open_loop"]["late_sends"] == 1 and r["open_loop"]["dropped_sends"] == 2
-    # 0.5 s of daemon CPU over 5 replies.
+    # 0.5 s of daemon CPU over the 5 requests the daemon read (this load's 5 replies).
     assert r["daemon_cpu"]["us_per_request"] == pytest.approx(1e5)
+    assert r["daemon_cpu"]["requests"] == 5 and r["daemon_cpu"]["other_clients"] is False
     assert r["daemon_cpu"]["source"] == "stats" and r["daemon_cpu"]["sampled_s"] == [0.0, 2.0]
     # The load processes' CPU over all 8 requests they sent, warm-up and tail included.
     assert r["load_cpu"]["requests"] == 8 and r["load_cpu"]["us_per_request"] == pytest.approx(1e5)
@@ -97,15 +103,20 @@ def test_a_clean_run_has_no_failures():
     good = CameraResult("c", joining=False, start=0.0, columns=columns([
         (1.2, 0.0, 1.0, 1.0, True, 0.1, 0.2, 0.3, "")]))
     plan = LoadPlan("ipc:///tmp/x.sock", rate_hz=None, warmup=1.0, duration=1.0)
-    r = build_report(plan, TARGET, [good], samples(1.0, 1.001))
+    r = build_report(plan, TARGET, [good], samples(1.0, 1.001, requests=(7, 8)))
     assert not has_failures(r) and r["open_loop"] is None and r["join"] is None
     assert r["daemon_cpu"]["us_per_request"] == pytest.approx(1000.0)
 
 
 def test_cpu_sources_in_order():
     mine = os.getpid()
-    from_stats = sample({"process_cpu_s": 12.5, "pid": 1}, "tcp://10.0.0.9:5555")
-    assert (from_stats.cpu_s, from_stats.source) == (12.5, "stats")
+    from_stats = sample({"process_cpu_s": 12.5, "pid": 1, "requests": 40},
+                        "tcp://10.0.0.9:5555")
+    assert (from_stats.cpu_s, from_stats.source, from_stats.requests) == (12.5, "stats", 40)
+    assert from_stats.proc_cpu_s is None  # another machine's pid 1: not read here
+    # On this machine /proc is read beside the daemon's own figure, as a check.
+    beside = sample({"process_cpu_s": 12.5, "pid": mine, "requests": 40}, "ipc:///x")
+    assert beside.source == "stats" and beside.proc_cpu_s is not None and beside.proc_cpu_s > 0
     # No process_cpu_s: psutil on the pid, when the daemon is on this machine.
     local = sample({"pid": mine}, "ipc:///run/stgcnd/stgcnd.sock")
     assert local.source == "psutil" and local.cpu_s is not None and local.cpu_s > 0
@@ -114,8 +125,27 @@ def test_cpu_sources_in_order():
     served = sample({}, "tcp://10.0.0.9:5555", served_pid=mine)  # a daemon we started
     assert served.source == "psutil"
     assert sample({}, "ipc:///x").cpu_s is None
-    gone = per_request(CpuSample(1.0, "stats", 1), CpuSample(None, None, 1, "stats: timeout"),
-                       10)
+    gone = per_request(CpuSample(1.0, "stats", 1, requests=1),
+                       CpuSample(None, None, 1, "stats: timeout"), 10)
     assert gone["us_per_request"] is None and gone["note"] == "stats: timeout"
     mixed = per_request(CpuSample(1.0, "stats", 1), CpuSample(2.0, "psutil", 1), 10)
     assert mixed["us_per_request"] is None
+
+
+def test_cpu_per_request_is_over_every_request_the_daemon_read():
+    """Other clients sent the daemon 20 requests beside this load's 5: the figure is the
+    daemon's CPU over all it read (as /proc says), not charged to this load's 5 replies
+    alone (issue #32)."""
+    r = build_report(PLAN, TARGET, cameras(), samples(10.0, 10.5, requests=(100, 125),
+                                                      proc=(20.0, 20.5)))
+    cpu = r["daemon_cpu"]
+    assert cpu["us_per_request"] == pytest.approx(2e4) and cpu["requests"] == 25
+    assert cpu["proc_us_per_request"] == pytest.approx(2e4)
+    assert cpu["load_replies"] == 5 and cpu["other_clients"] is True
+    table = format_table(r)
+    assert "daemon CPU per request: 20000.0 us over 25 requests it read (stats; /proc: " \
+           "20000.0 us)" in table
+    assert "other clients shared the daemon" in table
+    no_count = build_report(PLAN, TARGET, cameras(), samples(10.0, 10.5, requests=(None, None)))
+    assert no_count["daemon_cpu"]["us_per_request"] is None
+    assert "no requests counter" in no_count["daemon_cpu"]["note"]

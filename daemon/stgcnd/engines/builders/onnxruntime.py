@@ -41,9 +41,12 @@ class OnnxRuntimeBuilder(Builder):
 
     def check(self, options: BuildOptions) -> None:
         if options.precision in ("fp16", "bf16"):
+            # Reached from the command line (`build`, `validate`) and, through the
+            # store, from `build --config`: name both spellings of the fix.
             raise UserError(f"the onnxruntime backend builds fp32 or int8 (Q/DQ); for "
-                            f"{options.precision} use --backend torch (bf16: on a CPU with "
-                            "AVX512-BF16 or AMX), or tensorrt for fp16")
+                            f"{options.precision} use the torch backend (bf16: on a CPU with "
+                            "AVX512-BF16 or AMX) or tensorrt (fp16): --backend on the command "
+                            "line, backend = \"...\" in a configuration")
         if options.device == "cuda" and "CUDAExecutionProvider" not in \
                 import_onnxruntime().get_available_providers():
             raise BackendUnavailable("onnxruntime has no CUDA execution provider here; "

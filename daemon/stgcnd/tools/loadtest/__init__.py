@@ -10,8 +10,9 @@ CPU time per request.
 
 Modules: `plan` (options, checked; which camera runs where), `camera` (one camera's loop and
 its records), `worker` (one load process), `runner` (processes, start sync, daemon samples),
-`daemon_cpu` (the daemon's CPU time), `serve` (`--serve`: a daemon of our own), `stats`
-(percentiles over merged records), `report` (the JSON report and its table).
+`daemon_cpu` (the daemon's CPU per request), `serve` (`--serve`: a daemon of our own), `stats`
+(percentiles over merged records), `report` (the JSON report and its table), `scenarios` (named
+loads and their goals), `echo_floor` (the bare ZeroMQ floor the goals are judged against).
 
 The hot path imports only stgcnd_client, numpy, msgpack and pyzmq (plus the torch-free
 `stgcnd.model.synthetic` when building data, before the clock starts): never torch, never the

@@ -1,10 +1,21 @@
-"""The daemon's CPU time (user + system seconds), to report CPU microseconds per request.
+"""The daemon's CPU per request, one definition (docs/performance.md, "CPU per request"):
 
-Sources, best first:
-- `process_cpu_s` in the daemon's `stats` reply (the daemon measures itself; works remotely);
+    (the daemon's CPU time at the second sample - at the first)
+    / (the daemon's `requests` counter at the second sample - at the first)
+
+CPU time is the whole process's, every thread, user + system: what /proc/PID/stat's utime +
+stime counts. `requests` counts every request the daemon read, from every client. Both come
+from the daemon's own `stats` reply, read in one loop pass, so that the figure holds whoever
+else uses the daemon meanwhile: dividing by this load's replies instead charged the load
+with other clients' work (two loads on one daemon each read twice the /proc figure).
+
+CPU time sources, best first:
+- `process_cpu_s` in the stats reply (the daemon measures itself; works remotely);
 - psutil on a pid: the `pid` in the stats reply when the endpoint is on this machine, or the
   daemon `--serve` started;
 - none: the report says null and why.
+Where the pid is on this machine, /proc is read too, right after each stats reply, and
+reported beside the figure as a check (`proc_us_per_request`).
 """
 
 from __future__ import annotations
@@ -15,6 +26,9 @@ from typing import Any
 import psutil
 
 LOCAL_PREFIXES = ("ipc://", "inproc://", "tcp://127.", "tcp://localhost:", "tcp://[::1]:")
+# The daemon read this many more requests than the load sent (beyond its own few control
+# calls): other clients share it, which the report says.
+OTHER_CLIENTS_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -23,6 +37,8 @@ class CpuSample:
     source: str | None          # "stats", "psutil" or None
     pid: int | None
     note: str = ""
+    requests: int | None = None       # the daemon's `requests` counter, same stats reply
+    proc_cpu_s: float | None = None   # /proc's reading of the pid just after, when local
 
 
 def is_local(endpoint: str) -> bool:
@@ -37,38 +53,56 @@ def psutil_cpu_s(pid: int) -> float | None:
     return float(times.user + times.system)
 
 
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def sample(stats: dict[str, Any], endpoint: str, served_pid: int | None = None) -> CpuSample:
-    """One reading of the daemon's CPU time from a stats reply (and what else we know)."""
+    """One reading of the daemon's CPU time and request count from a stats reply (and what
+    else we know)."""
     value = stats.get("process_cpu_s")
-    pid = stats.get("pid")
-    pid = int(pid) if isinstance(pid, int) else served_pid
+    requests = _int(stats.get("requests"))
+    pid = _int(stats.get("pid"))
+    pid = pid if pid is not None else served_pid
+    local = pid is not None and (pid == served_pid or is_local(endpoint))
+    proc = psutil_cpu_s(pid) if local and pid is not None else None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return CpuSample(float(value), "stats", pid)
+        return CpuSample(float(value), "stats", pid, requests=requests, proc_cpu_s=proc)
     if pid is None:
         return CpuSample(None, None, None, "the daemon's stats reply has neither process_cpu_s "
-                                           "nor pid")
-    if pid != served_pid and not is_local(endpoint):
+                                           "nor pid", requests)
+    if not local:
         return CpuSample(None, None, pid, f"stats has no process_cpu_s and {endpoint} is not "
-                                          "on this machine")
-    cpu = psutil_cpu_s(pid)
-    if cpu is None:
+                                          "on this machine", requests)
+    if proc is None:
         return CpuSample(None, None, pid, f"cannot read the CPU time of pid {pid} "
-                                          "(not visible from here?)")
-    return CpuSample(cpu, "psutil", pid)
+                                          "(not visible from here?)", requests)
+    return CpuSample(proc, "psutil", pid, requests=requests, proc_cpu_s=proc)
 
 
-def per_request(first: CpuSample, last: CpuSample, requests: int) -> dict[str, Any]:
-    """The report's daemon_cpu entry: microseconds of daemon CPU per request answered."""
-    out: dict[str, Any] = {"us_per_request": None, "cpu_s": None, "requests": requests,
-                           "source": None, "pid": last.pid if last.pid is not None else first.pid,
-                           "note": ""}
+def per_request(first: CpuSample, last: CpuSample, load_replies: int) -> dict[str, Any]:
+    """The report's daemon_cpu entry: microseconds of daemon CPU per request the daemon read
+    between the two samples; `load_replies` (this load's, over the measured interval) only
+    tells whether other clients shared the daemon."""
+    out: dict[str, Any] = {"us_per_request": None, "cpu_s": None, "requests": None,
+                           "load_replies": load_replies, "other_clients": None,
+                           "proc_us_per_request": None, "source": None,
+                           "pid": last.pid if last.pid is not None else first.pid, "note": ""}
+    if first.requests is not None and last.requests is not None:
+        out["requests"] = last.requests - first.requests
     if first.cpu_s is None or last.cpu_s is None or first.source != last.source:
         out["note"] = last.note or first.note or "the two samples came from different sources"
         return out
     cpu = last.cpu_s - first.cpu_s
     out.update(cpu_s=cpu, source=last.source)
-    if requests > 0:
-        out["us_per_request"] = cpu / requests * 1e6
+    requests = out["requests"]
+    if requests is None:
+        out["note"] = "the daemon's stats reply has no requests counter"
+    elif requests <= 0:
+        out["note"] = "the daemon read no requests in the measured interval"
     else:
-        out["note"] = "no requests answered in the measured interval"
+        out["us_per_request"] = cpu / requests * 1e6
+        out["other_clients"] = requests > load_replies * (1 + OTHER_CLIENTS_SHARE) + 10
+        if first.proc_cpu_s is not None and last.proc_cpu_s is not None:
+            out["proc_us_per_request"] = (last.proc_cpu_s - first.proc_cpu_s) / requests * 1e6
     return out

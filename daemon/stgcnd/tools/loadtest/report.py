@@ -12,7 +12,12 @@ What counts (all over the measured interval: requests *due* in [warmup, warmup +
 - overhead_ms: round trip from the send minus the server's compute_ms, per prediction: what
   the daemon and the client library add to the model's run.
 - daemon_cpu.us_per_request: the daemon's CPU time between the two stats samples (at the start
-  and the end of the measured interval) divided by the replies in that interval.
+  and the end of the measured interval) divided by the requests the daemon read between them,
+  every client's (daemon_cpu.py; docs/performance.md, "CPU per request"); proc_us_per_request:
+  the same from /proc where the daemon is on this machine; other_clients: the daemon read
+  noticeably more requests than this load sent.
+- floor: the bare ZeroMQ echo at the same load, measured before it (`--scenario` only;
+  echo_floor.py), or why not.
 - load_cpu.us_per_request: the load processes' own CPU time over the whole run (warm-up
   included) per request they sent, to tell when the load generator shares the daemon's cores.
 """
@@ -96,7 +101,8 @@ def _camera_row(plan: LoadPlan, c: CameraResult) -> dict[str, Any]:
 
 def build_report(plan: LoadPlan, target: ModelTarget, cameras: list[CameraResult],
                  samples: dict[str, Any], model: dict[str, Any] | None = None,
-                 served: dict[str, Any] | None = None) -> dict[str, Any]:
+                 served: dict[str, Any] | None = None,
+                 floor: dict[str, Any] | None = None) -> dict[str, Any]:
     cols = merge(c.columns for c in cameras)
     cols = select(cols, _in(cols, plan.warmup, plan.end))
     counts = _counts(cols)
@@ -122,6 +128,7 @@ def build_report(plan: LoadPlan, target: ModelTarget, cameras: list[CameraResult
         **_latency(cols),
         "open_loop": open_loop,
         "daemon_cpu": cpu,
+        "floor": floor,
         "load_cpu": {"cpu_s": load_cpu_s, "requests": sent,
                      "us_per_request": (load_cpu_s / sent * 1e6 if load_cpu_s is not None and sent
                                         else None)},
@@ -176,10 +183,7 @@ def format_table(r: dict[str, Any]) -> str:
     for name, d in r["server_ms"].items():
         lines.append(_dist_line(f"server {name}", d))
     lines.append(_dist_line("overhead (rt - compute)", r["overhead_ms"]))
-    cpu = r["daemon_cpu"]
-    lines.append(f"  daemon CPU per request: {cpu['us_per_request']:.1f} us ({cpu['source']})"
-                 if cpu["us_per_request"] is not None else
-                 f"  daemon CPU per request: n/a ({cpu['note']})")
+    lines += _cpu_lines(r["daemon_cpu"])
     load = r["load_cpu"]
     if load["us_per_request"] is not None:
         lines.append(f"  load generator CPU per request: {load['us_per_request']:.1f} us")
@@ -201,4 +205,31 @@ def format_table(r: dict[str, Any]) -> str:
                          f"p99 {_ms(run['round_trip_ms']['p99'])} ms")
     for camera, why in r["stopped_cameras"].items():
         lines.append(f"  camera {camera} stopped: {why}")
+    if r.get("floor") is not None:
+        lines.append(_floor_line(r["floor"]))
     return "\n".join(lines)
+
+
+def _cpu_lines(cpu: dict[str, Any]) -> list[str]:
+    if cpu["us_per_request"] is None:
+        return [f"  daemon CPU per request: n/a ({cpu['note']})"]
+    line = (f"  daemon CPU per request: {cpu['us_per_request']:.1f} us over {cpu['requests']:,} "
+            f"requests it read ({cpu['source']}")
+    proc = cpu.get("proc_us_per_request")
+    line += f"; /proc: {proc:.1f} us)" if proc is not None else ")"
+    lines = [line]
+    if cpu.get("other_clients"):
+        lines.append(f"    other clients shared the daemon: it read {cpu['requests']:,} requests, "
+                     f"this load got {cpu['load_replies']:,} replies; the figure is over all")
+    return lines
+
+
+def _floor_line(floor: dict[str, Any]) -> str:
+    if "note" in floor:
+        return f"  floor: not measured ({floor['note']})"
+    rt, echo = floor["round_trip_ms"], floor["echo_cpu_us_per_request"]
+    cpu = f"{echo:.1f} us" if echo is not None else "not measured (too few requests)"
+    return (f"  floor (bare ZeroMQ {floor['transport']} echo, {floor['processes']} x "
+            f"{floor['cameras']} camera(s) at {floor['rate_hz']:g} Hz for "
+            f"{floor['seconds']:g} s): round trip p50 {_ms(rt['p50'])} / p99 "
+            f"{_ms(rt['p99'])} ms; echo CPU per request {cpu}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import time
+from collections.abc import Callable
 from typing import Any
 
 from stgcnd.errors import UserError
@@ -67,11 +68,16 @@ class _Control:
 
 
 def run_load(plan: LoadPlan, served_pid: int | None = None,
-             served: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Run the plan against its endpoint; returns the report (see stgcnd.tools.loadtest.report)."""
+             served: dict[str, Any] | None = None,
+             floor: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Run the plan against its endpoint; returns the report (see stgcnd.tools.loadtest.report).
+    `floor`, if given, runs once the daemon has answered and before the load starts (the
+    bare ZeroMQ floor, which the daemon's goals are judged against); its result is the
+    report's `floor`."""
     control = _Control(plan, served_pid)
     try:
         info, target = control.hello()
+        measured_floor = floor() if floor is not None else None
         cameras, samples = _run_processes(plan, target, control)
     finally:
         control.close()
@@ -79,7 +85,7 @@ def run_load(plan: LoadPlan, served_pid: int | None = None,
     return build_report(plan, target, cameras, samples, model={
         "name": model.name, "input_shape": list(model.input_shape), "backend": model.backend,
         "precision": model.precision, "stride": model.stride, "server": info.server},
-        served=served)
+        served=served, floor=measured_floor)
 
 
 def _run_processes(plan: LoadPlan, target: ModelTarget, control: _Control

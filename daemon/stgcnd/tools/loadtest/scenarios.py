@@ -1,26 +1,36 @@
 """Named loads with their goals: `stgcnd loadtest --scenario NAME` (docs/performance.md).
 
 Each scenario is a load plan and the figures it is judged by, so that a run on any machine
-says in its last lines whether the daemon met them there. The goals are the project's
-(issue #23): a single camera's overhead is judged against the bare ZeroMQ floor measured on
-the same machine (`scripts/zmq_echo_floor.py`, passed as --floor-us), since no daemon can go
-below it.
+says in its last lines whether the daemon met them there. Every goal is an upper bound on one
+figure of the report: met when the figure is at most the limit, MISSED when above, and n/a
+(never met) when the run has no figure or no limit to judge it by: no replies, no CPU reading,
+no floor.
+
+Goals about what no daemon can beat (the one camera's overhead, the CPU per request) are
+judged against the bare ZeroMQ floor measured at the scenario's own load in the same run
+(`floor_s` seconds of stgcnd.tools.loadtest.echo_floor before the load), since a floor
+measured elsewhere or earlier says nothing of this machine now. The limits are the project's
+goals (issue #10): one camera's overhead p99 within 0.5 ms of the floor's round trip p99; at
+64 cameras, the daemon's CPU within 100 us a request of the bare echo's (the goal was 100 us
+in all, which the echo alone already exceeds on every machine measured).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Dict
+from typing import Any, Callable, Dict, Optional
 
-Report = Dict[str, Any]  # typing.Dict: evaluated at run time, and 3.8 has no dict[...]
+# typing's Dict, Callable and Optional: these aliases are evaluated at run time, where 3.8
+# has no dict[...], no subscriptable collections.abc.Callable and no `X | None`.
+Report = Dict[str, Any]
+Figure = Callable[[Report], Optional[float]]
 
 
 @dataclass(frozen=True)
 class Goal:
-    what: str                                   # "round trip p99 <= 10 ms"
-    figure: Callable[[Report, float | None], float | None]
-    ok: Callable[[float, float | None], bool]   # (figure, floor in us) -> met?
+    what: str                    # "round trip p99 <= 10 ms"
+    figure: Figure               # the figure judged; None: the run has none
+    limit: Figure                # the most it may be; None: not known in this run
     unit: str = "ms"
 
 
@@ -30,80 +40,145 @@ class Scenario:
     what: str
     load: dict[str, Any]                        # LoadPlan fields
     goals: tuple[Goal, ...] = field(default=())
+    floor_s: float = 0.0   # seconds of the bare ZeroMQ floor at this load (0: no goal needs it)
 
 
-def _p99(r: Report, _floor: float | None) -> float | None:
+def _p99(r: Report) -> float | None:
     return r["round_trip_ms"]["p99"]
 
 
-def _overhead_p99(r: Report, _floor: float | None) -> float | None:
+def _overhead_p99(r: Report) -> float | None:
     return r["overhead_ms"]["p99"]
 
 
-def _lost(r: Report, _floor: float | None) -> float:
-    return float(r["lost_replies"] + r["error_replies"])
+def _floor(r: Report) -> dict[str, Any]:
+    return r.get("floor") or {}
 
 
-def _join_first(r: Report, _floor: float | None) -> float | None:
+def _floor_p99_plus_half_ms(r: Report) -> float | None:
+    p99 = (_floor(r).get("round_trip_ms") or {}).get("p99")
+    return None if p99 is None else p99 + 0.5
+
+
+def _floor_cpu_plus_100_us(r: Report) -> float | None:
+    echo = _floor(r).get("echo_cpu_us_per_request")
+    return None if echo is None else echo + 100.0
+
+
+def _lost(r: Report) -> float | None:
+    # Nothing sent, nothing lost: that proves nothing, so no figure.
+    return float(r["lost_replies"] + r["error_replies"]) if r["requests"] else None
+
+
+def _join_first(r: Report) -> float | None:
     return r["join"]["first_reply_ms"]["max"] if r["join"] else None
 
 
-def _join_errors(r: Report, _floor: float | None) -> float:
-    j = r["join"] or {}
+def _join_errors(r: Report) -> float | None:
+    j = r["join"]
+    if not j:
+        return None
     return float(j.get("never_replied", 0)
                  + (j.get("joining_cameras") or {}).get("error_replies", 0))
 
 
-def _missing_predictions(r: Report, _floor: float | None) -> float:
+def _missing_predictions(r: Report) -> float | None:
     """Push mode at stride 1 with every window full: one prediction per frame, exactly."""
+    if not r["replies"]:
+        return None
     return float(abs(r["replies"] - r["predictions"]) + r["error_replies"])
 
 
-def _cpu_us(r: Report, _floor: float | None) -> float | None:
+def _cpu_us(r: Report) -> float | None:
     return (r["daemon_cpu"] or {}).get("us_per_request")
 
 
-NONE_LOST = Goal("errors and lost replies = 0", _lost, lambda v, _f: v == 0, "")
+def _at_most(value: float) -> Figure:
+    return lambda _r: value
+
+
+NONE_LOST = Goal("errors and lost replies = 0", _lost, _at_most(0.0), "")
 SCENARIOS = {s.name: s for s in (
     Scenario("one-camera", "one camera at 25 Hz: the daemon's own overhead",
              {"processes": 1, "cameras": 1, "rate_hz": 25.0, "duration": 20.0, "warmup": 2.0},
-             (Goal("overhead p99 <= floor + 0.5 ms", _overhead_p99,
-                   lambda v, floor: floor is None or v <= floor / 1e3 + 0.5), NONE_LOST)),
+             (Goal("overhead p99 <= floor p99 + 0.5 ms", _overhead_p99,
+                   _floor_p99_plus_half_ms), NONE_LOST),
+             floor_s=10.0),
     Scenario("paced-64", "64 cameras at 25 Hz (1,600 windows/s)",
              {"processes": 8, "cameras": 8, "rate_hz": 25.0, "duration": 15.0, "warmup": 3.0},
-             (Goal("round trip p99 <= 10 ms", _p99, lambda v, _f: v <= 10.0), NONE_LOST,
-              Goal("daemon CPU per request (us)", _cpu_us, lambda v, _f: True, "us"))),
+             (Goal("round trip p99 <= 10 ms", _p99, _at_most(10.0)), NONE_LOST,
+              Goal("daemon CPU per request <= floor + 100 us", _cpu_us,
+                   _floor_cpu_plus_100_us, "us")),
+             floor_s=10.0),
     Scenario("saturation", "128 cameras, closed loop: the most windows per second",
              {"processes": 8, "cameras": 16, "rate_hz": None, "duration": 15.0,
               "warmup": 3.0}, (NONE_LOST,)),
     Scenario("joins", "4 cameras at 25 Hz, then 32 join at once",
              {"processes": 1, "cameras": 4, "rate_hz": 25.0, "duration": 10.0, "warmup": 1.0,
               "join": 32, "join_at": 4.0},
-             (Goal("joining cameras' first reply <= 1 s", _join_first,
-                   lambda v, _f: v <= 1000.0),
-              Goal("joining cameras' errors = 0", _join_errors, lambda v, _f: v == 0, ""),
+             (Goal("joining cameras' first reply <= 1 s", _join_first, _at_most(1000.0)),
+              Goal("joining cameras' errors = 0", _join_errors, _at_most(0.0), ""),
               NONE_LOST)),
     Scenario("push", "4 cameras sending single frames at 25 Hz (push mode, stride 1)",
              {"processes": 1, "cameras": 4, "rate_hz": 25.0, "duration": 10.0, "warmup": 7.0,
               "mode": "push"},
              (Goal("one prediction per frame, exactly", _missing_predictions,
-                   lambda v, _f: v == 0, ""),)),
+                   _at_most(0.0), ""),)),
 )}
 
 
-def verdicts(scenario: Scenario, report: Report, floor_us: float | None) -> list[dict[str, Any]]:
+def describe_load(load: dict[str, Any]) -> str:
+    """A scenario's load in words, for messages: "8 processes x 8 cameras at 25 Hz, ..."."""
+    loop = "closed loop" if load.get("rate_hz") is None else f"at {load['rate_hz']:g} Hz"
+    join = f", {load['join']} joining" if load.get("join") else ""
+    return (f"{load['processes']} process(es) x {load['cameras']} camera(s) {loop}, "
+            f"{load.get('mode', 'window')} mode{join}, {load['duration']:g} s after "
+            f"{load['warmup']:g} s of warm-up")
+
+
+def _why_not_judged(goal: Goal, report: Report, value: float | None) -> str:
+    if value is None:
+        if goal.figure is _cpu_us:
+            return "no CPU figure: " + ((report["daemon_cpu"] or {}).get("note") or "unknown")
+        return "no figure in this run (nothing answered, or nothing to count)"
+    return "no floor: " + (_floor(report).get("note") or "it was not measured")
+
+
+def verdicts(scenario: Scenario, report: Report) -> list[dict[str, Any]]:
     out = []
     for goal in scenario.goals:
-        value = goal.figure(report, floor_us)
-        out.append({"goal": goal.what, "value": value, "unit": goal.unit,
-                    "met": None if value is None else bool(goal.ok(value, floor_us))})
+        value, limit = goal.figure(report), goal.limit(report)
+        met: bool | None = None
+        note = ""
+        if value is not None and limit is not None:
+            met = bool(value <= limit)
+        else:
+            note = _why_not_judged(goal, report, value)
+        out.append({"goal": goal.what, "value": value, "limit": limit, "unit": goal.unit,
+                    "met": met, "note": note})
     return out
+
+
+def _amount(value: float | None, unit: str) -> str:
+    return "-" if value is None else f"{value:.3g} {unit}".strip()
 
 
 def format_verdicts(rows: list[dict[str, Any]]) -> str:
     lines = []
     for row in rows:
         mark = {True: "met", False: "MISSED", None: "n/a"}[row["met"]]
-        value = "-" if row["value"] is None else f"{row['value']:.3g} {row['unit']}".strip()
-        lines.append(f"  goal: {row['goal']:<40} {value:>12}   {mark}")
+        if row["met"] is None:
+            lines.append(f"  goal: {row['goal']:<42} n/a ({row['note']})")
+            continue
+        judged = (f"{_amount(row['value'], row['unit'])} (at most "
+                  f"{_amount(row['limit'], row['unit'])})")
+        lines.append(f"  goal: {row['goal']:<42} {judged:>28}   {mark}")
+    met = sum(r["met"] is True for r in rows)
+    missed = sum(r["met"] is False for r in rows)
+    lines.append(f"  {met} of {len(rows)} goals met, {missed} missed, "
+                 f"{len(rows) - met - missed} not judged (n/a)")
     return "\n".join(lines)
+
+
+def missed(rows: list[dict[str, Any]]) -> bool:
+    return any(r["met"] is False for r in rows)

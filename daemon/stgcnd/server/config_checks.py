@@ -1,0 +1,98 @@
+"""Every check of a configuration that needs no model loaded: one set, run by `stgcnd config
+check`, by `stgcnd serve` before anything loads, and by a reload before it loads models.
+
+A `config check` that passes what `serve` then refuses is worse than none (issue #32), so the
+rules live here once: the files the models name exist; the endpoints are well formed; a tcp
+endpoint other machines reach has CURVE (or insecure = true); each model's backend can run on
+this machine (installed, a GPU where it needs one) and serves its precision there. Problems
+are said all at once, each with the configuration key that fixes it.
+
+`check_config` returns what it could not check without loading a model (or, for the
+endpoint, without binding it), for `config check` to say.
+"""
+
+from __future__ import annotations
+
+from stgcnd.errors import UserError
+from stgcnd.runtimes import available, gpu_present
+from stgcnd.server.config import Config, ModelConfig, check_files
+from stgcnd.server.curve import check_security
+from stgcnd.server.transport import parse_endpoint
+
+# The precisions each named runtime serves (runtimes/*, engines/builders/*).
+PRECISIONS = {"tensorrt": ("fp32", "fp16", "int8"), "torch": ("fp32", "fp16", "bf16"),
+              "onnxruntime": ("fp32", "int8")}
+OTHER_BACKEND = {"fp16": 'backend = "tensorrt" or "torch" (on CUDA)',
+                 "bf16": 'backend = "torch" (on a CPU with AVX512-BF16 or AMX)',
+                 "int8": 'backend = "onnxruntime" or "tensorrt" (with calibration)'}
+
+
+def check_config(config: Config) -> tuple[str, ...]:
+    """Raise UserError naming every problem; return what cannot be checked without loading
+    the models (one line each)."""
+    check_files(config)
+    for endpoint in (config.endpoint, config.server.events_endpoint):
+        if endpoint:
+            parse_endpoint(endpoint, listening=True)
+    check_security(config)
+    gpu = gpu_present()
+    problems = [f"model {m.name!r}: {p}" for m in config.models for p in _model_problems(m, gpu)]
+    if problems:
+        raise UserError(f"{config.source}: {'; '.join(problems)}")
+    return _not_checked(config, gpu)
+
+
+def _model_problems(mc: ModelConfig, gpu: bool) -> list[str]:
+    backend, precision = mc.backend, mc.precision
+    if backend in ("auto", "noop"):  # auto picks what runs here; noop computes nothing
+        return []
+    why_not = available().get(backend)
+    if why_not is not None:
+        return [f'backend = "{backend}" cannot run on this machine: {why_not}; set backend = '
+                '"auto" (the fastest runtime that runs here) or install it']
+    problems = []
+    if mc.device == "cuda" and not gpu:
+        problems.append('device = "cuda", but no CUDA GPU answers the driver here; set device '
+                        '= "auto" or "cpu"')
+    if precision not in PRECISIONS[backend]:
+        allowed = " or ".join(f'"{p}"' for p in PRECISIONS[backend])
+        problems.append(f'backend = "{backend}" serves precision = {allowed}, not "{precision}";'
+                        f" change precision, or use {OTHER_BACKEND[precision]}")
+    cpu_only = mc.device == "cpu" or (mc.device == "auto" and not gpu)
+    if backend == "torch" and precision == "fp16" and cpu_only:
+        problems.append('backend = "torch" runs fp16 on CUDA only and this model runs on the '
+                        'CPU; set precision = "fp32" (or "bf16" on a CPU with AVX512-BF16 or '
+                        'AMX)')
+    if backend == "torch" and precision == "bf16" and mc.device == "cuda":
+        problems.append('backend = "torch" runs bf16 on a CPU only; on CUDA set precision = '
+                        '"fp16"')
+    if precision == "int8" and precision in PRECISIONS[backend] and mc.calibration is None \
+            and not mc.allow_synthetic_calibration:
+        problems.append('precision = "int8" needs calibration windows: set calibration = '
+                        '"/path/windows.npz" (windows recorded from your cameras), or '
+                        "allow_synthetic_calibration = true (accuracy then unknown)")
+    return problems
+
+
+def _not_checked(config: Config, gpu: bool) -> tuple[str, ...]:
+    out = [f"whether {config.endpoint} is free to listen on (serve checks it at start)"]
+    for m in config.models:
+        where = f"model {m.name!r}"
+        if m.checkpoint:
+            out.append(f"{where}: that the checkpoint loads and fits layout, persons and "
+                       "frames (and labels, its class count)")
+        if m.backend == "auto":
+            out.append(f"{where}: which runtime backend = \"auto\" serves (it measures them "
+                       "at the first start)")
+        elif m.backend != "noop":
+            out.append(f"{where}: that the {m.backend} engine builds and validates here")
+        if gpu and m.backend == "torch" and m.device == "auto":
+            out.append(f"{where}: whether this torch sees the GPU (device = \"auto\" runs on "
+                       "the CPU otherwise)")
+        if m.backend == "onnxruntime" and m.device == "cuda":
+            out.append(f"{where}: whether ONNX Runtime has its CUDA provider")
+        if m.backend == "tensorrt" and m.precision == "fp16":
+            out.append(f"{where}: whether this TensorRT builds fp16 (TensorRT 11 serves fp32)")
+    if gpu:
+        out.append("whether the models fit the GPU's memory (memory_budget_mb)")
+    return tuple(out)
