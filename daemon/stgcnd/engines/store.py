@@ -230,9 +230,6 @@ class EngineStore:
     def artifact_stem(backend: str, options: BuildOptions, device: str) -> str:
         return f"{backend}-{options.precision}-{device}-{options.batch_tag}"
 
-    def timing_cache_path(self, version: str, device_slug: str) -> Path:
-        return self.root / "timing-cache" / f"tensorrt-{version}-{device_slug}.cache"
-
     # --- public API ----------------------------------------------------------------------
 
     def prepare(self, model: Any, backend: str, options: BuildOptions | None = None, *,

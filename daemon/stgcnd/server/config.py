@@ -289,14 +289,6 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         """What the model's engine and runners are built from (ENGINE keys)."""
         return tuple(getattr(self, k) for k in ENGINE)
 
-    @property
-    def checkpoint_path(self) -> Path | None:
-        return Path(self.checkpoint) if self.checkpoint else None
-
-    @property
-    def calibration_path(self) -> Path | None:
-        return Path(self.calibration) if self.calibration else None
-
 
 class Config(msgspec.Struct, frozen=True, kw_only=True):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
@@ -597,11 +589,6 @@ def _model(raw: dict[str, Any], where: str, base: Path | None) -> ModelConfig:
     # After its checkpoint (epoch60_model), as the engine store names it: not "demo", which
     # would pass a real model off as the random-weights one in logs and replies.
     return msgspec.structs.replace(model, name=Path(model.checkpoint).stem)
-
-
-def with_server(config: Config, **changes: Any) -> Config:
-    return msgspec.structs.replace(config, server=msgspec.structs.replace(config.server,
-                                                                          **changes))
 
 
 # --- the annotated example, made from the schema ----------------------------------------------

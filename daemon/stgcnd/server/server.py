@@ -26,7 +26,6 @@ from typing import Any
 import zmq
 
 from stgcnd import __version__, cpupower
-from stgcnd.errors import BuildCancelled
 from stgcnd.log import get_logger
 from stgcnd.server.cameras import CameraTable
 from stgcnd.server.config import Config, load_config
@@ -115,10 +114,6 @@ class Server:
         signal.signal(signal.SIGINT, lambda *_: self._stop.set())
         signal.signal(signal.SIGHUP, lambda *_: self._reload_requested.set())
         self._pipe.route_signals()
-
-    def request_stop(self) -> None:
-        self._stop.set()
-        self._pipe.wake()
 
     def _on_fatal(self, exc: BaseException) -> None:
         self._fatal = exc
@@ -615,13 +610,3 @@ class Server:
         log.info("shutdown_complete", exit_code=0, phase="startup",
                  reason="signal during start-up; the engine build was abandoned")
         return 0
-
-
-def run_server(config: Config, config_path: Path | None = None) -> int:
-    server = Server(config, config_path)
-    server.install_signal_handlers()
-    try:
-        server.startup()
-    except BuildCancelled:
-        return server.startup_cancelled()
-    return server.serve()

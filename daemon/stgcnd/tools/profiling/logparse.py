@@ -98,10 +98,6 @@ class TrtexecLog:
     errors: list[str] = field(default_factory=list)
     hints: list[str] = field(default_factory=list)
 
-    @property
-    def has_performance_summary(self) -> bool:
-        return bool(self.performance)
-
     def build_metadata(self) -> dict[str, Any]:
         return {
             "tensorrt_version": self.tensorrt_version,
