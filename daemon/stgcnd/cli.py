@@ -46,8 +46,9 @@ def _global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     """--log-level and --log-format; on a subcommand they default to nothing, so that the
     value given before the command (or the top level's default) stands unless repeated."""
     p.add_argument("--log-level", choices=LOG_LEVELS,
-                   default="info" if defaults else argparse.SUPPRESS,
-                   help="log level of the structured log (default: info)")
+                   default=None if defaults else argparse.SUPPRESS,
+                   help="log level of the structured log (default: serve takes [server] "
+                        "log_level from its config, other commands info)")
     p.add_argument("--log-format", choices=LOG_FORMATS,
                    default="auto" if defaults else argparse.SUPPRESS,
                    help="log format; auto = console on a terminal, JSON lines otherwise "
@@ -92,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     # Commands that own stdout for their results log to stderr; `serve` logs to stdout.
     log_stream = sys.stdout if getattr(args, "log_to_stdout", False) else sys.stderr
-    configure_logging(args.log_level, args.log_format, stream=log_stream)
+    configure_logging(args.log_level or "info", args.log_format, stream=log_stream)
     try:
         return int(args.func(args) or 0)
     except UserError as exc:

@@ -225,3 +225,22 @@ def test_fatal_startup_error_is_one_json_event(tmp_path, daemons, case, make_con
     [failed] = _events(d, "startup_failed")
     assert says in failed["error"] and failed["hint"] and failed["exit_code"] == 2
     assert "Traceback" not in d.log_path.read_text()
+
+
+NOOP_MODEL = (f'[[models]]\nname = "demo"\nbackend = "noop"\ndemo = true\nframes = {FRAMES}\n')
+
+
+@pytest.mark.parametrize("flag", [None, "info"])
+def test_the_configs_log_level_applies_unless_the_flag_is_given(tmp_path, daemons, flag):
+    """`[server] log_level` is the daemon's level; `--log-level` overrides it (#33: the key
+    had no effect at all)."""
+    d = Daemon(tmp_path, models=NOOP_MODEL, log_level="debug")
+    if flag:
+        d.start_args = ["--log-level", flag]
+    daemons.append(d)
+    d.start()
+    with Client(d.endpoint, camera_id="cam") as c:
+        c.infer(np.zeros((3, FRAMES, 33, 1), np.float32))
+    assert d.stop() == 0
+    per_request = [e for e in d.log_events() if e.get("event") == "request"]
+    assert bool(per_request) == (flag is None), per_request[:1]

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from stgcnd.errors import BuildCancelled, UserError
-from stgcnd.log import get_logger, log_is_json
+from stgcnd.log import configure_logging, get_logger, log_is_json
 from stgcnd.server.config import load_config
 from stgcnd.server.config_checks import check_config
 from stgcnd.server.server import Server
@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         # Before any model is loaded or built: what `stgcnd config check` checks, then
         # whether the endpoint is free to listen on now (which a check before a reload,
         # with the daemon listening there, cannot ask).
+        if args.log_level is None:  # no --log-level: the config's [server] log_level
+            configure_logging(config.server.log_level, args.log_format, stream=sys.stdout)
         check_config(config)
         check_endpoint(config.endpoint)
         server = Server(config, args.config)
