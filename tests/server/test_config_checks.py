@@ -112,3 +112,29 @@ def test_a_reload_refuses_what_a_start_refuses_and_keeps_serving(tmp_path):
     finally:
         d.stop()
         d.close()
+
+
+@pytest.mark.slow
+def test_a_reload_says_which_keys_wait_for_a_restart_and_applies_the_rest(tmp_path):
+    """#33: queue_size, stats_interval and the socket options were silently not re-applied,
+    and log_level had no effect at all. Now every [server] key is either applied at a reload
+    or tagged *restart* in the schema, and a reload that changes one of those says so."""
+    noop = '[[models]]\nname = "m"\ndemo = true\nbackend = "noop"\nframes = 30\n'
+    d = Daemon(tmp_path, models=noop, queue_size=8, log_level="info").start()
+    try:
+        with Client(d.endpoint, camera_id="steady") as c:
+            c.infer(np.zeros((3, 30, 33, 1), np.float32))
+            text = d.config_path.read_text().replace("queue_size = 8", "queue_size = 4")
+            d.config_path.write_text(text.replace('log_level = "info"', 'log_level = "debug"'))
+            d.notify.skip_seen()
+            d.signal(signal.SIGHUP)
+            assert "reloaded" in d.notify.wait_for("READY", timeout=60)["STATUS"]
+            c.infer(np.zeros((3, 30, 33, 1), np.float32))
+        assert d.stop() == 0
+        events = d.log_events()
+        ignored = [e for e in events if e.get("event") == "reload_key_ignored"]
+        assert [(e["key"], e["value"], e["kept"]) for e in ignored] == [("queue_size", 4, 8)]
+        assert [e for e in events if e.get("event") == "request"], "log_level not applied"
+    finally:
+        d.stop()
+        d.close()

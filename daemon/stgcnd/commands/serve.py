@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
             configure_logging(config.server.log_level, args.log_format, stream=sys.stdout)
         check_config(config)
         check_endpoint(config.endpoint)
-        server = Server(config, args.config)
+        server = Server(config, args.config, follow_log_level=args.log_level is None)
         server.install_signal_handlers()
     except Exception as exc:
         return report_fatal("startup_failed", exc)

@@ -58,67 +58,72 @@ NON_CONFIG_ENV = ("STGCND_CONFIG", "STGCND_ENGINE_DIR")
 
 
 def key(doc: str, rule: str = "", engine: bool = False, path: bool = False,
-        **bounds: float) -> Meta:
+        restart: bool = False, **bounds: float) -> Meta:
     """A key's one-line doc; `rule` says its range in words (for errors); `engine`: part of
-    what a model's engine and runners are built from; `path`: a file or directory path."""
+    what a model's engine and runners are built from; `path`: a file or directory path;
+    `restart`: a [server] key that only a restart applies (a reload that changes it says
+    so)."""
     # cast: msgspec's overloads spell out each allowed mix of bounds; ours come as a dict.
-    return Meta(description=doc, extra={"rule": rule, "engine": engine, "path": path},
+    return Meta(description=doc, extra={"rule": rule, "engine": engine, "path": path,
+                                        "restart": restart},
                 **cast("dict[str, Any]", bounds))
 
 
 class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     endpoint: Annotated[str, key(
         "ipc:///path/to/socket or tcp://HOST:PORT; empty: stgcnd.sock in the runtime "
-        "directory (systemd's RuntimeDirectory, else $XDG_RUNTIME_DIR/stgcnd)")] = ""
+        "directory (systemd's RuntimeDirectory, else $XDG_RUNTIME_DIR/stgcnd)",
+        restart=True)] = ""
     events_endpoint: Annotated[str, key(
         "where action events are published (ZeroMQ PUB, topic = camera id; "
-        "docs/protocol.md); empty: events only in the log")] = ""
+        "docs/protocol.md); empty: events only in the log", restart=True)] = ""
     engines_dir: Annotated[Optional[str], key(
         "engine store: exported ONNX and one artefact per runtime/precision/device; unset: "
         "systemd's StateDirectory/engines, else ./engines when started in a checkout, else the "
         "user cache", path=True)] = None
     curve: Annotated[Literal["auto", "on", "off"], key(
         "ZeroMQ CURVE: encryption and a key per client (docs/remote-cameras.md); auto: on "
-        "where endpoint or events_endpoint is tcp on an address other than loopback")] = "auto"
+        "where endpoint or events_endpoint is tcp on an address other than loopback",
+        restart=True)] = "auto"
     keys_dir: Annotated[Optional[str], key(
         "CURVE: the daemon's key pair (server.key, server.key_secret), made on first start; "
         "unset: systemd's StateDirectory/keys, else ~/.local/state/stgcnd/keys",
-        path=True)] = None
+        path=True, restart=True)] = None
     authorized_keys_dir: Annotated[Optional[str], key(
         "CURVE: one NAME.key per client allowed (`stgcnd keys create`), reread on SIGHUP; "
-        "unset: keys_dir/authorized", path=True)] = None
+        "unset: keys_dir/authorized", path=True, restart=True)] = None
     insecure: Annotated[bool, key(
         "allow a tcp endpoint other machines can reach without CURVE (anyone who reaches the "
-        "port may use every camera)")] = False
+        "port may use every camera)", restart=True)] = False
     stats_interval: Annotated[float, key(
         "seconds between the latency and system log events", "must be > 0 seconds",
-        gt=0)] = 10.0
+        gt=0, restart=True)] = 10.0
     visibility_threshold: Annotated[float, key(
         "skeleton quality: a joint below this visibility counts as lost",
-        "must be in 0..1", ge=0, le=1)] = 0.5
+        "must be in 0..1", ge=0, le=1, restart=True)] = 0.5
     quality_floor: Annotated[float, key(
         "skeleton quality: a camera whose usable share of joints (frames with a person x "
         "joints not lost) falls below this in a stats interval logs one warning",
-        "must be in 0..1", ge=0, le=1)] = 0.5
+        "must be in 0..1", ge=0, le=1, restart=True)] = 0.5
     socket_mode: Annotated[int, key(
         "permissions of the ipc socket file (0o660: camera processes in the daemon's group)",
-        "must be a file mode from 0 to 0o777", ge=0, le=0o777)] = 0o660
+        "must be a file mode from 0 to 0o777", ge=0, le=0o777, restart=True)] = 0o660
     queue_size: Annotated[int, key(
-        "requests queued per camera before `busy` replies", "must be >= 1", ge=1)] = 8
+        "requests queued per camera before `busy` replies", "must be >= 1", ge=1, restart=True)] = 8
     idle_timeout: Annotated[float, key(
         "seconds after which an idle camera is forgotten (its push window and lane freed)",
         "must be > 0 seconds", gt=0)] = 300.0
     max_cameras: Annotated[int, key(
         "cameras served at once; when all are taken, slots are shared by peer (client "
         "process, address or loopback user), an eighth kept for cameras served before "
-        "(docs/hardening.md)", "must be >= 1", ge=1)] = 64
+        "(docs/hardening.md)", "must be >= 1", ge=1, restart=True)] = 64
     max_connections: Annotated[int, key(
         "connections accepted at most, cameras and event subscribers together (these get "
         "an eighth); 0: 3/4 of the free file descriptors, at most 4096",
-        "must be >= 0 (0 = auto)", ge=0)] = 0
+        "must be >= 0 (0 = auto)", ge=0, restart=True)] = 0
     max_rss_mb: Annotated[int, key(
         "resident memory (MB) above which connections that send nothing are closed; 0: the "
-        "size at READY + 512 MB", "must be >= 0 (0 = auto)", ge=0)] = 0
+        "size at READY + 512 MB", "must be >= 0 (0 = auto)", ge=0, restart=True)] = 0
     memory_budget_mb: Annotated[int, key(
         "device memory (MB) the models may take: weights, engines, activations, CUDA graphs; "
         "0: what is free at start less memory_reserve_mb (docs/jetson.md: the memory plan)",
@@ -142,19 +147,20 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         "must be > 0 seconds", gt=0)] = 30.0
     max_message_bytes: Annotated[int, key(
         "largest request in bytes (a 150-frame window of 5 persons is 0.3 MB)",
-        "must be >= 1024", ge=1024)] = 4 * 1024 * 1024
+        "must be >= 1024", ge=1024, restart=True)] = 4 * 1024 * 1024
     sndhwm: Annotated[int, key(
         "unread replies queued per client before further ones are dropped", "must be >= 1",
-        ge=1)] = 1000
+        ge=1, restart=True)] = 1000
     rcvhwm: Annotated[int, key(
         "requests queued per connection before its sender is held back", "must be >= 1",
-        ge=1)] = 1000
+        ge=1, restart=True)] = 1000
     warmup_runs: Annotated[int, key(
         "warm-up runs of every batch shape before READY", "must be >= 0", ge=0)] = 3
     tegrastats: Annotated[Optional[str], key(
-        "path of tegrastats; unset: look on PATH (Jetson only)")] = None
+        "path of tegrastats; unset: look on PATH (Jetson only)", restart=True)] = None
     system_stats: Annotated[bool, key(
-        "sample CPU, memory, GPU, power and temperatures into `system` log events")] = True
+        "sample CPU, memory, GPU, power and temperatures into `system` log events",
+        restart=True)] = True
     log_level: Annotated[Literal["debug", "info", "warning", "error"], key(
         "log level of the daemon's JSON log")] = "info"
 
@@ -312,18 +318,20 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
 
 class KeyDoc(NamedTuple):
     """What key() said of a key: its one-line doc, its range in words, whether it is an engine
-    key or a path."""
+    key, a path, or a key only a restart applies."""
 
     description: str
     rule: str
     engine: bool
     path: bool
+    restart: bool
 
 
 def _meta(annotation: Any) -> KeyDoc:
     meta = next(a for a in getattr(annotation, "__metadata__", ()) if isinstance(a, Meta))
     extra = meta.extra or {}
-    return KeyDoc(meta.description or "", extra["rule"], extra["engine"], extra["path"])
+    return KeyDoc(meta.description or "", extra["rule"], extra["engine"], extra["path"],
+                  extra["restart"])
 
 
 def schema(cls: type[msgspec.Struct]) -> list[tuple[str, Any, KeyDoc]]:
@@ -333,6 +341,7 @@ def schema(cls: type[msgspec.Struct]) -> list[tuple[str, Any, KeyDoc]]:
 
 ENGINE = tuple(name for name, _, meta in schema(ModelConfig) if meta.engine)
 MODEL_FILES = tuple(name for name, _, meta in schema(ModelConfig) if meta.path)
+RESTART = tuple(name for name, _, meta in schema(ServerConfig) if meta.restart)
 PATHS = frozenset(n for c in (ServerConfig, ModelConfig) for n, _, m in schema(c) if m.path)
 
 
@@ -620,11 +629,12 @@ def example() -> str:
            "# example` prints it). Every [server] key can be overridden by an environment",
            "# variable STGCND_<KEY> (e.g. STGCND_STATS_INTERVAL=5). Unknown keys, and unknown",
            "# STGCND_* variables, are errors. Keys marked (engine) are what a model's engine is",
-           "# built from; a reload that changes only the others keeps its runners. A relative",
+           "# built from; a reload that changes only the others keeps its runners. Keys marked",
+           "# (restart) take effect at a restart only; a reload changes every other. A relative",
            "# path (checkpoint, calibration, engines_dir) is relative to the file's directory.", "",
            "[server]"]
     for name, default, meta in schema(ServerConfig):
-        out += _comment(meta.description)
+        out += _comment(meta.description + (" (restart)" if meta.restart else ""))
         value = shown.get(name, default)
         if value is None:
             out.append(f"# {name} = ")
@@ -661,6 +671,6 @@ def key_table() -> str:
                          ("models.events", EventsConfig)):
         for name, default, meta in schema(cls):
             shown = "unset" if default is None else _toml_value(default)
-            tag = " *engine*" if meta.engine else ""
+            tag = " *engine*" if meta.engine else " *restart*" if meta.restart else ""
             rows.append(f"| `[{section}] {name}` | `{shown}` | {meta.description}{tag} |")
     return "\n".join(rows) + "\n"

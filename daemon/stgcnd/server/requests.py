@@ -67,7 +67,7 @@ class RequestPath:
         self.trim_due = False  # abuse left memory behind: give it back at the stats tick
         # (fd, peer) of an oversized message, banned once the rest of it is dropped
         self._ban_when_discarded: tuple[int, str] | None = None
-        self._log_requests = debug_enabled()  # per-request events only at --log-level debug
+        self.log_requests = debug_enabled()  # per-request events only at log level debug
         self.curve: Curve | None = None  # CURVE on: each request's key, and its cameras
 
     def use_curve(self, curve: Curve) -> None:
@@ -303,7 +303,7 @@ class RequestPath:
             self.latency.record(job.camera, job.model, total_ms, outcome, t, LATENCY_STAGES)
         # Per request, at debug level only (`--log-level debug`): exact percentiles for
         # `stgcnd logs summarize`; free when the level filters it out.
-        if self._log_requests:
+        if self.log_requests:
             log.debug("request", camera=job.camera, model=job.model, request_id=job.req_id,
                       outcome=outcome, total_ms=round(total_ms, 3),
                       **{k: v for k, v in t.items() if k != "total_ms"})

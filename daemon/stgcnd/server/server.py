@@ -26,9 +26,9 @@ from typing import Any
 import zmq
 
 from stgcnd import __version__, cpupower
-from stgcnd.log import get_logger
+from stgcnd.log import configure_logging, debug_enabled, get_logger, logging_config
 from stgcnd.server.cameras import CameraTable
-from stgcnd.server.config import Config, load_config
+from stgcnd.server.config import RESTART, Config, load_config
 from stgcnd.server.config_checks import check_config
 from stgcnd.server.connections import (
     CLOSE_IDLE_S,
@@ -77,9 +77,11 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 class Server:
     def __init__(self, config: Config, config_path: Path | None = None,
-                 notifier: Notifier | None = None) -> None:
+                 notifier: Notifier | None = None, follow_log_level: bool = True) -> None:
         self.config = config
         self.config_path = config_path
+        # A reload applies [server] log_level, unless --log-level set the level.
+        self._follow_log_level = follow_log_level
         self.notifier = notifier or Notifier()
         self.models: dict[str, ServedModel] = {}
         self.retiring: list[ServedModel] = []
@@ -448,18 +450,13 @@ class Server:
                     self.curve.reload()
                 config = load_config(self.config_path)
                 check_config(config)  # what `config check` and a start check, as they do
-                if config.endpoint != self.config.endpoint:
-                    log.warning("reload_endpoint_ignored", endpoint=config.endpoint,
-                                reason="changing the endpoint needs a restart")
-                for name in ("events_endpoint", "curve", "keys_dir", "authorized_keys_dir",
-                             "insecure", "visibility_threshold", "quality_floor"):
+                for name in RESTART:  # the schema's (restart) keys: never silently ignored
                     if getattr(config.server, name) != getattr(self.config.server, name):
                         log.warning("reload_key_ignored", key=name,
-                                    reason=f"changing {name} needs a restart")
-                if config.server.max_cameras != self.config.server.max_cameras:
-                    log.warning("reload_max_cameras_ignored",
-                                max_cameras=config.server.max_cameras,
-                                reason="changing max_cameras needs a restart")
+                                    value=getattr(config.server, name),
+                                    kept=getattr(self.config.server, name),
+                                    reason=f"[server] {name} takes effect at a restart "
+                                           "(systemctl restart stgcnd)")
                 # New and changed models get their runners, warmed here, while the current
                 # ones keep serving.
                 models = load_models(config, self.generation + 1, keep=self.models,
@@ -497,6 +494,11 @@ class Server:
         old = self.models
         self.generation += 1
         self.models = self.requests.models = models
+        if self._follow_log_level and \
+                self._pending_config.server.log_level != self.config.server.log_level:
+            configure_logging(**{**logging_config(),
+                                 "level": self._pending_config.server.log_level})
+            self.requests.log_requests = debug_enabled()
         self.config = self._pending_config
         for name, model in models.items():
             if old.get(name) is model:
