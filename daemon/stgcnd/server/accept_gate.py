@@ -1,18 +1,9 @@
 """One accept at a time: the daemon, not libzmq, decides when a listener takes a connection.
 
-libzmq accepts in its I/O thread as fast as peers connect, one fd each, and an ipc listener
-that meets EMFILE aborts the process (ipc_listener.cpp asserts on it). Counting accepts after
-the fact loses that race to a flood. So the listener's registration in libzmq's epoll set is
-made one-shot (EPOLLONESHOT): libzmq accepts one connection per readiness event, after which
-the kernel disarms the registration until the loop arms it again, which it does only while
-the process has descriptors to spare. Further connections wait in the kernel's backlog and
-cost the daemon nothing.
-
-The registration is read from /proc/self/fdinfo of libzmq's epoll descriptor (target fd,
-inode, and `data`: libzmq's own pointer, handed back unchanged). Only EPOLL_CTL_MOD is used,
-never ADD: on a registration libzmq already removed it fails harmlessly (ENOENT). Where the
-registration cannot be found (no /proc, libzmq on poll(2)), the gate is unavailable and the
-connection count alone keeps the budget (server/connections.py).
+libzmq aborts on EMFILE in an ipc accept, so the listener's epoll registration is made
+one-shot (EPOLLONESHOT) and re-armed only while descriptors are to spare; further connections
+wait in the kernel's backlog. Without /proc or an epoll-based libzmq the gate is unavailable
+and the connection count alone keeps the budget (server/connections.py).
 """
 
 from __future__ import annotations
@@ -75,8 +66,21 @@ def find_registration(fd: int) -> tuple[int, int] | None:
     return None
 
 
+# libzmq accepts in its I/O thread as fast as peers connect, one fd each, and an ipc listener
+# that meets EMFILE aborts the process (ipc_listener.cpp asserts on it). Counting accepts after
+# the fact loses that race to a flood. So the listener's registration in libzmq's epoll set is
+# made one-shot (EPOLLONESHOT): libzmq accepts one connection per readiness event, after which
+# the kernel disarms the registration until the loop arms it again, which it does only while
+# the process has descriptors to spare. Further connections wait in the kernel's backlog and
+# cost the daemon nothing.
+#
+# The registration is read from /proc/self/fdinfo of libzmq's epoll descriptor (target fd,
+# inode, and `data`: libzmq's own pointer, handed back unchanged). Only EPOLL_CTL_MOD is used,
+# never ADD: on a registration libzmq already removed it fails harmlessly (ENOENT). Where the
+# registration cannot be found (no /proc, libzmq on poll(2)), the gate is unavailable and the
+# connection count alone keeps the budget (server/connections.py).
 class AcceptGate:
-    """Arms a listener for one accept at a time (see the module docstring)."""
+    """Arms a listener for one accept at a time (see the comment above the class)."""
 
     def __init__(self, listen_fd: int, epfd: int, data: int, name: str) -> None:
         self.fd = listen_fd

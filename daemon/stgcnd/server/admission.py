@@ -1,11 +1,7 @@
 """Admission: every reason a decoded `infer` or `push` is refused before it is queued.
 
-One step between decoding and queueing, so that each rule lives in one place and is tested on
-its own: the model must exist, the array must fit it, the camera must get a slot in the
-table (server/cameras.py says who gives way to whom), and its queue must have room (for a
-push, once its frame made a prediction due: `check_queue`). A refusal
-is a ProtocolError carrying the request's id; an admitted request comes back with what
-serving it needs.
+The model must exist, the array must fit it, the camera must get a slot (server/cameras.py)
+and its queue must have room. A refusal is a ProtocolError carrying the request's id.
 """
 
 from __future__ import annotations

@@ -1,37 +1,8 @@
 """Per-camera state, owned by the I/O loop alone: push rings, resend records, lane, activity.
 
-A camera costs no thread and nothing on the device: joining takes a free lane index (each
-executor prepared one CUDA stream and pinned rows per lane before READY) and a few Python
-objects; its push ring grows with the frames it sends (kilobytes for a camera that sent a few).
-
-`max_cameras` bounds the table, and camera ids are the client's to invent, so slots are shared
-by *peer* (the process of an ipc client, the address of a tcp one, the user of a loopback tcp
-one: peers.peer_key), never by camera id. When the table is full, a new camera takes the
-slot of:
-
-1. the least recently active camera quiet for EVICT_IDLE_S, whoever holds it;
-2. else, if its peer already holds its share (max_cameras / peers, rounded up): one of that
-   peer's own cameras quiet for MIN_IDLE_S; a peer inventing ids churns its own slots only;
-3. else the least recently active camera of a peer holding more than its share, the biggest
-   first (a client that filled the table gives way to a newcomer at once).
-
-A camera is *served* once one of its predictions was answered `ok` (a push that only buffered
-a frame does not count: a served camera cost its client a valid window run on the device).
-The ids of served cameras are remembered after they leave the table (the SERVED_MEMORY x
-max_cameras most recent, with the peer they were served for), and two rules keep the slots of
-served cameras out of reach of invented ids:
-
-- cameras never served hold at most max_cameras - reserve slots (reserve: max_cameras // 8,
-  at least 1): a never-served newcomer past that, or in a table where rule 1 finds nothing,
-  takes only the slot of another never-served camera (by the same rules: idle, own share,
-  over share among the never-served), never one of a served camera;
-- a served camera coming back takes a free slot, else the least recently active never-served
-  camera of anyone, else rules 1-3.
-
-Churn is bounded per peer: at most max_cameras evictions a second (CHURN_PER_S x max_cameras);
-past it, a peer's new cameras are answered `busy` at once, nothing evicted.
-
-A camera with a request in flight is never taken. No slot: the request is answered `busy`.
+A camera costs no thread and nothing on the device. Slots in the `max_cameras` table are
+shared by *peer* (peers.peer_key), never by camera id, which clients invent; who gives way to
+whom when the table is full is the comment above CameraTable.
 """
 
 from __future__ import annotations
@@ -99,6 +70,33 @@ class Eviction:
     rule: str          # "own-share", "over-share", "idle" or "unserved"
 
 
+# Who gives way to whom. Slots are shared by *peer* (the process of an ipc client, the address
+# of a tcp one, the user of a loopback tcp one: peers.peer_key). When the table is full, a new
+# camera takes the slot of:
+#
+# 1. the least recently active camera quiet for EVICT_IDLE_S, whoever holds it;
+# 2. else, if its peer already holds its share (max_cameras / peers, rounded up): one of that
+#    peer's own cameras quiet for MIN_IDLE_S; a peer inventing ids churns its own slots only;
+# 3. else the least recently active camera of a peer holding more than its share, the biggest
+#    first (a client that filled the table gives way to a newcomer at once).
+#
+# A camera is *served* once one of its predictions was answered `ok` (a push that only buffered
+# a frame does not count: a served camera cost its client a valid window run on the device).
+# The ids of served cameras are remembered after they leave the table (the SERVED_MEMORY x
+# max_cameras most recent, with the peer they were served for), and two rules keep the slots of
+# served cameras out of reach of invented ids:
+#
+# - cameras never served hold at most max_cameras - reserve slots (reserve: max_cameras // 8,
+#   at least 1): a never-served newcomer past that, or in a table where rule 1 finds nothing,
+#   takes only the slot of another never-served camera (by the same rules: idle, own share,
+#   over share among the never-served), never one of a served camera;
+# - a served camera coming back takes a free slot, else the least recently active never-served
+#   camera of anyone, else rules 1-3.
+#
+# Churn is bounded per peer: at most max_cameras evictions a second (CHURN_PER_S x max_cameras);
+# past it, a peer's new cameras are answered `busy` at once, nothing evicted.
+#
+# A camera with a request in flight is never taken. No slot: the request is answered `busy`.
 class CameraTable:
     def __init__(self, max_cameras: int, reserve: int | None = None) -> None:
         self.max_cameras = max_cameras
@@ -118,7 +116,7 @@ class CameraTable:
 
     def get(self, name: str, now: float, peer: str = "") -> tuple[CameraState | None,
                                                                   Eviction | None]:
-        """The camera's state, created on first sight (taking a slot as the module docstring
+        """The camera's state, created on first sight (taking a slot as the comment above the class
         says when the table is full), and the eviction that made room, if any. (None, None)
         when no slot can be had."""
         cam = self.cameras.get(name)
@@ -207,7 +205,7 @@ class CameraTable:
 
     def _by_rules(self, peer: str, now: float, unserved_only: bool
                   ) -> tuple[CameraState | None, str]:
-        """Rules 1-3 of the module docstring, among the never-served cameras only if
+        """Rules 1-3 of the comment above CameraTable, among the never-served cameras only if
         `unserved_only`; a peer's share counts all of its cameras."""
         victim = _least_recent(self._unserved if unserved_only else self.cameras,
                                now - EVICT_IDLE_S)

@@ -1,23 +1,8 @@
 """How long a batch will compute, per bucket: what the executor refuses `expired` jobs by.
 
-An executor refuses a job when now + its batch's estimated compute time passes the job's
-deadline. That estimate can go wrong in two ways, each of which once refused a camera for good:
-
-- **One outlier captures it.** An average (an EWMA) moved a fifth of the way to one 1.4 s batch
-  (CPU contention), and every camera whose deadline was shorter was refused until enough normal
-  batches pulled it back. Here the estimate is the *lower median* of the bucket's last
-  `RECENT` batches (seeded by the warm-up): one slow batch among normal ones does not move it;
-  it moves once most recent batches agree.
-- **It goes stale.** An estimate learns only from batches that run, and a high estimate refuses
-  the very batches that would correct it: nothing runs, so nothing corrects it. So once a
-  bucket's estimate has refused jobs `PROBE_AFTER_REFUSALS` times, for `PROBE_AFTER_ESTIMATES`
-  of its own estimates' time (at most `PROBE_MAX_WAIT_S`), without a batch of that bucket run
-  since, the next batch it would refuse runs anyway: a *probe*. A probe starts the bucket's
-  history afresh with what it measured (what it replaces described a past the probe has just
-  contradicted or confirmed). The cost is bounded: at most one batch run past its estimate per
-  few estimates' time, per bucket, and only while that bucket refuses everything.
-
-Used by the I/O loop's thread alone (no locks).
+The estimate is the lower median of the bucket's recent batches (one outlier does not move
+it), and a bucket that has refused everything for a while runs one batch anyway as a probe
+(an estimate that refuses every batch would never be corrected). I/O loop thread only.
 """
 
 from __future__ import annotations
@@ -40,6 +25,22 @@ class _Refusing:
     batches: int = 0
 
 
+# An executor refuses a job when now + its batch's estimated compute time passes the job's
+# deadline. That estimate can go wrong in two ways, each of which once refused a camera for good:
+#
+# - **One outlier captures it.** An average (an EWMA) moved a fifth of the way to one 1.4 s batch
+#   (CPU contention), and every camera whose deadline was shorter was refused until enough normal
+#   batches pulled it back. Here the estimate is the *lower median* of the bucket's last
+#   `RECENT` batches (seeded by the warm-up): one slow batch among normal ones does not move it;
+#   it moves once most recent batches agree.
+# - **It goes stale.** An estimate learns only from batches that run, and a high estimate refuses
+#   the very batches that would correct it: nothing runs, so nothing corrects it. So once a
+#   bucket's estimate has refused jobs `PROBE_AFTER_REFUSALS` times, for `PROBE_AFTER_ESTIMATES`
+#   of its own estimates' time (at most `PROBE_MAX_WAIT_S`), without a batch of that bucket run
+#   since, the next batch it would refuse runs anyway: a *probe*. A probe starts the bucket's
+#   history afresh with what it measured (what it replaces described a past the probe has just
+#   contradicted or confirmed). The cost is bounded: at most one batch run past its estimate per
+#   few estimates' time, per bucket, and only while that bucket refuses everything.
 class ComputeEstimate:
     def __init__(self, buckets: Sequence[int], warmed_ms: Mapping[int, float]) -> None:
         self.buckets = tuple(buckets)
@@ -72,7 +73,7 @@ class ComputeEstimate:
 
     def probe_due(self, bucket: int, now: float) -> bool:
         """Whether this bucket has refused long enough without learning that its next batch
-        should run anyway (see the module docstring)."""
+        should run anyway (see the comment above ComputeEstimate)."""
         state = self._refusing.get(bucket)
         if state is None or state.batches < PROBE_AFTER_REFUSALS:
             return False

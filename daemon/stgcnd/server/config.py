@@ -1,17 +1,9 @@
 """Daemon configuration: the TOML file, then `STGCND_*` environment variables, then flags.
 
-One declared schema: every key's type, range and one-line doc live in the structs below
-(msgspec checks them: an int key refuses 33.3, a float key refuses `true`), and the annotated
-example (`stgcnd config example`, systemd/stgcnd.toml) and the README's list of keys are
-made from it. Unknown keys are errors (a typo must not silently fall back to a default), and
-so are unknown `STGCND_*` variables. Every error names where the bad value came from: the
-TOML file and key, the environment variable, or the flag.
-
-A model's keys are of two kinds (`ENGINE`): what its engine and runners are built from, and
-its serving policy. A reload that changes only policy keeps the model's runners as they are.
-
-The demo model (random weights) is served only when asked for: `demo = true` in a [[models]]
-entry, or no configuration file at all (the built-in default, what `stgcnd demo` relies on).
+One declared schema (msgspec structs) gives every key's type, range and doc; the example
+config and the README's key list are generated from it. Unknown keys and variables are errors,
+and every error names where the bad value came from. A model's keys are engine keys (`ENGINE`)
+or serving policy: a reload that changes only policy keeps the runners.
 """
 
 # msgspec evaluates the structs' annotations at run time: on Python 3.8 they must be written

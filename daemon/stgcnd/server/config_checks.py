@@ -1,14 +1,8 @@
-"""Every check of a configuration that needs no model loaded: one set, run by `stgcnd config
-check`, by `stgcnd serve` before anything loads, and by a reload before it loads models.
+"""Every check of a configuration that needs no model loaded, in one place.
 
-A `config check` that passes what `serve` then refuses is worse than none (issue #32), so the
-rules live here once: the files the models name exist; the endpoints are well formed; a tcp
-endpoint other machines reach has CURVE (or insecure = true); each model's backend can run on
-this machine (installed, a GPU where it needs one) and serves its precision there. Problems
-are said all at once, each with the configuration key that fixes it.
-
-`check_config` returns what it could not check without loading a model (or, for the
-endpoint, without binding it), for `config check` to say.
+Run by `stgcnd config check`, by `stgcnd serve` before anything loads and by a reload, so that
+a config that passes `check` is not then refused by `serve` (issue #32). Problems are reported
+all at once, each with the key that fixes it.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """Who is connected, and how many: the daemon's file-descriptor budget.
 
-ZeroMQ accepts connections in its own I/O thread, one file descriptor each, and when none is
-left libzmq 4.3 aborts the process on an ipc listener (`Too many open files
-(src/ipc_listener.cpp)`) or spins on a tcp one. So each listening socket (the requests
-ROUTER, the events XPUB) has a Connections: its monitor reports each accept and disconnect
-(with the fd), and its accept gate (server/accept_gate.py) lets libzmq accept only while the
-socket is under its share of the budget: the count never passes the cap, whatever the rate
-of connects, and what waits stays in the kernel's backlog.
-
-- at start, the soft fd limit is raised to the hard one (systemd's default soft limit is 1024);
-- at the cap the loop makes room: first connections that never sent anything (oldest first),
-  then those quiet for CLOSE_IDLE_S, else the least recently active of a peer holding more
-  than its share, busy or not: no peer keeps the others out;
-- a peer whose message broke a limit is refused for BAN_S and its connection closed.
-
-A connection is closed with shutdown(2) on its fd, after checking that the fd is still the
-socket that was accepted (its inode): libzmq owns the fd, sees the hang-up and closes it
-itself; the descriptor is never closed behind its back, and it counts until the monitor's
-disconnect event says it is gone. The monitor's socket takes events without a bound:
-libzmq's I/O thread blocks on a full monitor pipe (socket_base.cpp).
-
-Who a connection belongs to (its peer) is server/peers.py's.
+libzmq 4.3 aborts the process when an ipc accept meets EMFILE (and spins on tcp), so each
+listening socket counts its connections through its monitor and gates accepts
+(server/accept_gate.py) to stay under its share of the budget. Connections are closed with
+shutdown(2), never close(2): libzmq owns the fd. Who a connection belongs to is server/peers.py's.
 """
 
 from __future__ import annotations
@@ -137,9 +120,28 @@ class Connection:
         return max(self.since, self.last_request)
 
 
+# ZeroMQ accepts connections in its own I/O thread, one file descriptor each, and when none is
+# left libzmq 4.3 aborts the process on an ipc listener (`Too many open files
+# (src/ipc_listener.cpp)`) or spins on a tcp one. So each listening socket (the requests
+# ROUTER, the events XPUB) has a Connections: its monitor reports each accept and disconnect
+# (with the fd), and its accept gate (server/accept_gate.py) lets libzmq accept only while the
+# socket is under its share of the budget: the count never passes the cap, whatever the rate
+# of connects, and what waits stays in the kernel's backlog.
+#
+# - at start, the soft fd limit is raised to the hard one (systemd's default soft limit is 1024);
+# - at the cap the loop makes room: first connections that never sent anything (oldest first),
+#   then those quiet for CLOSE_IDLE_S, else the least recently active of a peer holding more
+#   than its share, busy or not: no peer keeps the others out;
+# - a peer whose message broke a limit is refused for BAN_S and its connection closed.
+#
+# A connection is closed with shutdown(2) on its fd, after checking that the fd is still the
+# socket that was accepted (its inode): libzmq owns the fd, sees the hang-up and closes it
+# itself; the descriptor is never closed behind its back, and it counts until the monitor's
+# disconnect event says it is gone. The monitor's socket takes events without a bound:
+# libzmq's I/O thread blocks on a full monitor pipe (socket_base.cpp).
 class Connections:
     """One socket's connections, counted from its monitor and admitted through its accept
-    gate; see the module docstring. Made before the socket binds, so that no connection is
+    gate; see the comment above it. Made before the socket binds, so that no connection is
     accepted unseen.
 
     `quiet_gives_way`: at the cap, connections quiet for CLOSE_IDLE_S make room (cameras

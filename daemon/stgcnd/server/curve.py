@@ -1,15 +1,6 @@
-"""ZeroMQ CURVE for cameras on other machines: the daemon's key pair, the client keys it
-allows, and the ZAP handler that checks each connection's key.
-
-Files are pyzmq's certificate format (zmq.auth.create_certificates): NAME.key holds a public
-key, NAME.key_secret the pair. The daemon's pair lives in keys_dir (made on first start, the
-secret mode 0600); each allowed client is one NAME.key in authorized_keys_dir, like ssh's
-authorized_keys, reread on SIGHUP. A client file may bind its holder to camera ids with a
-metadata line `cameras = "cam1 cam2"`; requests for any other camera get `forbidden`.
-
-The ZAP handler is a thread of its own that answers from the keys in memory (no file is read
-per handshake): libzmq's I/O thread waits for its answer, the daemon's I/O loop never does, and
-a peer cannot make it wait either (a ZAP request is a local message, answered at once).
+"""ZeroMQ CURVE for cameras on other machines: the daemon's key pair, the allowed client
+keys (pyzmq certificate files, reread on SIGHUP, optionally bound to camera ids) and the ZAP
+handler, a thread that answers from the keys in memory so that no handshake waits on a file.
 """
 
 from __future__ import annotations

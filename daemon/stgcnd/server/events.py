@@ -1,19 +1,7 @@
-"""Action events: per camera, model and class, a small state machine over the stream of
-predictions, so that a site gets "shoplifting started on cam3 at 14:02:11, ended 14:02:19,
-peak 0.93" instead of one probability a window.
-
-    idle --(smoothed >= enter, outside the cooldown)--> pending
-    pending --(smoothed < enter)--> idle                       (a spike is not an event)
-    pending --(held for min_duration_s)--> active: "start"
-    active --(smoothed < exit)--> idle: "end", then cooldown_s before it may start again
-
-Smoothing is an EMA of the class's probability, or k-of-n: the k-th highest of the last n
-windows' probabilities (k of the last n windows were at least that). exit < enter is the
-hysteresis that keeps a probability hovering at the threshold from flickering.
-
-Plain Python on the I/O loop: a handful of comparisons per prediction. Times come from the
-caller (monotonic for durations, wall clock for what is reported), so scripted sequences test
-the machine exactly.
+"""Action events: per camera, model and class, a small state machine over the predictions,
+so that a site gets "started on cam3 at 14:02:11, ended 14:02:19, peak 0.93" instead of one
+probability a window. Plain Python on the I/O loop; times come from the caller, so scripted
+sequences test it exactly.
 """
 
 from __future__ import annotations
@@ -55,6 +43,16 @@ def _user(frame: zmq.Frame) -> str:
         return ""
 
 
+# The state machine of one (camera, model, class):
+#
+#     idle --(smoothed >= enter, outside the cooldown)--> pending
+#     pending --(smoothed < enter)--> idle                       (a spike is not an event)
+#     pending --(held for min_duration_s)--> active: "start"
+#     active --(smoothed < exit)--> idle: "end", then cooldown_s before it may start again
+#
+# Smoothing is an EMA of the class's probability, or k-of-n: the k-th highest of the last n
+# windows' probabilities (k of the last n windows were at least that). exit < enter is the
+# hysteresis that keeps a probability hovering at the threshold from flickering.
 @dataclass(frozen=True)
 class Rule:
     """What one class of one camera's model needs to start and end an event."""

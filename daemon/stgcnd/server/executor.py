@@ -1,26 +1,9 @@
 """An executor: one runner of a model, driven by the I/O loop (Triton's model instance).
 
-Every model is served the same way. The loop takes a batch from the model's scheduler when
-the executor is free, refuses the jobs that cannot finish in time (`expired`, judged by the
-estimated compute time of the batch's bucket: server/compute_estimate.py, seeded by the
-warm-up, never by set-up, and never stale), launches the rest and goes back to serving other
-cameras. It finishes the batch on a later pass, when the runner says it is done, and turns
-its logits into one reply per job.
-
-When to look: a runner whose compute runs on its own worker thread (runtimes.base.InWorker)
-wakes the loop itself when a batch is done. A runner that only enqueues device work (CUDA
-graphs, noop) is looked at on the loop's timer: each bucket has an estimate of launch-to-done
-time, seeded by the warm-up and then tracking the 90th percentile of where its batches finish
-(a batch done at the first look pulls it earlier by a little, one that needed another look
-pushes it later by nine times as much, so that about one batch in ten needs a second look; one
-far later jumps it half way there, undone when the next batch is done at the first look; and
-a batch done at the first look that computed in under half the time of the last batch that
-pushed the look later scales it down by as much: neither one slow batch nor a slow spell may
-delay every later reply). A look costs the loop a wake-up; looking late adds latency. Further
-looks follow every few percent of the estimate (25..200 us).
-
-Liveness (gunicorn's arbiter): `busy_since` is a monotonic timestamp set while a batch runs;
-the watchdog trusts it alone.
+The loop takes a batch from the scheduler when the executor is free, refuses jobs that cannot
+finish in time (server/compute_estimate.py), launches the rest and finishes the batch on a
+later pass: a worker-thread runner wakes the loop itself, a non-blocking one is looked at on
+the loop's timer. `busy_since` is the only thing the watchdog trusts.
 """
 
 from __future__ import annotations
@@ -99,6 +82,17 @@ def replies_for(jobs: Sequence[Job], logits: np.ndarray, labels: Sequence[str], 
     return out
 
 
+# When to look: a runner whose compute runs on its own worker thread (runtimes.base.InWorker)
+# wakes the loop itself when a batch is done. A runner that only enqueues device work (CUDA
+# graphs, noop) is looked at on the loop's timer: each bucket has an estimate of launch-to-done
+# time, seeded by the warm-up and then tracking the 90th percentile of where its batches finish
+# (a batch done at the first look pulls it earlier by a little, one that needed another look
+# pushes it later by nine times as much, so that about one batch in ten needs a second look; one
+# far later jumps it half way there, undone when the next batch is done at the first look; and
+# a batch done at the first look that computed in under half the time of the last batch that
+# pushed the look later scales it down by as much: neither one slow batch nor a slow spell may
+# delay every later reply). A look costs the loop a wake-up; looking late adds latency. Further
+# looks follow every few percent of the estimate (25..200 us).
 class Executor:
     def __init__(self, model: str, labels: Sequence[str], index: int, scheduler: Scheduler,
                  runner: Runner, on_fatal: Callable[[BaseException], None]) -> None:

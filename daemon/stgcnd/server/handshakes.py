@@ -1,22 +1,8 @@
 """Refused ZeroMQ handshakes: who, why, and what to do, logged rate-limited.
 
-A client whose handshake fails gets no reply (with ZMQ_IMMEDIATE it cannot even send), so
-the daemon's log is the only place that can say why. Two places see a refusal:
-
-- the ZAP handler (server/curve.py): a CURVE key that is not authorized (`unknown-key`);
-- a listening socket's monitor (server/connections.py): HANDSHAKE_FAILED_PROTOCOL, whose
-  value is the ZMTP error: a client without keys on a CURVE socket (`no-keys`), one whose
-  server key is not this daemon's (`wrong-server-key`), one with keys on a socket without
-  CURVE (`curve-off`), or another protocol error (`protocol-error`, e.g. an HTTP client);
-  HANDSHAKE_FAILED_NO_DETAIL (`hung-up`): the peer closed the connection mid-handshake. Which
-  of the two a client whose mechanism does not match causes is a race: it sends its greeting
-  in two parts, and when the daemon's whole greeting reaches it first it finds the mismatch
-  and closes before the part that names its mechanism has left, so the daemon sees it hang up
-  (EPIPE) instead of a mismatch: often, on the loopback.
-
-One line per reason per LOG_EVERY_S at most, with how many of that reason there were since
-its last line: a camera without keys reconnects every 100 ms, and must not flood the journal.
-The ZAP handler runs on its own thread, the monitor on the I/O loop: a lock guards the counts.
+A client whose handshake fails gets no reply, so the daemon's log is the only place that can
+say why. Refusals come from the ZAP handler (its own thread) and the socket monitors (the I/O
+loop), so a lock guards the counts; one line per reason per LOG_EVERY_S at most.
 """
 
 from __future__ import annotations
@@ -33,6 +19,19 @@ from stgcnd.log import get_logger
 
 log = get_logger(__name__)
 
+# A client whose handshake fails gets no reply (with ZMQ_IMMEDIATE it cannot even send), so
+# the daemon's log is the only place that can say why. Two places see a refusal:
+#
+# - the ZAP handler (server/curve.py): a CURVE key that is not authorized (`unknown-key`);
+# - a listening socket's monitor (server/connections.py): HANDSHAKE_FAILED_PROTOCOL, whose
+#   value is the ZMTP error: a client without keys on a CURVE socket (`no-keys`), one whose
+#   server key is not this daemon's (`wrong-server-key`), one with keys on a socket without
+#   CURVE (`curve-off`), or another protocol error (`protocol-error`, e.g. an HTTP client);
+#   HANDSHAKE_FAILED_NO_DETAIL (`hung-up`): the peer closed the connection mid-handshake. Which
+#   of the two a client whose mechanism does not match causes is a race: it sends its greeting
+#   in two parts, and when the daemon's whole greeting reaches it first it finds the mismatch
+#   and closes before the part that names its mechanism has left, so the daemon sees it hang up
+#   (EPIPE) instead of a mismatch: often, on the loopback.
 LOG_EVERY_S = 10.0
 
 _PROTOCOL_FAILED = int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)

@@ -322,9 +322,8 @@ def _hold_the_budget(plan: MemoryPlan, served: ServedModel, runners_from: int,
         served.name, served.runtime, served.buckets, served.config.instances,
         placed.loaded_bytes, took))
     # Closing runners need not give all their memory back (a caching allocator keeps blocks,
-    # compiled kernels stay): measured on an H200, 622 MB of the first M=5 runners. Counted,
-    # and the runners made once more to fit, so that the process, not just the plan, holds
-    # the budget.
+    # compiled kernels stay: docs/performance.md, "Device memory"). Counted, and the runners
+    # made once more to fit, so that the process, not just the plan, holds the budget.
     held = plan.unaccounted()
     if held > 0 and plan.left < held:
         plan.held += held
@@ -336,7 +335,7 @@ def _hold_the_budget(plan: MemoryPlan, served: ServedModel, runners_from: int,
         _remake(plan, served, start, lambda: plan.fit(
             served.name, served.runtime, served.buckets, served.config.instances,
             placed.loaded_bytes, scale=scale))
-        # What is still held after this remake (on the H100 most of it came back).
+        # What is still held after this remake (most of it may have come back).
         plan.held = max(plan.held + plan.unaccounted(), 0)
 
 

@@ -1,17 +1,6 @@
 """Who a connection belongs to: its *peer*, the unit that camera slots are shared by and that
-bans refuse (server/cameras.py, server/connections.py).
-
-The peer of a request (`peer_key`) comes from the connection's own metadata (Peer-Address),
-not from its fd number, which a new connection may reuse: the process for an ipc client
-(SO_PEERCRED; the camera table shares slots by it, bans refuse it) and the address for tcp. A
-tcp client on the loopback is its user: at accept, the kernel is asked who owns the client's
-end of the connection (NETLINK_SOCK_DIAG, an exact 4-tuple lookup: about 10 us), so a hundred
-loopback connections of one process are one peer, not a hundred. That key is kept by fd
-(`Connections.loopback`, dropped on the fd's disconnect or a new accept on its number) and
-looked up by fd for each request from the loopback. Without netlink (or when the client's
-socket is gone by then), and for a process in another pid namespace (pid 0), the key is the
-connection: those keys would otherwise lump unrelated clients together. A loopback user, like
-a connection, is never banned as a whole: a ban closes the connection only.
+bans refuse (server/cameras.py, server/connections.py): the process for an ipc client, the
+address for tcp, and the user for a tcp client on the loopback (asked of the kernel at accept).
 """
 
 from __future__ import annotations
@@ -25,10 +14,21 @@ _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _LOOPBACK = ("127.", "::1", "::ffff:127.")
 
 
+# The peer of a request (`peer_key`) comes from the connection's own metadata (Peer-Address),
+# not from its fd number, which a new connection may reuse: the process for an ipc client
+# (SO_PEERCRED; the camera table shares slots by it, bans refuse it) and the address for tcp. A
+# tcp client on the loopback is its user: at accept, the kernel is asked who owns the client's
+# end of the connection (NETLINK_SOCK_DIAG, an exact 4-tuple lookup), so a hundred
+# loopback connections of one process are one peer, not a hundred. That key is kept by fd
+# (`Connections.loopback`, dropped on the fd's disconnect or a new accept on its number) and
+# looked up by fd for each request from the loopback. Without netlink (or when the client's
+# socket is gone by then), and for a process in another pid namespace (pid 0), the key is the
+# connection: those keys would otherwise lump unrelated clients together. A loopback user, like
+# a connection, is never banned as a whole: a ban closes the connection only.
 def peer_key(address: str, fd: int, loopback: dict[int, str] | None = None) -> str:
     """The peer of connection `fd` from its Peer-Address metadata: 'localhost:UID:GID:PID'
     for ipc, the IP for tcp; for the loopback, the user found at accept (`loopback`, by fd:
-    Connections.loopback). See the module docstring for who is keyed per connection."""
+    Connections.loopback). See the comment above for who is keyed per connection."""
     if address.startswith("localhost:"):
         pid = address.rsplit(":", 1)[-1]
         if pid not in ("", "0"):

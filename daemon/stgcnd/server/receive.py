@@ -1,20 +1,8 @@
 """Reading requests off the ROUTER one frame at a time, with a bound on frames per message.
 
-ZeroMQ bounds a frame's size (ZMQ_MAXMSGSIZE) but not how many frames a message has: a `ping`
-followed by a million empty frames is 2 MB on the wire, and taking it whole (recv_multipart)
-cost the loop 4.8 s and 500 MB. A request has at most MAX_FRAMES frames after the routing id
-(a header and up to Limits.max_arrays arrays). The receiver hands out the first MAX_FRAMES
-frames of a longer message flagged `too_many` (the loop answers `too-large` once, and bans
-the peer when the message had more than BAN_ABOVE_FRAMES frames: no client bug sends that
-many), then drops the rest DISCARD_PER_PASS frames per loop pass, so that replies and device
-work keep moving between the chunks. The pass that finishes a drop reads nothing more, so
-that the loop settles that message (its ban) before the next one is read.
-
-What it cannot shorten: ZeroMQ keeps a message's frames in order in one pipe, so requests of
-other cameras queued behind it wait until its last frame is dropped (1-3 us a frame on the
-2-core VM; libzmq's zmq_msg_recv through ctypes was no faster there than recv(copy=False):
-docs/hardening.md). A message of millions of frames is therefore never let complete: the
-memory watch cuts its connection while it arrives (server/heap.py).
+ZeroMQ bounds a frame's size but not a message's frame count, so a message longer than
+MAX_FRAMES is answered `too-large` and the rest dropped a chunk per loop pass, so replies keep
+moving; a message of millions of frames is cut by the memory watch (server/heap.py).
 """
 
 from __future__ import annotations
@@ -66,6 +54,20 @@ def _user(frame: zmq.Frame) -> str:
         return ""
 
 
+# ZeroMQ bounds a frame's size (ZMQ_MAXMSGSIZE) but not how many frames a message has, and
+# taking a message whole (recv_multipart) lets one of millions of empty frames stall the loop
+# for seconds (docs/performance.md). A request has at most MAX_FRAMES frames after the routing id
+# (a header and up to Limits.max_arrays arrays). The receiver hands out the first MAX_FRAMES
+# frames of a longer message flagged `too_many` (the loop answers `too-large` once, and bans
+# the peer when the message had more than BAN_ABOVE_FRAMES frames: no client bug sends that
+# many), then drops the rest DISCARD_PER_PASS frames per loop pass, so that replies and device
+# work keep moving between the chunks. The pass that finishes a drop reads nothing more, so
+# that the loop settles that message (its ban) before the next one is read.
+#
+# What it cannot shorten: ZeroMQ keeps a message's frames in order in one pipe, so requests of
+# other cameras queued behind it wait until its last frame is dropped (docs/performance.md).
+# A message of millions of frames is therefore never let complete: the memory watch cuts its
+# connection while it arrives (server/heap.py).
 class Receiver:
     def __init__(self, router: zmq.Socket[bytes], max_frames: int = MAX_FRAMES,
                  users: bool = False, loopback: dict[int, str] | None = None) -> None:

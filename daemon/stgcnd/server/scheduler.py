@@ -1,16 +1,8 @@
 """The dynamic batcher of one model: per-camera queues, drained round robin into batches.
 
-The I/O loop submits jobs; the model's executors take batches. When several cameras have
-work, a batch takes at most one job from each, starting where the previous batch stopped: a
-camera that floods its queue gets one slot per batch like everyone else, so it can neither
-starve another nor make everyone's batches longer (on a CPU a batch costs in proportion to its
-size), and its own queue bound answers `busy` to the excess. A camera alone with work may fill
-a batch with its queued jobs (one client scoring many windows still gets batching).
-
-Batches are formed when a device is free: the I/O loop asks for work for an executor the moment
-it finishes the previous batch and gets whatever is queued, up to its largest bucket.
-`max_queue_delay_us` (default 0) lets it wait that long for a fuller batch, but only while the
-batch is not full. The loop alone uses a scheduler: no locks.
+A batch takes at most one job per camera while several have work, so a flooding camera can
+neither starve nor lengthen everyone's batches. Batches are formed when an executor is free
+(`max_queue_delay_us` may wait for a fuller one). The I/O loop alone uses it: no locks.
 """
 
 from __future__ import annotations

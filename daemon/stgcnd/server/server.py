@@ -1,13 +1,8 @@
 """The daemon's life (uvicorn's Server): startup -> I/O loop -> bounded graceful shutdown.
 
 One thread, the I/O loop, owns the ROUTER socket, all per-camera state and every model's
-executors: it reads requests (server/requests.py), launches batches and finishes them when
-their runners are done (server/executor.py), and sends every reply. Nothing else in the
-server knows whether a runner computes on a GPU or on a worker thread.
-
-What wakes the loop's poll: a request (the ROUTER), a connection coming or going (its
-monitor), the timer (when a launched GPU batch should be done), or the self-pipe (a signal,
-or a worker thread's finished batch). Signal handlers only set flags; the loop acts on them.
+executors, and sends every reply. Its poll wakes on a request, a monitor event, the timer or
+the self-pipe; signal handlers only set flags.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """What the daemon loads for a configured model: (model spec, build options), in one place.
 
-`stgcnd serve` and `stgcnd build --config` both call `serving_plan`, so that a store prepared
-by `build --config` holds exactly the ONNX export and artefact `serve` looks up (the store
-keys them on the spec and options: one differing option, e.g. an automatic max_batch
-resolved differently, and `serve` exports and builds again, or cannot without torch).
-
-Where the model will be served is a `Target`: this machine (what `serve` always uses), or a
-board described by `build --platform/--device` when the store is prepared on a workstation
-for a Jetson. Only three things depend on it: the automatic max_batch (8 on a Jetson's GPU,
-64 on another GPU, 16 on a CPU), the TensorRT workspace (smaller on a Jetson, whose GPU shares
-the RAM) and the device of a named backend whose `device` is auto.
+`serve` and `build --config` both call `serving_plan`, so a store prepared by `build` holds
+exactly what `serve` looks up. A `Target` (this machine, or a board named by `build
+--platform/--device`) decides max_batch, the TensorRT workspace and an auto device.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """A wake-up timer the I/O loop can poll next to its sockets: a Linux timerfd.
 
-The loop drives non-blocking runners itself (stgcnd.server.loop_executor): it launches a batch
-and must look again when the device should be done, typically 0.1-10 ms later. ZeroMQ's poll
-timeout counts whole milliseconds, too coarse for a 0.6 ms batch; a timerfd armed at an absolute
-CLOCK_MONOTONIC time (the clock of time.monotonic on Linux) wakes poll within microseconds of
-the deadline, with no thread to hand the news over.
-
-os.timerfd_create exists only from Python 3.13, and the daemon runs on 3.8 (JetPack 5): the
-three libc calls are made through ctypes. Where they are missing (not Linux), `fd` is None and
-the loop falls back to poll timeouts rounded up to whole milliseconds.
+ZeroMQ's poll timeout counts whole milliseconds, too coarse for a sub-millisecond batch; a
+timerfd (through ctypes: os.timerfd_create is 3.13+) wakes poll within microseconds. Without
+it `fd` is None and the loop rounds timeouts up to milliseconds.
 """
 
 from __future__ import annotations

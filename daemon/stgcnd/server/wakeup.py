@@ -1,10 +1,6 @@
-"""The self-pipe (gunicorn's arbiter): one fd the I/O loop polls next to its sockets, written
-when something outside the loop needs it to turn.
-
-Two writers: the signal machinery (`signal.set_wakeup_fd`: the C-level handler writes the
-signal's number, so a SIGTERM or SIGHUP wakes a sleeping poll at once; the Python handlers
-only set flags), and the worker threads of blocking runners, which write when a batch is
-done (runtimes.base.InWorker). The loop drains the pipe and looks at everything.
+"""The self-pipe (gunicorn's arbiter): one fd the I/O loop polls next to its sockets,
+written by `signal.set_wakeup_fd` and by the worker threads of blocking runners when a batch
+is done (runtimes.base.InWorker). The loop drains it and looks at everything.
 """
 
 from __future__ import annotations
