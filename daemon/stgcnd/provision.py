@@ -1,17 +1,9 @@
 """Provisioning a served model: which runtime runs it, its artefact built or reused, loaded.
 
-This stands above the engine store (which builds or finds artefacts) and the runtimes (which
-load them): `open_runtime(spec, "auto", options, store)` is what the daemon, `stgcnd build`,
-`validate` and `bench` call.
-
-"auto" resolves to: tensorrt when TensorRT imports and a GPU answers the driver; else torch
-on CUDA; else whichever CPU runtime (torch or onnxruntime) runs this model faster on this
-machine, timed through the runners the daemon serves with, interleaved over several rounds,
-and remembered in the store (`auto-backend.json`, keyed by model and machine). "noop" (zero
-logits, for measuring the daemon itself) runs only when named.
-
-The TensorRT path never imports torch when its engine is already built (a spec in, no
-loaded model needed).
+`open_runtime(spec, backend, options, store)` is what the daemon, `build`, `validate` and
+`bench` call. "auto" is TensorRT where it imports and a GPU answers, else torch on CUDA, else
+the faster CPU runtime, timed and remembered in the store. The TensorRT path never imports
+torch when its engine is built.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """What device an artefact was built for: GPU name and compute capability, Jetson release.
 
-A TensorRT engine runs only on the GPU model (compute capability) and TensorRT release it was
-built with, and a JetPack upgrade changes both; these values go into the engine store's cache
-key so that any change rebuilds with a log line saying what changed.
-
-The GPU is asked through torch only when torch is already imported (the TensorRT path must
-not import it), else through the CUDA driver (libcuda, as on Jetson where nvidia-smi is
-missing or limited), else nvidia-smi.
+These go into the store's cache key, so a JetPack upgrade or another GPU rebuilds with a log
+line saying what changed. The GPU is asked through torch only when it is already imported,
+else the CUDA driver, else nvidia-smi.
 """
 
 from __future__ import annotations

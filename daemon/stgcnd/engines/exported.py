@@ -1,15 +1,8 @@
 """A model known by its exported ONNX alone: serving a checkpoint on a board without torch.
 
-`stgcnd export` (or `build`) on a workstation writes the ONNX graph and its JSON sidecar
-(the checkpoint's sha256, shape, classes, labels). On the board, without torch, the store
-finds that graph (a copied engine store, or `checkpoint = "model.onnx"` in the config) and
-stands it in for the loaded model: what it needs of a model is its spec, class count, labels
-and checkpoint hash, and a reference to validate what it builds against. That reference is
-ONNX Runtime's fp32 output of the same graph (when onnxruntime is installed), which the
-export itself was validated against PyTorch with (max |diff| in the sidecar).
-
-A model's store directory is keyed by its checkpoint's sha256, never by its path, so a store
-built elsewhere is found on the board whatever the checkpoint is called there.
+The store stands the ONNX graph and its JSON sidecar in for the loaded model, with ONNX
+Runtime's fp32 output as the reference. A model's store directory is keyed by its
+checkpoint's sha256, never its path, so a store built elsewhere is found on the board.
 """
 
 from __future__ import annotations

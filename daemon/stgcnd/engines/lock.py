@@ -1,14 +1,8 @@
 """One builder per artefact across processes: an flock on a lock file beside the artefact.
 
-flock locks belong to the open file description, so the kernel drops them when the holder
-dies (even by SIGKILL): a killed build never leaves a stale lock behind. The holder's pid is
-written into the file only to say who is waiting for whom.
-
-A store that this process cannot write (a read-only filesystem, or a store that root built
-and the daemon's user only reads) still serves its current artefacts: flock needs no write
-access, so an existing lock file is locked read-only; without one there is nothing to lock
-against, as nobody can be writing there either. The caller learns that the store is
-read-only and refuses a build with one clear line instead of failing on the lock.
+The kernel drops an flock when its holder dies, so a killed build never leaves a stale lock.
+A store this process cannot write still serves its current artefacts (flock needs no write
+access), and a build there is refused with one clear line.
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
 """The engine store: build once per (model, backend, precision, device), reuse on every start.
 
-Layout under the root (the caller says where: the daemon's `engines_dir`, a command's
---engines, else $STGCND_ENGINE_DIR or the default in server/config.py):
-
-    <model-id>/model.json                       what the model is (for `stgcnd engines list`)
-    <model-id>/onnx/model-b1.onnx (+ .json)     exported fp32 ONNX, static batch 1
-    <model-id>/onnx/model-dynamic.onnx          ... with a dynamic batch axis
-    <model-id>/onnx/model-b1.int8-<calib>.onnx  Q/DQ INT8 ONNX per calibration data set
-    <model-id>/<backend>-<precision>-<device>-<batch>.<ext>   the artefact
-    <model-id>/<backend>-<precision>-<device>-<batch>.json    its manifest (key, validation)
-    <model-id>/.locks/                           flock files, one per artefact / ONNX
-    timing-cache/tensorrt-<version>-<device>.cache           TensorRT timing caches
-
-The model id names the model's input and source (checkpoint path or demo, layout, persons,
-frames), so several configured models live side by side; the checkpoint's *content* and the
-export settings are in the ONNX's key, so an edited checkpoint re-exports in place.
-
-Every file is written to a temp file, fsynced and renamed; a manifest is only trusted when the
-artefact's size and sha256 match it. A build killed at any point leaves the old artefact (still
-matching its manifest) or a mismatch that the next start rebuilds: never a broken engine used.
+Every file is written to a temp file, fsynced and renamed, and a manifest is trusted only when
+the artefact's size and sha256 match it: a killed build never leaves a broken engine used.
+The layout is the comment above EngineStore.
 """
 
 from __future__ import annotations
@@ -192,6 +176,21 @@ def _first_line(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
+# Layout under the root (the caller says where: the daemon's `engines_dir`, a command's
+# --engines, else $STGCND_ENGINE_DIR or the default in server/config.py):
+#
+#     <model-id>/model.json                       what the model is (for `stgcnd engines list`)
+#     <model-id>/onnx/model-b1.onnx (+ .json)     exported fp32 ONNX, static batch 1
+#     <model-id>/onnx/model-dynamic.onnx          ... with a dynamic batch axis
+#     <model-id>/onnx/model-b1.int8-<calib>.onnx  Q/DQ INT8 ONNX per calibration data set
+#     <model-id>/<backend>-<precision>-<device>-<batch>.<ext>   the artefact
+#     <model-id>/<backend>-<precision>-<device>-<batch>.json    its manifest (key, validation)
+#     <model-id>/.locks/                           flock files, one per artefact / ONNX
+#     timing-cache/tensorrt-<version>-<device>.cache           TensorRT timing caches
+#
+# The model id names the model's input and source (checkpoint path or demo, layout, persons,
+# frames), so several configured models live side by side; the checkpoint's *content* and the
+# export settings are in the ONNX's key, so an edited checkpoint re-exports in place.
 class EngineStore:
     def __init__(self, root: Path | str, cancel: threading.Event | None = None,
                  retry: BuildRetry | None = None) -> None:

@@ -1,10 +1,8 @@
 """Does an artefact compute what the fp32 PyTorch reference computes? Numbers, not opinions.
 
-`validate_backend` runs any runtime (the contract in runtimes/base.py) through a runner on
-windows and compares its logits with `reference_logits`: the largest and mean absolute
-difference, and top-1 agreement (the fraction of windows whose argmax class is the same),
-which is what a user of a classifier sees. `validate_export` checks a fresh ONNX export the
-same way with ONNX Runtime, before the store keeps it.
+`validate_backend` runs any runtime through a runner and compares its logits with the
+reference (max and mean |diff|, top-1 agreement); `validate_export` checks a fresh ONNX export
+the same way with ONNX Runtime before the store keeps it.
 """
 
 from __future__ import annotations

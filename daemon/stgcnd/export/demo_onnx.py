@@ -1,15 +1,8 @@
 """The demo model's ONNX graph, built from its numpy weights with the onnx package (no torch).
 
-The same function as the PyTorch export of the BN-folded network (stgcnd.model.optimized, NCHW
-form), and the same interface as stgcnd.export.onnx_export: input `input` float32
-(N, 3, T, V, M), output `output` logits (N, num_class), opset 17, a static batch of 1 or a
-dynamic `batch` axis. So the engine store, ONNX Runtime and TensorRT treat it like any export.
-
-Per stream: data BN as Mul/Add; persons folded into the batch (Transpose, Reshape); per block a
-1x1 Conv, the graph step as MatMul with A over the partitions plus ReduceSum, bias, Relu, the
-(9x1) temporal Conv, the residual (none, identity or a 1x1 Conv), Add, Relu; then ReduceMean
-over (T, V) and over persons, and a Gemm classifier. Two streams add their logits; the motion
-stream's input is a difference over time (Slice, Sub, Pad).
+The same function and interface as stgcnd.export.onnx_export (input `input` (N, 3, T, V, M),
+output `output` logits, opset 17), so the store, ONNX Runtime and TensorRT treat it like any
+export.
 """
 
 from __future__ import annotations
@@ -28,6 +21,11 @@ OUTPUT_NAME = "output"
 VARIANT = "numpy-demo"
 
 
+# Per stream: data BN as Mul/Add; persons folded into the batch (Transpose, Reshape); per block a
+# 1x1 Conv, the graph step as MatMul with A over the partitions plus ReduceSum, bias, Relu, the
+# (9x1) temporal Conv, the residual (none, identity or a 1x1 Conv), Add, Relu; then ReduceMean
+# over (T, V) and over persons, and a Gemm classifier. Two streams add their logits; the motion
+# stream's input is a difference over time (Slice, Sub, Pad).
 class _Graph:
     """Accumulates nodes and initializers with unique names."""
 

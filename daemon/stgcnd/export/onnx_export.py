@@ -1,11 +1,8 @@
 """PyTorch -> ONNX, checked with onnx.checker, and validated by whatever the caller passes.
 
-The export knows no runtime: the engine store validates a fresh export against the PyTorch
-reference with ONNX Runtime (engines/validate.py) and passes that check in.
-
-The graph: input `input` float32 (N, 3, T, V, M), output `output` logits (N, num_class), opset
-17, static shapes unless dynamic batch is asked for. The sidecar JSON beside the ONNX file says
-what it was made from, so the engine store can tell when it is stale.
+The export knows no runtime (the store passes its ONNX Runtime check in). Input `input`
+float32 (N, 3, T, V, M), output `output` logits, opset 17; a JSON sidecar says what it was
+made from, so the store can tell when it is stale.
 """
 
 from __future__ import annotations

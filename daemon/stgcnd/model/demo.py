@@ -1,10 +1,8 @@
 """The seeded demo model: a full-size network with random weights, for trying stgcnd out.
 
-Its predictions mean nothing. Weights come from numpy's seeded generator (not torch's), so the
-same seed gives the same bytes on every machine and torch release, and the engine store can
-reuse artefacts built from it. The weights are made without torch (`demo_arrays`), so the
-demo model can be served with ONNX Runtime alone; `demo_state_dict` wraps them as tensors for
-the PyTorch network. The same generator makes original-format test checkpoints.
+Its predictions mean nothing. Weights come from numpy's seeded generator, without torch, so
+the same seed gives the same bytes everywhere, artefacts are reused, and ONNX Runtime alone
+can serve it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Say what a file given as a checkpoint actually is, for errors a user can act on.
 
-`torch.load`'s own errors describe its internals ("KeyError: 101", "Expected hasRecord
-('version')"), not the file. These helpers look at the bytes (when torch cannot read the file)
-or at the loaded object (when it can, but it is no state_dict) and name the thing in words:
-"a text file starting with 'hello wo…'", "an ONNX model", "a PyTorch file holding a list of
-3 items".
+`torch.load`'s own errors describe its internals; these helpers name the thing in words ("an
+ONNX model", "a PyTorch file holding a list of 3 items").
 """
 
 from __future__ import annotations

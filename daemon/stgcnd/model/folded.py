@@ -1,12 +1,7 @@
 """Inference weights of an original-format state, in numpy: every BatchNorm folded away.
 
-The same rewrites as optimized.py (exact up to float rounding), on numpy arrays so that torch
-is not needed: the demo model's ONNX graph (stgcnd.export.demo_onnx) is built from these, and
-`folded_logits` runs them as the reference when torch is not installed.
-
-Per block: y = relu(graph(gcn_w * x) + bias_cw); y = tcn_w *t y + tcn_b; out = relu(y + res)
-where graph(x)[c, t, w] = sum_k sum_v x[k, c, t, v] A_k[v, w] and the graph conv's bias and the
-BN after the graph step are carried into bias_cw (per output channel and joint).
+The same rewrites as optimized.py, without torch: the demo model's ONNX graph is built from
+these, and `folded_logits` is the reference when torch is not installed.
 """
 
 from __future__ import annotations
@@ -18,6 +13,9 @@ import numpy as np
 from stgcnd.model.architecture import BN_EPS, TEMPORAL_KERNEL, block_channels
 
 
+# Per block: y = relu(graph(gcn_w * x) + bias_cw); y = tcn_w *t y + tcn_b; out = relu(y + res)
+# where graph(x)[c, t, w] = sum_k sum_v x[k, c, t, v] A_k[v, w] and the graph conv's bias and the
+# BN after the graph step are carried into bias_cw (per output channel and joint).
 @dataclass(frozen=True)
 class FoldedBlock:
     gcn_weight: np.ndarray        # (K*C, Cin) 1x1 conv, post-graph BN scale folded in

@@ -1,10 +1,8 @@
-"""Skeleton graphs and the ST-GCN adjacency tensor A.
+"""Skeleton graphs and the ST-GCN adjacency tensor A (the st-gcn paper's partitionings).
 
-The partitioning follows the st-gcn paper (uniform, distance, spatial with max hop 1). It is
-used for models built without a checkpoint (the demo model) and to recognise which layout a
-checkpoint's own A matches: a loaded model always uses the A stored in its checkpoint, because
-forks disagree on MediaPipe edge lists and centre joints, and a recomputed A would silently
-change the network.
+A loaded model always uses the A stored in its checkpoint, because forks disagree on
+MediaPipe edge lists and centre joints; computed graphs serve the demo model and recognise a
+checkpoint's layout.
 """
 
 from __future__ import annotations

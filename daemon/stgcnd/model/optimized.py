@@ -1,17 +1,8 @@
 """The inference-optimized network: the same function as `stgcn.py`, fewer and cheaper steps.
 
-Rewrites, all exact up to float rounding:
-- every BatchNorm is folded: tcn BNs and residual BNs into their convolutions; the BN after the
-  graph step into the graph convolution's weights, with the convolution's bias carried through
-  the graph step into a per-(channel, joint) bias B[c, w] = sum_k b[k, c] * colsum(A_k)[w];
-- `A * importance` is computed once;
-- the graph step is one batched matrix product. In `channels_last` form the features live as
-  (N*M, T, V, C) in memory, the conv's output channels are ordered (k, c), so (V, K) is one
-  contiguous axis of length V*K and out[t] = A2 @ x[t] with A2[w, v*K + k] = A[k, v, w]:
-  no permute copies anywhere. The `nchw` form (for ONNX export) uses batched MatMuls over the
-  partitions and a sum, also without transposes;
-- the data BN is a precomputed per-(channel, joint) scale and shift; the 1x1 classifier is a
-  linear layer.
+Every BatchNorm folded, `A * importance` computed once, and the graph step one batched matrix
+product with no permute copies; all exact up to float rounding. The rewrites are listed above
+FusedBlock.
 """
 
 from __future__ import annotations
@@ -56,6 +47,18 @@ def _fold_conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d) -> nn.Conv2d:
     return fused
 
 
+# Rewrites, all exact up to float rounding:
+# - every BatchNorm is folded: tcn BNs and residual BNs into their convolutions; the BN after the
+#   graph step into the graph convolution's weights, with the convolution's bias carried through
+#   the graph step into a per-(channel, joint) bias B[c, w] = sum_k b[k, c] * colsum(A_k)[w];
+# - `A * importance` is computed once;
+# - the graph step is one batched matrix product. In `channels_last` form the features live as
+#   (N*M, T, V, C) in memory, the conv's output channels are ordered (k, c), so (V, K) is one
+#   contiguous axis of length V*K and out[t] = A2 @ x[t] with A2[w, v*K + k] = A[k, v, w]:
+#   no permute copies anywhere. The `nchw` form (for ONNX export) uses batched MatMuls over the
+#   partitions and a sum, also without transposes;
+# - the data BN is a precomputed per-(channel, joint) scale and shift; the 1x1 classifier is a
+#   linear layer.
 class FusedBlock(nn.Module):
     a2: torch.Tensor    # buffers (channels_last form: a2; nchw: a)
     a: torch.Tensor

@@ -1,20 +1,7 @@
 """Two-stream ST-GCN, written to compute exactly what the original st-gcn code computes.
 
-Module and parameter names match the original (`net/st_gcn.py`, `net/st_gcn_twostream.py`) so
-its checkpoints load strictly:
-
-    origin_stream.A                          (K, V, V) graph, a buffer saved in the checkpoint
-    origin_stream.data_bn.*                  BatchNorm1d(C*V), channel index v*C + c
-    origin_stream.st_gcn_networks.{0..9}.gcn.conv.*          1x1 conv to K*C_out channels
-    origin_stream.st_gcn_networks.{i}.tcn.{0,2,3}.*          BN, ReLU, (9x1) conv, BN
-    origin_stream.st_gcn_networks.{4,7}.residual.{0,1}.*     1x1 strided conv + BN
-    origin_stream.edge_importance.{0..9}     (K, V, V) learned edge weights
-    origin_stream.fcn.*                      Conv2d(256, num_class, 1)
-    motion_stream.*                          the same for the motion input
-
-Shapes: input (N, C=3, T, V, M) -> logits (N, num_class). Persons are folded into the batch,
-pooled by a mean over (T, V), then averaged over the M person slots (empty slots included, as
-in the original) before the classifier. Dropout is an identity at inference and omitted.
+Module and parameter names match the original (`net/st_gcn.py`, `net/st_gcn_twostream.py`),
+so its checkpoints load strictly; the names and shapes are listed above TwoStreamSTGCN.
 """
 
 from __future__ import annotations
@@ -143,6 +130,21 @@ class STGCN(nn.Module):
         return self.fcn(x[:, :, None, None]).flatten(1)
 
 
+# Module and parameter names match the original (`net/st_gcn.py`, `net/st_gcn_twostream.py`) so
+# its checkpoints load strictly:
+#
+#     origin_stream.A                          (K, V, V) graph, a buffer saved in the checkpoint
+#     origin_stream.data_bn.*                  BatchNorm1d(C*V), channel index v*C + c
+#     origin_stream.st_gcn_networks.{0..9}.gcn.conv.*          1x1 conv to K*C_out channels
+#     origin_stream.st_gcn_networks.{i}.tcn.{0,2,3}.*          BN, ReLU, (9x1) conv, BN
+#     origin_stream.st_gcn_networks.{4,7}.residual.{0,1}.*     1x1 strided conv + BN
+#     origin_stream.edge_importance.{0..9}     (K, V, V) learned edge weights
+#     origin_stream.fcn.*                      Conv2d(256, num_class, 1)
+#     motion_stream.*                          the same for the motion input
+#
+# Shapes: input (N, C=3, T, V, M) -> logits (N, num_class). Persons are folded into the batch,
+# pooled by a mean over (T, V), then averaged over the M person slots (empty slots included, as
+# in the original) before the classifier. Dropout is an identity at inference and omitted.
 class TwoStreamSTGCN(nn.Module):
     """Sum of the logits of an appearance stream and a motion stream."""
 

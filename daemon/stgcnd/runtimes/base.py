@@ -1,31 +1,9 @@
 """The contract every runtime meets (Polygraphy's loader/runner split).
 
-A `Runtime` is a model loaded into one inference library (TensorRT, PyTorch, ONNX Runtime, or
-the `noop` stand-in): it owns the weights or the engine. It makes `Runner`s. A runner is one
-executor's prepared resources (Triton's model instance): one prepared batch shape per *bucket*
-(a CUDA graph, or an execution context on its own optimization profile) and one *lane* per
-client (its own CUDA stream and pinned host rows), so that a camera joining costs nothing on
-the device. Everything is prepared and warmed before the daemon says READY; nothing is built
-on a request's path.
-
-Every runner is driven the same way, by the I/O loop (server/executor.py):
-
-    runner = runtime.open_runner(buckets=(1, 2, 4, 8), lanes=64)
-    runner.warm_up()                                  # every bucket, before READY
-    runner.launch([w0, w1, w2], lanes=[5, 0, 17])     # padded into bucket 4; returns at once
-    ...                                               # the loop serves other cameras
-    if runner.done():
-        logits = runner.collect()                     # (3, K) float32
-    runner.close()
-
-`run` is launch, wait and collect in one call: what `stgcnd bench`, validation and the
-backend choice use, so that they measure the path the daemon serves with.
-
-A runner whose compute blocks the calling thread (ONNX Runtime, torch on a CPU, a GPU runtime
-without CUDA graphs) says so (`blocking`), and `Runtime.open_runner` hands it to an `InWorker`:
-one worker thread runs its batches, and wakes the loop (`set_waker`) when one is done. A
-non-blocking runner only enqueues device work on `launch` and is polled: the loop looks when
-the device should be done (its warmed-up `wall_ms`).
+A `Runtime` is a model loaded into one inference library; it makes `Runner`s, one executor's
+prepared buckets and per-client lanes, all warmed before READY. A runner whose compute blocks
+the calling thread says so (`blocking`) and is run by an `InWorker` thread that wakes the
+loop; a non-blocking one only enqueues device work and is polled.
 """
 
 from __future__ import annotations
@@ -72,6 +50,26 @@ def warm_median(times: Sequence[float]) -> float:
     return warm[len(warm) // 2]
 
 
+# A `Runtime` is a model loaded into one inference library (TensorRT, PyTorch, ONNX Runtime, or
+# the `noop` stand-in): it owns the weights or the engine. It makes `Runner`s. A runner is one
+# executor's prepared resources (Triton's model instance): one prepared batch shape per *bucket*
+# (a CUDA graph, or an execution context on its own optimization profile) and one *lane* per
+# client (its own CUDA stream and pinned host rows), so that a camera joining costs nothing on
+# the device. Everything is prepared and warmed before the daemon says READY; nothing is built
+# on a request's path.
+#
+# Every runner is driven the same way, by the I/O loop (server/executor.py):
+#
+#     runner = runtime.open_runner(buckets=(1, 2, 4, 8), lanes=64)
+#     runner.warm_up()                                  # every bucket, before READY
+#     runner.launch([w0, w1, w2], lanes=[5, 0, 17])     # padded into bucket 4; returns at once
+#     ...                                               # the loop serves other cameras
+#     if runner.done():
+#         logits = runner.collect()                     # (3, K) float32
+#     runner.close()
+#
+# `run` is launch, wait and collect in one call: what `stgcnd bench`, validation and the
+# backend choice use, so that they measure the path the daemon serves with.
 class Runner(ABC):
     """One executor's prepared resources for one model: buckets and client lanes."""
 

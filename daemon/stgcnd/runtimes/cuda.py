@@ -1,20 +1,8 @@
 """The one CUDA layer: the driver API (libcuda) through ctypes, as NVIDIA's Polygraphy does.
 
 Nothing is compiled on the board and nothing but the driver is needed. Everything runs on the
-device's *primary* context, the one torch's runtime API uses too: `make_current` makes it
-current in the calling thread (cuCtxSetCurrent: no context stack to push and pop, nothing to
-undo when a thread ends), so that any thread can prepare, drive or close a runner. Handles
-(streams, events, memory, graphs) belong to the context, not to a thread.
-
-- `CAPTURE_LOCK`: one stream capture at a time in the process (beginning a capture while
-  another thread's stream captures can invalidate it). Runners are prepared one at a time by
-  whichever thread loads the models, never concurrently. torch's graph replay takes it too
-  (torch refuses a replay while any thread captures), for microseconds.
-- `DriverMemory`: a runner's streams, device memory and page-locked host memory.
-- `DriverCalls`: a batch's host-side work (copies, events, graph launch), bound once.
-- `DriverGraph`: stream capture into a graph, instantiated and launched by handle. The graph
-  entry points are looked up when first used: a driver without them disables graphs (the
-  runner runs without), never the runner.
+device's primary context, made current per thread with cuCtxSetCurrent, so any thread can
+prepare, drive or close a runner.
 """
 
 from __future__ import annotations
@@ -31,6 +19,15 @@ from stgcnd.log import get_logger
 
 log = get_logger(__name__)
 
+# - `CAPTURE_LOCK`: one stream capture at a time in the process (beginning a capture while
+#   another thread's stream captures can invalidate it). Runners are prepared one at a time by
+#   whichever thread loads the models, never concurrently. torch's graph replay takes it too
+#   (torch refuses a replay while any thread captures), for microseconds.
+# - `DriverMemory`: a runner's streams, device memory and page-locked host memory.
+# - `DriverCalls`: a batch's host-side work (copies, events, graph launch), bound once.
+# - `DriverGraph`: stream capture into a graph, instantiated and launched by handle. The graph
+#   entry points are looked up when first used: a driver without them disables graphs (the
+#   runner runs without), never the runner.
 CAPTURE_LOCK = threading.Lock()
 
 CU_EVENT_DEFAULT = 0x0          # timing enabled

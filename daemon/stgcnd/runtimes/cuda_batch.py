@@ -1,24 +1,7 @@
 """The host side of a batch on a CUDA device, shared by the torch and TensorRT runners.
 
-A runner owns its network (a torch CUDA graph, a TensorRT execution context or its graph) and
-the buffers it was built on; `LanedBatch` moves a batch in and out around it and says when it
-is done, with plain driver calls (`DriverCalls`) on addresses and handles taken at start-up:
-
-1. `stage`: each window into its slot's row of the pinned host input (slot i: row i);
-2. `upload`: each row up into its slot of the device input on its client's own stream (a
-   lane), the compute stream waiting for every upload by events; without lanes, the rows go
-   up in one copy on the compute stream;
-3. `start`, then the runner enqueues its compute on `compute_stream`;
-4. `finish`: the compute's end recorded; each client's stream waits for it and downloads its
-   logits row; the compute stream waits for every download and records `done`;
-5. `done` (a query, for the I/O loop) or `wait` (a sleeping wait, for an executor thread),
-   then `collect`: the logits as float32 and the batch's device compute time.
-
-Only step 3 differs between runtimes, so everything else (the copies, the stream ordering,
-the completion) runs and is tested with torch on any GPU, TensorRT or not.
-
-Every call runs in the calling thread's current CUDA context: the runner makes the device's
-primary context current where it prepares, and `attach` where the I/O loop drives it.
+`LanedBatch` stages, uploads, downloads and completes a batch with plain driver calls; only
+the compute step differs between runtimes, so the rest runs and is tested with torch on any GPU.
 """
 
 from __future__ import annotations
@@ -37,6 +20,25 @@ from stgcnd.runtimes.cuda import (
 )
 
 
+# A runner owns its network (a torch CUDA graph, a TensorRT execution context or its graph) and
+# the buffers it was built on; `LanedBatch` moves a batch in and out around it and says when it
+# is done, with plain driver calls (`DriverCalls`) on addresses and handles taken at start-up:
+#
+# 1. `stage`: each window into its slot's row of the pinned host input (slot i: row i);
+# 2. `upload`: each row up into its slot of the device input on its client's own stream (a
+#    lane), the compute stream waiting for every upload by events; without lanes, the rows go
+#    up in one copy on the compute stream;
+# 3. `start`, then the runner enqueues its compute on `compute_stream`;
+# 4. `finish`: the compute's end recorded; each client's stream waits for it and downloads its
+#    logits row; the compute stream waits for every download and records `done`;
+# 5. `done` (a query, for the I/O loop) or `wait` (a sleeping wait, for an executor thread),
+#    then `collect`: the logits as float32 and the batch's device compute time.
+#
+# Only step 3 differs between runtimes, so everything else (the copies, the stream ordering,
+# the completion) runs and is tested with torch on any GPU, TensorRT or not.
+#
+# Every call runs in the calling thread's current CUDA context: the runner makes the device's
+# primary context current where it prepares, and `attach` where the I/O loop drives it.
 class LanedBatch:
     def __init__(self, host_in: np.ndarray, host_out: np.ndarray, dev_in: int,
                  compute_stream: int, lane_streams: Sequence[int]) -> None:

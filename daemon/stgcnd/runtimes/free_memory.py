@@ -1,16 +1,8 @@
 """Free memory, one way: what the memory plan, its self-correction and `stgcnd doctor` read.
 
-On a discrete GPU the driver's `cuMemGetInfo` is the device's own free memory. On an
-integrated GPU (a Jetson: CU_DEVICE_ATTRIBUTE_INTEGRATED) it is the kernel's MemFree, which
-leaves out the page cache: on a board that has run for a while (or has just built a TensorRT
-engine, which pulls 1-2 GB of libnvinfer and cuDNN into the cache) MemFree is a few hundred MB
-while gigabytes are one reclaim away. The GPU's allocations reclaim that cache like any other,
-so on an integrated GPU the figure is the OS's MemAvailable (as other inference servers read it
-on Orin and Thor), and the cameras' share is the configured reserve taken off it
-(`memory_reserve_mb`, 1536 MB by default on a Jetson).
-
-The figure is read with the CUDA context already made (`cuda.memory_info` makes it current), so
-that the context's own share is never counted as free.
+A discrete GPU's figure is cuMemGetInfo. On an integrated GPU (a Jetson) it is MemAvailable,
+not MemFree, which leaves out a page cache the GPU's allocations reclaim, less the cameras'
+`memory_reserve_mb`. It is read with the CUDA context made, so the context is never free.
 """
 
 from __future__ import annotations

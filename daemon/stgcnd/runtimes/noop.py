@@ -1,24 +1,8 @@
 """The `noop` runtime: copies each window in and returns zero logits (Triton's identity model).
 
-It exists to measure the daemon itself: with the network's compute taken out, what remains in a
-request's round trip is decoding, queueing, scheduling and replying. So that the one real cost
-of an inference that does not depend on the network stays in, each runner copies the batch
-into its own preallocated buffer (the host-side staging every real runtime does).
-
-It needs no torch, no artefact and no engine store; the model spec alone gives its shape:
-- input_shape: the spec's (3, frames, joints, persons);
-- num_class: the number of `labels` configured, else, when the spec names a checkpoint and torch
-  is importable, the checkpoint's (one state_dict read, no network built; labels go first so
-  that a configured model never pays for importing torch), else the spec's own num_class (2,
-  the demo model's).
-
-It is never chosen by backend "auto": it computes nothing and only serves to benchmark.
-
-`compute_us` (the model key `noop_compute_us`) makes every batch finish that long after it
-starts, whatever its size, as a GPU's would: the daemon's scheduling, batching and completion
-timing can then be measured and tested on any machine at a realistic device time. Runners read
-it at every launch, so a test can make one batch slow (as CPU contention makes one) by setting
-the runtime's `compute_us` while it serves.
+It measures the daemon itself: with the network's compute taken out, what remains is
+decoding, queueing, scheduling and replying. It needs no torch, artefact or store, is never
+chosen by "auto", and `compute_us` (`noop_compute_us`) makes each batch take that long.
 """
 
 from __future__ import annotations
@@ -36,8 +20,14 @@ from stgcnd.runtimes.base import Runner, Runtime, RuntimeInfo
 log = get_logger(__name__)
 
 
+# It needs no torch, no artefact and no engine store; the model spec alone gives its shape:
+# - input_shape: the spec's (3, frames, joints, persons);
+# - num_class: the number of `labels` configured, else, when the spec names a checkpoint and torch
+#   is importable, the checkpoint's (one state_dict read, no network built; labels go first so
+#   that a configured model never pays for importing torch), else the spec's own num_class (2,
+#   the demo model's).
 def noop_num_class(spec: ModelSpec) -> tuple[int, str]:
-    """(num_class, where it came from) for a model spec; see the module docstring."""
+    """(num_class, where it came from) for a model spec; see the comment above."""
     if spec.labels:
         return len(spec.labels), "labels"
     from_checkpoint = checkpoint_num_class(spec)
@@ -46,6 +36,11 @@ def noop_num_class(spec: ModelSpec) -> tuple[int, str]:
     return int(spec.num_class), "spec"
 
 
+# `compute_us` (the model key `noop_compute_us`) makes every batch finish that long after it
+# starts, whatever its size, as a GPU's would: the daemon's scheduling, batching and completion
+# timing can then be measured and tested on any machine at a realistic device time. Runners read
+# it at every launch, so a test can make one batch slow (as CPU contention makes one) by setting
+# the runtime's `compute_us` while it serves.
 class NoopRuntime(Runtime):
     def __init__(self, input_shape: tuple[int, ...], num_class: int, max_batch: int = 1,
                  precision: str = "fp32", details: dict[str, object] | None = None,

@@ -1,28 +1,8 @@
 """TensorRT: a serialized engine run on the primary CUDA context through the driver layer.
 
-Never imports torch: on an 8 GB Jetson the serving process shares memory with the cameras'
-own models, and torch alone costs several hundred MB. Never pycuda either: streams, memory,
-copies and graphs come from `runtimes.cuda` (libcuda through ctypes).
-
-Only the name-based tensor API is used, which TensorRT 8.5 to 11.x all have: `num_io_tensors`,
-`get_tensor_name`, `get_tensor_mode`, `get_tensor_shape`, `get_tensor_dtype`,
-`get_tensor_profile_shape`, `set_input_shape`, `set_tensor_address`, `execute_async_v3`.
-Bindings-index calls (`get_binding_*`, `execute_async_v2`) are gone in 10.x; context managers
-on TensorRT objects are deprecated no-ops, so objects are released with `del`.
-
-A runner (`TrtRunner`) makes one execution context per batch bucket, each on its own
-optimization profile when the engine has one per bucket (stgcnd builds them so; TensorRT 8.x
-lets a profile serve one context at a time), and one lane (a stream and two events) per
-client. Its contexts share one activation buffer (`activation_bytes`): they run one batch at
-a time on the runner's stream, and TensorRT would otherwise give each context the memory of
-the largest profile (0.55 GB each at fp16 for the default buckets). With CUDA graphs (one per
-bucket) a launch only enqueues and the I/O loop polls it; without, it computes on its worker.
-
-Every context gets its activation memory, then its profile with `set_optimization_profile_async`
-(whether 8.5 takes a profile before the memory is unknown, so the memory comes first), then its
-tensor addresses, each checked: on 8.x only the first context of an engine starts on profile
-0, the others have none until told. A failed TensorRT call is one error line that carries
-TensorRT's own messages (`checked_call`), not a line from TensorRT and another from stgcnd.
+Never imports torch (on an 8 GB Jetson it costs several hundred MB) nor pycuda: streams,
+memory and graphs come from `runtimes.cuda`. Only the name-based tensor API, which TensorRT
+8.5 to 11.x all have, is used.
 """
 
 from __future__ import annotations
@@ -79,6 +59,11 @@ def version_of(trt: Any) -> str:
     return str(getattr(trt, "__version__", "unknown"))
 
 
+# Only the name-based tensor API is used, which TensorRT 8.5 to 11.x all have: `num_io_tensors`,
+# `get_tensor_name`, `get_tensor_mode`, `get_tensor_shape`, `get_tensor_dtype`,
+# `get_tensor_profile_shape`, `set_input_shape`, `set_tensor_address`, `execute_async_v3`.
+# Bindings-index calls (`get_binding_*`, `execute_async_v2`) are gone in 10.x; context managers
+# on TensorRT objects are deprecated no-ops, so objects are released with `del`.
 def missing_api(trt: Any) -> list[str]:
     """Names in REQUIRED_API that this tensorrt module does not have."""
     out = []
@@ -505,6 +490,19 @@ class TensorRTRuntime(Runtime):
         self.runtime = None
 
 
+# A runner (`TrtRunner`) makes one execution context per batch bucket, each on its own
+# optimization profile when the engine has one per bucket (stgcnd builds them so; TensorRT 8.x
+# lets a profile serve one context at a time), and one lane (a stream and two events) per
+# client. Its contexts share one activation buffer (`activation_bytes`): they run one batch at
+# a time on the runner's stream, and TensorRT would otherwise give each context the memory of
+# the largest profile (docs/performance.md). With CUDA graphs (one per bucket) a launch only
+# enqueues and the I/O loop polls it; without, it computes on its worker.
+#
+# Every context gets its activation memory, then its profile with `set_optimization_profile_async`
+# (whether 8.5 takes a profile before the memory is unknown, so the memory comes first), then its
+# tensor addresses, each checked: on 8.x only the first context of an engine starts on profile
+# 0, the others have none until told. A failed TensorRT call is one error line that carries
+# TensorRT's own messages (`checked_call`), not a line from TensorRT and another from stgcnd.
 class TrtRunner(Runner):
     """The batched executor's TensorRT resources (see base.Runner).
 

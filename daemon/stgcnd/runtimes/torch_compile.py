@@ -1,26 +1,9 @@
 """torch.compile for the torch runtime on CUDA: inductor's fused Triton kernels inside the
 runner's own CUDA graphs.
 
-Modes (config key `compile`):
-- "reduce-overhead": inductor's default kernels (seconds to compile a bucket);
-- "off": the uncompiled module;
-- "auto": "reduce-overhead" where Triton is installed, else "off";
-- "max-autotune" (bench only): inductor benchmarks kernel choices. Not offered to the daemon:
-  on an H100 (torch 2.11) it took 134 s to compile batch 1 (ten buckets: ~20 min first start),
-  and at batch 64 a kernel it chose faulted inside our graph ("unspecified launch failure",
-  which ends the CUDA context). At batch 1 it ran 0.45 ms against 0.54 ms.
-
-Inductor is asked for kernels only ("default", "max-autotune-no-cudagraphs"): the runner
-captures the graphs, one per bucket, around them. With `inductor_graphs` the mode is passed as
-a user writes it, inductor capturing its own graphs: the bench's "what a user would pick"
-rows. Those graphs keep their state in thread-local storage that only the thread which first
-imported them has, so that form is for a single-threaded caller.
-
-Inductor's compiled graphs and autotuning results are cached on disk (its FX graph and
-autotune caches) under the engine store, per torch and Triton version and device, so that a
-second start compiles from cache. On the CPU torch.compile is refused: measured on a 2-core
-Zen 5, demo model M=1 fp32, min of 8 rounds: batch 1 112 ms vs 119.5 ms for the uncompiled
-fused module, batch 8 1,003 ms vs 973 ms, after a 21 s compile.
+Modes (config key `compile`): "reduce-overhead", "off", and "auto" (the first where Triton is
+installed); "max-autotune" is bench-only. Compiled graphs are cached under the engine store.
+torch.compile is refused on the CPU, where it gained little or nothing (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -45,6 +28,25 @@ _INDUCTOR_MODE = {"reduce-overhead": ("default", "reduce-overhead"),
 _RECOMPILE_LIMIT = 1024
 
 
+# Modes (config key `compile`):
+# - "reduce-overhead": inductor's default kernels (seconds to compile a bucket);
+# - "off": the uncompiled module;
+# - "auto": "reduce-overhead" where Triton is installed, else "off";
+# - "max-autotune" (bench only): inductor benchmarks kernel choices. Not offered to the daemon:
+#   its compiles are slow, and a kernel it chose faulted inside our graph
+#   ("unspecified launch failure", which ends the CUDA context): docs/performance.md.
+#
+# Inductor is asked for kernels only ("default", "max-autotune-no-cudagraphs"): the runner
+# captures the graphs, one per bucket, around them. With `inductor_graphs` the mode is passed as
+# a user writes it, inductor capturing its own graphs: the bench's "what a user would pick"
+# rows. Those graphs keep their state in thread-local storage that only the thread which first
+# imported them has, so that form is for a single-threaded caller.
+#
+# Inductor's compiled graphs and autotuning results are cached on disk (its FX graph and
+# autotune caches) under the engine store, per torch and Triton version and device, so that a
+# second start compiles from cache. On the CPU torch.compile is refused: against the
+# uncompiled fused module it was barely faster at batch 1 and slower at batch 8, after a long
+# compile (docs/performance.md).
 def unavailable(device: torch.device) -> str | None:
     """Why torch.compile cannot serve on `device`, or None."""
     if device.type != "cuda":

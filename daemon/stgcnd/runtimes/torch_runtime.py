@@ -1,19 +1,9 @@
 """PyTorch: the inference-optimized network (BatchNorm folded, channels-last) on CPU or CUDA.
 
-On a CPU a runner computes on a host batch (`HostRunner`, run by a worker thread). On CUDA a
-runner prepares one CUDA graph per bucket on its own stream (`CudaGraphRunner`): the I/O loop
-launches a batch and is back serving in microseconds. Where a graph cannot be captured, or
-`cuda_graph = false`, the runner computes eagerly on its worker thread instead.
-
-Precision: fp32 everywhere; fp16 on CUDA only. fp16 on the CPU is refused rather than silently
-run as bf16 (another number format: ~1e-1 logit differences on the demo model); bf16 is offered
-explicitly on the CPU, for machines with AMX or AVX512-BF16.
-
-`compile` runs the optimized module through torch.compile on CUDA (torch_compile.py), with a
-fall-back to the uncompiled module, logged once, where a compile fails.
-
-`optimized=False` runs the plain network as the user trained it, with the host I/O the seeds'
-benchmark uses (`torch.from_numpy(x).to(device)` ... `.cpu().numpy()`): the eager baseline.
+On a CPU a runner computes on a worker thread (`HostRunner`); on CUDA it replays one CUDA
+graph per bucket (`CudaGraphRunner`), eager on its worker where no graph can be captured.
+fp16 is CUDA-only (never silently bf16 on a CPU; bf16 is offered explicitly there).
+`optimized=False` is the plain network with the seeds' host I/O: the eager baseline.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """ONNX Runtime artefacts: the graph-optimized fp32 model, or the Q/DQ INT8 model.
 
-fp32: ONNX Runtime's extended graph optimizations (fusions for the execution provider it is
-saved with) are applied once here and saved, so the daemon does not redo them at every start.
-int8: a Q/DQ model that ONNX Runtime fuses into integer kernels when it loads it. On the CPU
-it is quantized by the CPU recipe (engines/quantize.py: asymmetric u8 activations, int32 bias,
-Conv and MatMul), made here from the calibration windows; with the CUDA provider it is the
-TensorRT recipe's model that the store shares between backends.
+fp32: extended graph optimizations applied once and saved, not redone at every start. int8: on
+the CPU the CPU recipe (engines/quantize.py) from the calibration windows; with the CUDA
+provider, the TensorRT recipe's model that the store shares between backends.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """TensorRT engines from the store's ONNX, for TensorRT 8.5 (JetPack 5), 8.6, 10.x and 11.x.
 
-Every version-dependent choice is a small pure function of the `tensorrt` module, decided by
-what the module offers (feature detection), so that tests can check each choice against the
-real bindings of each release (tests/engines/test_tensorrt_versions.py):
-
-- 8.x (8.5 and 8.6) needs the EXPLICIT_BATCH network flag; 10.x made it the only mode (flag
-  deprecated), 11.x removed it.
-- 10.x removed `build_engine` and `max_workspace_size`: build_serialized_network and the
-  WORKSPACE memory pool (both present since 8.x) are used everywhere.
-- 11.x removed the FP16/INT8 builder flags and implicit INT8 calibration: networks are strongly
-  typed, so a precision comes from the ONNX itself. INT8 works through the Q/DQ ONNX that
-  stgcnd makes (--precision int8); FP16 would need an FP16 ONNX, which stgcnd does not make.
-- IProgressMonitor exists from 10.x and the builder optimization level from 8.6 (8.5 has none);
-  the timing cache (create_timing_cache, set_timing_cache, ITimingCache.combine) since 8.0.
-- Explicit quantization (Q/DQ layers) exists since 8.0 and 8.5's ONNX parser imports
-  QuantizeLinear / DequantizeLinear: the Q/DQ ONNX is built as INT8 from 8.5 on.
-
-This module never imports torch (the daemon's TensorRT path must not pay for it).
+Every version-dependent choice is a small pure function of the `tensorrt` module (feature
+detection), checked against each release's real bindings (tests/engines/test_tensorrt_versions.py).
+Never imports torch.
 """
 
 from __future__ import annotations
@@ -45,6 +31,17 @@ from stgcnd.runtimes.tensorrt_runtime import tensorrt_logger
 log = get_logger(__name__)
 
 
+# - 8.x (8.5 and 8.6) needs the EXPLICIT_BATCH network flag; 10.x made it the only mode (flag
+#   deprecated), 11.x removed it.
+# - 10.x removed `build_engine` and `max_workspace_size`: build_serialized_network and the
+#   WORKSPACE memory pool (both present since 8.x) are used everywhere.
+# - 11.x removed the FP16/INT8 builder flags and implicit INT8 calibration: networks are strongly
+#   typed, so a precision comes from the ONNX itself. INT8 works through the Q/DQ ONNX that
+#   stgcnd makes (--precision int8); FP16 would need an FP16 ONNX, which stgcnd does not make.
+# - IProgressMonitor exists from 10.x and the builder optimization level from 8.6 (8.5 has none);
+#   the timing cache (create_timing_cache, set_timing_cache, ITimingCache.combine) since 8.0.
+# - Explicit quantization (Q/DQ layers) exists since 8.0 and 8.5's ONNX parser imports
+#   QuantizeLinear / DequantizeLinear: the Q/DQ ONNX is built as INT8 from 8.5 on.
 def trt_version(trt: Any) -> tuple[int, ...]:
     parts = []
     for p in str(trt.__version__).split("."):
