@@ -1,13 +1,9 @@
 """Which machine this is: a Jetson (and which, on which L4T release) or anything else.
 
-On a Jetson the GPU has no memory of its own: the 8 GB of an Orin NX are shared by the CPU,
-the GPU and the user's camera processes, so the daemon plans its device memory with a reserve
-for them (server/memory_plan.py), batches at most 8 windows by default (a batch of 64 M=5
-windows takes hundreds of milliseconds on an Orin NX: bigger buckets buy nothing there), and
-gives TensorRT's builder a smaller workspace. Read from files only (no CUDA, no tools), so it
-is cheap and works before anything is installed: `/etc/nv_tegra_release` (L4T's release
-line, e.g. "# R35 (release), REVISION: 4.1, ..."), the device tree's model name, and
-/proc/meminfo. `ROOT` is the filesystem root these are read under.
+On a Jetson the GPU shares the RAM with the CPU and the cameras, so the daemon plans memory
+with a reserve, batches at most 8 windows by default and gives TensorRT a smaller workspace.
+Read from files only (/etc/nv_tegra_release, the device tree, /proc/meminfo, under `ROOT`),
+so it works before anything is installed.
 """
 
 from __future__ import annotations

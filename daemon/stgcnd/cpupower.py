@@ -1,16 +1,9 @@
 """What the CPU's power management does to a request that arrives after an idle gap.
 
-A camera sends 25 windows a second. Between two of them every thread on a request's path (the
-camera's, both ZeroMQ I/O threads, the daemon's loop) sleeps for most of 40 ms, long enough
-for the kernel to put their cores in a deep idle state and to lower their clocks. The next
-request then waits for a core to wake up, and runs at a low clock until the governor raises
-it. On an H100 host, what bare ZeroMQ adds to a round trip grew from 0.12 ms in a closed
-loop to 0.60 ms at 25 Hz (p50; docs/performance.md, "The floor").
-
-This reads, from sysfs, what decides that: the cpuidle driver and the exit latency of each idle
-state of cpu0, and cpu0's frequency governor and range. `stgcnd doctor` prints it with a hint
-where a setting is likely to cost latency, and the daemon's `ready` log line records it so
-that latency logs from different machines can be told apart. Reading it changes nothing.
+At 25 Hz every thread on a request's path sleeps long enough for its core to idle deeply and
+clock down, which adds to a round trip (docs/performance.md, "The floor"). This reads the
+cpuidle states and cpufreq governor of cpu0 from sysfs for `stgcnd doctor` and the `ready` log
+line. Reading it changes nothing.
 """
 
 from __future__ import annotations

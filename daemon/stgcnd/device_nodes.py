@@ -1,20 +1,8 @@
 """The device nodes CUDA opens, and whether the systemd unit lets the daemon open them.
 
-The unit runs with `DevicePolicy=closed`: every node CUDA opens must be named by a
-`DeviceAllow=` line (a path, or `char-NAME` for every node of a driver listed in
-/proc/devices), and the service must be in the node's group (`SupplementaryGroups=`). A node
-that is missing makes CUDA fail to initialise under the unit only: `auto` then serves on the
-CPU while `stgcnd doctor`, run by hand, passes. So doctor lists the nodes its own process
-opened or mapped once CUDA is up (/proc/self/fd and /proc/self/maps), and checks them
-against the unit; the tests check the unit against the known lists below as well.
-
-Known lists (L4T's udev rules give the groups):
-- R35 (JetPack 5): the nvhost and nvmap nodes, group video;
-- R36 (JetPack 6): the nvgpu/igpu0 nodes and nvmap (video), /dev/host1x-fence (video) and the
-  DRM render node (group render), reported on an Orin NX whose daemon fell back to the CPU
-  under the unit (issue #31);
-- R38 (JetPack 7, Thor): the discrete driver's nvidia* nodes (mode 0666: no group), from
-  NVIDIA's open GPU kernel modules; not seen on a board by us.
+Under `DevicePolicy=closed` a node missing from `DeviceAllow=` makes CUDA fail under the unit
+only (auto then serves on the CPU while doctor passes), so doctor checks the nodes its own
+process opened against the unit, and the tests check the unit against the lists below.
 """
 
 from __future__ import annotations
@@ -29,6 +17,13 @@ from pathlib import Path
 CUDA_NODE = re.compile(r"^/dev/(nv|host1x|dri/|nvgpu/)")
 
 
+# Known lists (L4T's udev rules give the groups):
+# - R35 (JetPack 5): the nvhost and nvmap nodes, group video;
+# - R36 (JetPack 6): the nvgpu/igpu0 nodes and nvmap (video), /dev/host1x-fence (video) and the
+#   DRM render node (group render), reported on an Orin NX whose daemon fell back to the CPU
+#   under the unit (issue #31);
+# - R38 (JetPack 7, Thor): the discrete driver's nvidia* nodes (mode 0666: no group), from
+#   NVIDIA's open GPU kernel modules; not seen on a board by us.
 @dataclass(frozen=True)
 class Node:
     path: str

@@ -1,10 +1,8 @@
 """`stgcnd config example|check|keys`: the configuration schema, for people and for review.
 
-`check` reads a file (with the environment's STGCND_* overrides, as the daemon would), runs
-the checks `serve` runs before it loads anything (server/config_checks.py) and prints the
-resolved configuration, or the same error the daemon would give, without loading any model:
-an edit can be checked before `systemctl reload stgcnd`. What only loading the models can
-tell is listed on stderr.
+`check` runs the checks `serve` runs before it loads anything (server/config_checks.py), with
+the environment's overrides, and prints the resolved configuration or the daemon's own error,
+so an edit can be checked before `systemctl reload stgcnd`.
 """
 
 from __future__ import annotations

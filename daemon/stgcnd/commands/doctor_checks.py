@@ -1,26 +1,8 @@
 """What `stgcnd doctor` checks on a Jetson beyond its software stack, each with its fix.
 
-Every check returns one small dict: `name`, `status` ("ok", "warn", "fail", or "skip" for a
-check that could not run here), `detail` (what was found) and `fix` (what to do; None when
-there is nothing to do). On a Jetson (stgcnd.board.detect):
-
-- power mode: nvpmodel's current mode against the fastest one /etc/nvpmodel.conf defines;
-- clocks: whether jetson_clocks holds the CPU and GPU at the power mode's maximum;
-- memory: MemAvailable, swap and zram from /proc/meminfo and /sys/block/zram*;
-- tegrastats: on PATH or in /usr/bin;
-- the CUDA driver, through stgcnd's ctypes layer (runtimes/cuda.py): GPU, compute capability,
-  free memory;
-- the device nodes CUDA opened in this process, against the systemd unit's DeviceAllow= and
-  SupplementaryGroups= (stgcnd/device_nodes.py): what CUDA needs under the unit.
-
-And with `stgcnd doctor --smoke-test`, wherever tensorrt imports: a one-layer network (ReLU on
-a 1x3x4x4 input) built with TensorRT's network API, deserialized and run once through the
-driver layer, its output compared with numpy's.
-
-Files are read under `root` (tests use a directory of real-format files; doctor's --root). The
-binaries (`nvpmodel -q`, tegrastats on PATH) and the driver are only asked when `root` is this
-machine's own root ("live"): under another root they would describe this machine instead.
-Reading changes nothing.
+Every check returns a dict: `name`, `status` (ok, warn, fail, skip), `detail` and `fix`. Files
+are read under `root`; binaries and the driver are asked only when `root` is this machine's
+own. Reading changes nothing.
 """
 
 from __future__ import annotations
@@ -60,6 +42,18 @@ SMOKE_SHAPE = (1, 3, 4, 4)
 Check = Dict[str, Any]  # typing.Dict: evaluated at run time, and 3.8 has no dict[...]
 
 
+# - power mode: nvpmodel's current mode against the fastest one /etc/nvpmodel.conf defines;
+# - clocks: whether jetson_clocks holds the CPU and GPU at the power mode's maximum;
+# - memory: MemAvailable, swap and zram from /proc/meminfo and /sys/block/zram*;
+# - tegrastats: on PATH or in /usr/bin;
+# - the CUDA driver, through stgcnd's ctypes layer (runtimes/cuda.py): GPU, compute capability,
+#   free memory;
+# - the device nodes CUDA opened in this process, against the systemd unit's DeviceAllow= and
+#   SupplementaryGroups= (stgcnd/device_nodes.py): what CUDA needs under the unit.
+#
+# And with `stgcnd doctor --smoke-test`, wherever tensorrt imports: a one-layer network (ReLU on
+# a 1x3x4x4 input) built with TensorRT's network API, deserialized and run once through the
+# driver layer, its output compared with numpy's.
 def check(name: str, status: str, detail: str, fix: str | None = None) -> Check:
     return {"name": name, "status": status, "detail": detail, "fix": fix}
 

@@ -1,15 +1,8 @@
 """Per-(camera, model) latency aggregation in bounded memory.
 
-Each (camera, model) keeps a log-bucketed histogram: a value x > 0 falls in bucket
-``ceil(log(x) / log(gamma))`` with ``gamma = (1 + a) / (1 - a)``; the bucket is reported as
-``2 * gamma**i / (gamma + 1)``, which is within relative error ``a`` of every value in it. A
-percentile is therefore within ``a`` (default 1%) of the sample at the same rank, whatever the
-distribution, and the memory per histogram is bounded by the clamped range, not by the number of
-requests: values are clamped to [MIN_MS, MAX_MS], so at most ``bucket_limit()`` buckets exist
-(about 1,400 for a = 1%). ``max_ms`` is exact.
-
-Percentile rank: the p-th percentile of n samples is the sample of rank ``floor(p/100 * (n-1))``
-(0-based) in sorted order, i.e. numpy's ``method="lower"``.
+Log-bucketed histograms: a percentile is within relative error `a` (default 1%) of the sample
+at the same rank, memory is bounded by the clamped range, `max_ms` is exact. Rank: numpy's
+`method="lower"`.
 """
 
 from __future__ import annotations
@@ -31,6 +24,16 @@ MAX_MS = 1e7  # ~2.8 h: a request slower than that is a hang, not a latency
 MAX_STAGES_PER_KEY = 16
 
 
+# Each (camera, model) keeps a log-bucketed histogram: a value x > 0 falls in bucket
+# ``ceil(log(x) / log(gamma))`` with ``gamma = (1 + a) / (1 - a)``; the bucket is reported as
+# ``2 * gamma**i / (gamma + 1)``, which is within relative error ``a`` of every value in it. A
+# percentile is therefore within ``a`` (default 1%) of the sample at the same rank, whatever the
+# distribution, and the memory per histogram is bounded by the clamped range, not by the number of
+# requests: values are clamped to [MIN_MS, MAX_MS], so at most ``bucket_limit()`` buckets exist
+# (about 1,400 for a = 1%). ``max_ms`` is exact.
+#
+# Percentile rank: the p-th percentile of n samples is the sample of rank ``floor(p/100 * (n-1))``
+# (0-based) in sorted order, i.e. numpy's ``method="lower"``.
 class LogHistogram:
     """Bounded-memory quantile sketch with a guaranteed relative error."""
 

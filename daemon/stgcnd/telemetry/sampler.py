@@ -1,16 +1,8 @@
 """System samples every interval, with the same field names whatever the machine offers.
 
-Sources, first available wins for the GPU fields:
-
-1. ``tegrastats`` (Jetson): a child process ``tegrastats --interval <ms>`` read line by line in
-   a reader thread; the latest parsed line is kept. If it exits it is restarted with exponential
-   backoff (0.5 s doubling to 30 s, reset once it has run for a minute). The caller never waits
-   on it.
-2. NVML through ``pynvml`` (``pip install stgcnd[nvml]``) on discrete NVIDIA GPUs.
-3. Jetson sysfs: GPU devfreq ``load``/``cur_freq`` and thermal zones, when tegrastats is absent.
-
-CPU %, RAM, swap and the daemon's own RSS always come from psutil. Every sample has every key of
-`SAMPLE_FIELDS`; a value the source cannot give is ``None``.
+GPU fields come from tegrastats (Jetson), else NVML, else Jetson sysfs; CPU, RAM, swap and
+the daemon's RSS from psutil. Every sample has every key of `SAMPLE_FIELDS` (None when
+unavailable), and the caller never waits on a source.
 """
 
 from __future__ import annotations
@@ -48,6 +40,14 @@ BACKOFF_MAX_S = 30.0
 HEALTHY_RUN_S = 60.0
 
 
+# Sources, first available wins for the GPU fields:
+#
+# 1. ``tegrastats`` (Jetson): a child process ``tegrastats --interval <ms>`` read line by line in
+#    a reader thread; the latest parsed line is kept. If it exits it is restarted with exponential
+#    backoff (0.5 s doubling to 30 s, reset once it has run for a minute). The caller never waits
+#    on it.
+# 2. NVML through ``pynvml`` (``pip install stgcnd[nvml]``) on discrete NVIDIA GPUs.
+# 3. Jetson sysfs: GPU devfreq ``load``/``cur_freq`` and thermal zones, when tegrastats is absent.
 class TegrastatsReader:
     """Keeps a `tegrastats` child running and remembers its latest parsed line."""
 

@@ -1,26 +1,8 @@
 """Per-camera skeleton quality: whether a camera's poses are any good, not only how fast the
-daemon answers them. A camera that sees nobody, or whose pose estimator loses half the
-joints, otherwise looks healthy in the latency lines.
-
-Every pushed frame, and the newest frame of every window, is counted. On the request path a
-frame is only copied into its camera's batch; the reductions run over a whole batch at once
-(when it is full, and at each stats interval). Reduced one frame at a time, the dozen numpy
-calls cost 40-50 us of daemon CPU a request at 64 cameras x 25 Hz on a 2-core Zen 5 (noop
-backend, paced-64: 282-305 us against 235-255 without them), as much as a fifth of all its
-work; all 150 frames of a window, 176-400 us. Windows overlap anyway, so the newest frame
-samples the camera. Each stats interval gives one `skeleton_quality` record per camera known
-to the daemon:
-
-- `frames`: frames counted, and `no_person`: the share with every person slot empty;
-- `visibility`: mean visibility of the joints of present persons, and `low_visibility`: the
-  share of those joints below the threshold;
-- `out_of_frame`: the share of visible joints with x or y outside 0..1 (None where the
-  camera sends pixel coordinates: values beyond 10);
-- `silent`: no frame in the interval; `blocked`: frames refused busy and none accepted.
-
-`usable` = (1 - no_person) x (1 - low_visibility): the share of joints the model can use. A
-camera whose `usable` falls below the floor gets one warning (`skeleton_quality_low`), and a
-line again only once it has recovered (`skeleton_quality_recovered`).
+daemon answers them. Each stats interval gives one `skeleton_quality` record per camera and
+a warning when `usable` falls below the floor. On the request path a frame is only copied
+into its camera's batch; the counting runs a batch at a time, since per frame it cost a
+measurable share of the daemon's CPU (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -82,6 +64,16 @@ class _Counts:
             self.outside += int(np.count_nonzero((x < 0) | (x > 1) | (y < 0) | (y > 1)))
 
 
+# - `frames`: frames counted, and `no_person`: the share with every person slot empty;
+# - `visibility`: mean visibility of the joints of present persons, and `low_visibility`: the
+#   share of those joints below the threshold;
+# - `out_of_frame`: the share of visible joints with x or y outside 0..1 (None where the
+#   camera sends pixel coordinates: values beyond 10);
+# - `silent`: no frame in the interval; `blocked`: frames refused busy and none accepted.
+#
+# `usable` = (1 - no_person) x (1 - low_visibility): the share of joints the model can use. A
+# camera whose `usable` falls below the floor gets one warning (`skeleton_quality_low`), and a
+# line again only once it has recovered (`skeleton_quality_recovered`).
 class SkeletonQuality:
     def __init__(self, visibility_threshold: float = 0.5, floor: float = 0.5) -> None:
         self.threshold = visibility_threshold

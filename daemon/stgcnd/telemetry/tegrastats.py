@@ -1,19 +1,6 @@
-"""Parse `tegrastats` lines from every Jetson generation into one dict shape.
-
-Formats handled (all seen on real devices, see tests/telemetry/data/README.md):
-
-- L4T 24-28 (TX1): ``cpu [2%,5%]@1734 EMC 0%@1600 GR3D 0%@998`` (one frequency for all cores).
-- JetPack 3/4 (TX2, Nano, Xavier): ``CPU [7%@345,off,...] EMC_FREQ 0%@1866 GR3D_FREQ 0%@140``,
-  unit-less rails ``VDD_IN 1931/1931`` (mW), ``PMIC@100C``.
-- JetPack 5 (Orin): a leading ``MM-DD-YYYY HH:MM:SS`` timestamp, ``mW`` rails,
-  ``GR3D_FREQ 0%@[0,0]`` (one frequency per GPC), sensors reading ``-256C`` while power-gated.
-- JetPack 6: lower-case sensor names (``cpu@52.5C``).
-- JetPack 7 (Orin, Thor): three-value rails ``cur/avg/max``, temperatures ``cur/max``, Thor's GPU
-  without utilisation (``GR3D_FREQ @[314,314,314]``), engines ``off`` or ``@freq``.
-- Without root, tegrastats leaves out frequencies (``EMC_FREQ 0%``), SWAP or rails: those keys are
-  simply absent from the result.
-
-`parse_line` never raises: a line it cannot make sense of gives ``{"ok": False, "error": ...}``.
+"""Parse `tegrastats` lines from every Jetson generation (L4T 24 to JetPack 7) into one dict
+shape; the formats are listed above `parse_line`. `parse_line` never raises: a line it
+cannot read gives ``{"ok": False, "error": ...}``.
 """
 
 from __future__ import annotations
@@ -235,6 +222,18 @@ _RULES: tuple[tuple[re.Pattern[str], Callable[[_Line, re.Match[str]], None]], ..
 )
 
 
+# Formats handled (all seen on real devices, see tests/telemetry/data/README.md):
+#
+# - L4T 24-28 (TX1): ``cpu [2%,5%]@1734 EMC 0%@1600 GR3D 0%@998`` (one frequency for all cores).
+# - JetPack 3/4 (TX2, Nano, Xavier): ``CPU [7%@345,off,...] EMC_FREQ 0%@1866 GR3D_FREQ 0%@140``,
+#   unit-less rails ``VDD_IN 1931/1931`` (mW), ``PMIC@100C``.
+# - JetPack 5 (Orin): a leading ``MM-DD-YYYY HH:MM:SS`` timestamp, ``mW`` rails,
+#   ``GR3D_FREQ 0%@[0,0]`` (one frequency per GPC), sensors reading ``-256C`` while power-gated.
+# - JetPack 6: lower-case sensor names (``cpu@52.5C``).
+# - JetPack 7 (Orin, Thor): three-value rails ``cur/avg/max``, temperatures ``cur/max``, Thor's GPU
+#   without utilisation (``GR3D_FREQ @[314,314,314]``), engines ``off`` or ``@freq``.
+# - Without root, tegrastats leaves out frequencies (``EMC_FREQ 0%``), SWAP or rails: those keys are
+#   simply absent from the result.
 def parse_line(text: str) -> dict[str, Any]:
     """One tegrastats line -> dict (keys present only where the line has them).
 

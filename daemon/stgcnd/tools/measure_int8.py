@@ -1,14 +1,8 @@
 """Measure INT8 Q/DQ accuracy on ONNX Runtime CPU against fp32 PyTorch (docs/engines.md).
 
-    python -m stgcnd.tools.measure_int8 [--frames 150] [--calibration 256] [--windows 400]
-        [--checkpoint PATH] [--method minmax|entropy|percentile] [--json out.json]
-
-Calibration and evaluation windows are synthetic skeletons from different seeds. Besides plain
-top-1 agreement it reports a "balanced" agreement: the demo model has random weights, so it
-predicts the same class for nearly every window with a wide margin and plain agreement is
-trivially 100%; re-centring the fp32 logit difference at its median puts the decision
-boundary through the data (half the windows on each side), as a trained classifier's is, and
-shows how often INT8 error would flip a decision (two-class models only).
+Besides top-1 agreement it reports a "balanced" agreement (the fp32 logit difference centred
+at its median), since the random-weight demo model agrees trivially.
+`python -m stgcnd.tools.measure_int8 --help` lists the options.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """One simulated camera: its own Client, a send loop, and a raw record of every request.
 
-Open loop: request i is due at `start + i / rate`. A send that starts late is still measured
-from its due time (so queueing the server causes shows up in the latency, instead of silently
-slowing the senders down: no coordinated omission); a slot whose whole period passed while the
-previous request was still out is dropped, as a camera drops frames, and counted. Closed loop:
-the next request goes as soon as the reply is in, and latency is measured from the send.
-
-Records are kept per request, whatever the outcome, and merged by the parent process.
+Open loop measures from each request's due time (no coordinated omission) and drops a slot
+whose whole period passed, as a camera drops frames; closed loop sends on each reply.
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
 """The daemon's CPU per request, one definition (docs/performance.md, "CPU per request"):
-
-    (the daemon's CPU time at the second sample - at the first)
-    / (the daemon's `requests` counter at the second sample - at the first)
-
-CPU time is the whole process's, every thread, user + system: what /proc/PID/stat's utime +
-stime counts. `requests` counts every request the daemon read, from every client. Both come
-from the daemon's own `stats` reply, read in one loop pass, so that the figure holds whoever
-else uses the daemon meanwhile: dividing by this load's replies instead charged the load
-with other clients' work (two loads on one daemon each read twice the /proc figure).
-
-CPU time sources, best first:
-- `process_cpu_s` in the stats reply (the daemon measures itself; works remotely);
-- psutil on a pid: the `pid` in the stats reply when the endpoint is on this machine, or the
-  daemon `--serve` started;
-- none: the report says null and why.
-Where the pid is on this machine, /proc is read too, right after each stats reply, and
-reported beside the figure as a check (`proc_us_per_request`).
+the daemon's CPU time over an interval divided by the requests it read from every client,
+both from its own `stats` replies, so that other clients' work is not charged to the load.
 """
 
 from __future__ import annotations
@@ -31,6 +16,19 @@ LOCAL_PREFIXES = ("ipc://", "inproc://", "tcp://127.", "tcp://localhost:", "tcp:
 OTHER_CLIENTS_SHARE = 0.05
 
 
+# CPU time is the whole process's, every thread, user + system: what /proc/PID/stat's utime +
+# stime counts. `requests` counts every request the daemon read, from every client. Both come
+# from the daemon's own `stats` reply, read in one loop pass, so that the figure holds whoever
+# else uses the daemon meanwhile: dividing by this load's replies instead charged the load
+# with other clients' work (two loads on one daemon each read twice the /proc figure).
+#
+# CPU time sources, best first:
+# - `process_cpu_s` in the stats reply (the daemon measures itself; works remotely);
+# - psutil on a pid: the `pid` in the stats reply when the endpoint is on this machine, or the
+#   daemon `--serve` started;
+# - none: the report says null and why.
+# Where the pid is on this machine, /proc is read too, right after each stats reply, and
+# reported beside the figure as a check (`proc_us_per_request`).
 @dataclass(frozen=True)
 class CpuSample:
     cpu_s: float | None

@@ -1,20 +1,8 @@
 """The floor under the daemon's round trip and CPU: bare ZeroMQ, no daemon.
 
-An echo process (a ROUTER) answers each request with 60 bytes, at once or after a hold;
-cameras (DEALERs) send what a window request is on the wire: a small header frame and one
-M=1 window, 59,400 bytes. Neither end decodes, checks or computes anything, so the daemon's
-overhead (round trip minus compute) and its CPU per request cannot go below these figures on
-the same machine: both pay ZeroMQ's I/O threads and the socket.
-
-The echo's CPU per request follows the daemon's definition (docs/performance.md, "CPU per
-request"): the process's CPU time, every thread, user + system, over an interval, divided by
-the requests it read in that interval. The interval starts after `warm_up` requests (start-up
-and the first connections are not a request's cost).
-
-`stgcnd loadtest --scenario` measures the floor at the scenario's own load in the same run
-(`measure`), so that goals are judged against this machine as it is now; the script
-scripts/zmq_echo_floor.py runs the same pieces alone. numpy and pyzmq only: tools sit beside
-the daemon, which imports none of them.
+An echo ROUTER answers what a window request is on the wire; the daemon's overhead and CPU per
+request cannot go below it on the same machine. `--scenario` measures it at its own load in
+the same run (`measure`); scripts/zmq_echo_floor.py runs it alone.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """Named loads with their goals: `stgcnd loadtest --scenario NAME` (docs/performance.md).
 
-Each scenario is a load plan and the figures it is judged by, so that a run on any machine
-says in its last lines whether the daemon met them there. Every goal is an upper bound on one
-figure of the report: met when the figure is at most the limit, MISSED when above, and n/a
-(never met) when the run has no figure or no limit to judge it by: no replies, no CPU reading,
-no floor.
-
-Goals about what no daemon can beat (the one camera's overhead, the CPU per request) are
-judged against the bare ZeroMQ floor measured at the scenario's own load in the same run
-(`floor_s` seconds of stgcnd.tools.loadtest.echo_floor before the load), since a floor
-measured elsewhere or earlier says nothing of this machine now. The limits are the project's
-goals (issue #10): one camera's overhead p99 within 0.5 ms of the floor's round trip p99; at
-64 cameras, the daemon's CPU within 100 us a request of the bare echo's (the goal was 100 us
-in all, which the echo alone already exceeds on every machine measured).
+Every goal is an upper bound on one figure of the report (met, MISSED, or n/a). Goals about
+what no daemon can beat are judged against the bare ZeroMQ floor measured in the same run;
+the limits are issue #10's.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""One load process (started with multiprocessing's spawn context): K camera threads.
-
-Protocol with the parent, over one result queue shared by all processes:
-  ("ready", process)              every camera built its data; those present from the start
-                                  are connected and answered a ping
-  ... the parent sets `start_wall` and the `go` event ...
-  ("done", process, [CameraResult], cpu_s) once every camera thread has finished; cpu_s is
-                                  this process's own CPU time over the run (all threads)
-  ("failed", process, message)    something went wrong before the run could start
+"""One load process (started with multiprocessing's spawn context): K camera threads,
+reporting to the parent over one shared result queue (protocol above `process_main`).
 """
 
 from __future__ import annotations
@@ -24,6 +17,13 @@ from stgcnd.tools.loadtest.plan import LoadPlan
 READY_TIMEOUT_S = 60.0
 
 
+# Protocol with the parent, over one result queue shared by all processes:
+#   ("ready", process)              every camera built its data; those present from the start
+#                                   are connected and answered a ping
+#   ... the parent sets `start_wall` and the `go` event ...
+#   ("done", process, [CameraResult], cpu_s) once every camera thread has finished; cpu_s is
+#                                   this process's own CPU time over the run (all threads)
+#   ("failed", process, message)    something went wrong before the run could start
 def process_main(process: int, plan: LoadPlan, target: ModelTarget, results: Any,
                  go: Any, start_wall: Any, stop: Any) -> None:
     """Entry point of a load process; every argument pickles (spawn)."""

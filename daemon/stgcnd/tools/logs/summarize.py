@@ -1,14 +1,8 @@
 """Turn the daemon's JSON log lines into per-camera latency and system summaries.
 
-Input is what `journalctl -u stgcnd -o cat` prints: one JSON object per line. Lines that are
-not JSON objects with an ``event`` field (other programs, a journald prefix we cannot strip,
-tracebacks) are skipped and counted. A ``syslog``-style prefix before the JSON (``journalctl``
-without ``-o cat``) is tolerated.
-
-Whole-span latency: when per-request ``request`` events are in the log the percentiles are exact.
-Otherwise they are combined from the per-interval ``latency`` events: each span percentile is the
-count-weighted percentile of the interval values (an approximation: percentiles do not combine
-exactly), reported next to the worst interval's p99 and the exact maximum.
+Input is `journalctl -u stgcnd -o cat`; other lines are skipped and counted. Percentiles are
+exact from `request` events, else combined from the per-interval `latency` events (an
+approximation, reported beside the worst interval's p99).
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """trtexec profiling toolkit: run trtexec, parse its artefacts, write reports.
 
-Parsers read TensorRT 8.2-11.x artefacts (and TensorRT 7 timing files) without edits; see
-docs/trtexec.md. Small API for other commands (e.g. `stgcnd bench --trtexec`):
-
-    from stgcnd.tools.profiling import find_trtexec, run_trtexec, RunOptions, load_times, \
-        summarize_times
-
-    trtexec = find_trtexec()                  # Path | None (PATH, /usr/src/tensorrt/bin/...)
-    result = run_trtexec(RunOptions(engine=Path("x.engine")), "runs/x")   # RunResult
-    summary = summarize_times(load_times(result.artefacts["times"]), batch=1)
-    summary["gpu_compute_ms"]["p99"], summary["latency_ms"]["median"], summary["throughput"]["qps"]
-
-Modules: locate (find trtexec), runner (command line, run, run_config/engine_metadata),
-times (--exportTimes), profile (--exportProfile), layerinfo (--exportLayerInfo), logparse
-(console logs), detect (file kind from content), report (report.md/json), plots (PNGs).
+Parsers read TensorRT 8.2-11.x artefacts (and TensorRT 7 timing files) without edits
+(docs/trtexec.md). Entry points: find_trtexec, run_trtexec, load_times, summarize_times.
 """
 
 from __future__ import annotations

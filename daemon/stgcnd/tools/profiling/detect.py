@@ -1,13 +1,6 @@
-"""Recognise a trtexec artefact from its content, whatever its file name.
-
-Kinds: "times" (--exportTimes), "profile" (--exportProfile), "layer_info" (--exportLayerInfo),
-"log" (trtexec console output), "trex_profile_metadata" / "trex_build_metadata" (TREx's
-*.profile.metadata.json / *.build.metadata.json, parsed from a trtexec log),
-"run_config" / "engine_metadata" (written by `stgcnd trtexec run`), "unknown".
-
-API:
-    detect_kind(path) -> str
-    find_artefacts(run_dir) -> dict[kind, Path]   # one file per kind; UserError if ambiguous
+"""Recognise a trtexec artefact from its content, whatever its file name: `detect_kind(path)`
+("times", "profile", "layer_info", "log", TREx metadata, "run_config", "engine_metadata",
+"unknown") and `find_artefacts(run_dir)` (one file per kind).
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Find the trtexec executable.
-
-Order: an explicit path (`--trtexec PATH`), then `trtexec` on PATH, then the places TensorRT
-installs put it: /usr/src/tensorrt/bin/trtexec (JetPack, Debian packages), /opt/tensorrt/bin
-(NGC TensorRT containers).
-
-API:
-    find_trtexec(explicit=None) -> Path | None
-    require_trtexec(explicit=None) -> Path        # UserError saying how to get trtexec
+"""Find the trtexec executable: an explicit path, then PATH, then /usr/src/tensorrt/bin
+(JetPack, Debian packages) and /opt/tensorrt/bin (NGC containers).
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""`stgcnd trtexec parse`: any trtexec artefact (or a folder of them) to numbers and text.
-
-API:
-    parsed = parse_path(path, batch=1, top=10, count_types=("Einsum", "MatMul"))
-    print(render_text(parsed))            # readable summary
-    json.dumps(parsed)                    # the numbers
-    write_derived(path, out_dir, batch)   # summary.json/.csv, latency CSVs, *.metadata.json
+"""`stgcnd trtexec parse`: any trtexec artefact (or a folder of them) to numbers and text
+(`parse_path`, `render_text`, `write_derived`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """PNG plots for trtexec reports (matplotlib, Agg backend: no display needed).
 
-matplotlib is the optional `plots` extra; `plots_unavailable_reason()` says why plots cannot be
-drawn (None when they can), and the report goes on without them.
-
-Each function writes one PNG and returns its path:
-    latency_histogram, latency_series, percentile_curve, top_layers, layer_type_share,
-    comparison_bars
+matplotlib is the optional `plots` extra; `plots_unavailable_reason()` says why plots cannot
+be drawn, and the report goes on without them.
 """
 
 from __future__ import annotations

@@ -1,15 +1,5 @@
-"""Per-layer times from `trtexec --exportProfile`.
-
-The file is a JSON array: `{ "count" : <iterations> }` first (absent in some old versions),
-then one `{ "name", "timeMs", "averageMs", "medianMs", "percentage" }` object per engine layer.
-`medianMs` appears in TensorRT 8.4; 8.2 files lack it (median_ms is then None). trtexec writes
-layer names without escaping them, so a name with `"` or `\\` makes the file invalid JSON; when
-strict parsing fails, the records are re-read field by field and the names re-escaped.
-
-API:
-    profile = load_profile(path)        # LayerProfile
-    rows = profile.sorted_layers()      # slowest first
-    profile.to_dict(layer_types={...})  # shares recomputed from the average times
+"""Per-layer times from `trtexec --exportProfile`; the format and its quirks are described
+above `LayerTime`.
 """
 
 from __future__ import annotations
@@ -30,6 +20,11 @@ _NUMBER_FIELD = re.compile(r'"(timeMs|averageMs|medianMs|percentage)"\s*:\s*'
 _COUNT = re.compile(r'\{\s*"count"\s*:\s*(\d+)\s*\}')
 
 
+# The file is a JSON array: `{ "count" : <iterations> }` first (absent in some old versions),
+# then one `{ "name", "timeMs", "averageMs", "medianMs", "percentage" }` object per engine layer.
+# `medianMs` appears in TensorRT 8.4; 8.2 files lack it (median_ms is then None). trtexec writes
+# layer names without escaping them, so a name with `"` or `\` makes the file invalid JSON; when
+# strict parsing fails, the records are re-read field by field and the names re-escaped.
 @dataclass(frozen=True)
 class LayerTime:
     name: str

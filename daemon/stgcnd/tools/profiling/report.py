@@ -1,12 +1,7 @@
 """Reports from trtexec run folders: report.md, report.json and PNG plots.
 
-A run folder is what `stgcnd trtexec run` writes, or any folder holding one run's trtexec
-artefacts (recognised by content, see detect.py). With several folders, the first is the
-baseline and every other one is compared with it (ratio = other / baseline).
-
-API:
-    run = load_run(path)                                  # RunData
-    result = write_report([base_dir, other_dir], out_dir) # ReportResult (paths, report dict)
+With several folders, the first is the baseline and every other is compared with it (ratio =
+other / baseline).
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
-"""Run trtexec on an engine or ONNX model and keep everything it produces in one folder.
+"""Run trtexec on an engine or ONNX model and keep everything it produces in one folder:
+times.json, profile.json, layers.json, trtexec.log, run_config.json, engine_metadata.json.
 
-A run folder holds: times.json (--exportTimes), profile.json (--exportProfile), layers.json
-(--exportLayerInfo), trtexec.log (the full console output, also echoed live if asked),
-run_config.json (exact command, options, versions, exit code) and engine_metadata.json (path,
-size, sha256, mtime of the engine or ONNX file).
-
-API:
-    options = RunOptions(engine=Path("x.engine"), shapes="input:1x3x150x33x1")
-    command = build_command(Path("/usr/src/tensorrt/bin/trtexec"), options, out_dir)
-    result = run_trtexec(options, out_dir, trtexec=None)   # RunResult; TrtexecFailed on exit != 0
-
-Not verified against a real trtexec in this repository's CI (none can run there): the command
-line follows trtexec's documented flags, and the tests run a stand-in executable.
+Not verified against a real trtexec in CI: the command line follows trtexec's documented
+flags, and the tests run a stand-in executable.
 """
 
 from __future__ import annotations
