@@ -1,22 +1,8 @@
 """The stgcnd client: one DEALER socket per camera thread, Lazy Pirate retries within a deadline.
 
-A Client is NOT thread-safe, by design: ZeroMQ sockets must not be shared between threads, and a
-camera thread wants its own socket anyway so a slow camera never waits on another. Create one
-Client per camera thread. The first thread that makes a call owns the Client; a call from any
-other thread raises `CrossThreadUse`. `close()` may come from any thread while no call runs.
-
-Deadlines: a call's `timeout` (seconds) is how long the caller waits, whatever the attempts.
-
-Reliability (the "Lazy Pirate" pattern): after sending, the client polls for the reply. When an
-attempt's share of the deadline passes with no reply, the socket is closed (dropping whatever it
-still queues), a fresh DEALER connects and the same request (same id) is sent again, as long as
-the caller's overall deadline and the retry budget allow. Each attempt tells the daemon its own
-wait as the request's deadline (`timeout_ms` on the wire), so an abandoned attempt expires there
-instead of running. An `expired` answer to an attempt that had only a share of the time left is
-not the end of the call: the daemon is evidently there, what the attempt lacked was time, so the
-same request goes again at once, on the same socket, with everything that is left (whatever
-`retries` says). Only `expired` to an attempt that had all the time left is raised (`Expired`).
-Replies that do not carry the outstanding request's id are discarded.
+A Client is not thread-safe, by design (ZeroMQ sockets must not be shared): a call from a
+thread other than its owner raises `CrossThreadUse`. A call's `timeout` is how long the caller
+waits, whatever the attempts; the retry rules are described above `Client`.
 """
 
 from __future__ import annotations
@@ -55,6 +41,16 @@ MIN_ATTEMPT_S = 0.25
 _camera_counter = itertools.count(1)
 
 
+# Reliability (the "Lazy Pirate" pattern): after sending, the client polls for the reply. When an
+# attempt's share of the deadline passes with no reply, the socket is closed (dropping whatever it
+# still queues), a fresh DEALER connects and the same request (same id) is sent again, as long as
+# the caller's overall deadline and the retry budget allow. Each attempt tells the daemon its own
+# wait as the request's deadline (`timeout_ms` on the wire), so an abandoned attempt expires there
+# instead of running. An `expired` answer to an attempt that had only a share of the time left is
+# not the end of the call: the daemon is evidently there, what the attempt lacked was time, so the
+# same request goes again at once, on the same socket, with everything that is left (whatever
+# `retries` says). Only `expired` to an attempt that had all the time left is raised (`Expired`).
+# Replies that do not carry the outstanding request's id are discarded.
 class Client:
     """Talks to one stgcnd daemon for one camera.
 

@@ -1,15 +1,6 @@
-"""CURVE keys for a daemon on another machine (its [server] curve is on).
-
-The daemon's public key, and this client's key pair, each as a file of pyzmq's certificate
-format or as z85 text (40 characters): what `stgcnd keys` prints and writes::
-
-    Client("tcp://10.0.0.5:5555", camera_id="cam1",
-           server_key="/etc/stgcnd-client/server.key",       # the daemon's public key
-           client_key="/etc/stgcnd-client/cam1.key_secret")  # this camera's pair
-
-`client_key` may also be a (public, secret) pair of z85 strings. A key the daemon does not know
-is refused during ZeroMQ's handshake: no reply ever comes (the calls time out), and the
-daemon logs `curve_denied` with the key.
+"""CURVE keys for a daemon on another machine (its [server] curve is on): the daemon's public
+key and this client's pair, each a pyzmq certificate file or z85 text. A key the daemon does
+not know is refused in the handshake: calls time out, and the daemon logs `curve_denied`.
 """
 
 from __future__ import annotations

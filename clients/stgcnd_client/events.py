@@ -1,15 +1,8 @@
 """Subscribing to stgcnd's action events (the daemon's `events_endpoint`, docs/protocol.md
-"Events")::
+"Events"): `with Events(endpoint, cameras=[...]) as events: for event in events: ...`.
 
-    from stgcnd_client import Events
-
-    with Events("ipc:///run/stgcnd/events.sock", cameras=["door-1"]) as events:
-        for event in events:               # blocks; an event is a dict
-            print(event["kind"], event["camera"], event["class"], event["peak"])
-
-One message per event start and end. A subscriber that connects late, or falls behind by
-more than the daemon's high-water mark, misses events (ZeroMQ PUB/SUB keeps no history): the
-daemon's log (`action_event` lines) has them all.
+One message per event start and end; a late or slow subscriber misses events (PUB/SUB keeps
+no history), which the daemon's log (`action_event` lines) has.
 """
 
 from __future__ import annotations

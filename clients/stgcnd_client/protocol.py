@@ -1,12 +1,8 @@
 """Wire protocol v1 between stgcnd and its clients: the single source of truth for both sides.
 
-A message is a ZeroMQ multipart message: frame 0 is a msgpack map (the header), frames 1..n are
-raw C-contiguous little-endian array bytes described by ``header["arrays"]``. The daemon's ROUTER
-sees ``[identity, header, *arrays]`` and strips the identity before calling `decode_request`.
-docs/protocol.md describes the same thing for people writing clients in other languages.
-
-Everything here is pure (no sockets, no clocks) so the daemon and the client can both use it and
-tests can feed it hand-built frames. Only numpy and msgpack are needed.
+Frame 0 is a msgpack header, frames 1..n raw little-endian arrays described by
+``header["arrays"]`` (docs/protocol.md). Pure (no sockets, no clocks), so daemon, client and
+tests share it.
 """
 
 from __future__ import annotations

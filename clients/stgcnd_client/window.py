@@ -1,28 +1,7 @@
-"""Turn per-frame MediaPipe pose landmarks into ST-GCN windows (3, T, V, M).
-
-Channel order is (x, y, visibility): MediaPipe's normalised image coordinates and its visibility
-score, per keypoint. A model with M person slots needs each person to stay in the same slot for
-the whole window, or it sees a skeleton teleport; `SkeletonWindow` tracks people between frames
-by the distance of their skeleton centres (the hip midpoint for MediaPipe's 33 keypoints),
-measured in units of the tracked person's size so pixel and normalised coordinates both work.
-
-Rules:
-- a detected person goes to the slot whose last centre is nearest, if it is within ``max_jump``
-  person sizes; remaining people take free slots (lowest index first);
-- a slot whose person is not seen keeps showing their last pose for up to ``max_missing`` frames
-  (detectors drop single frames), then turns to zeros and becomes free;
-- with more people than free slots, tracked people keep their slots (switching someone out
-  mid-window would make the skeleton teleport) and ``select`` decides which newcomers get the
-  free ones; the rest are ignored for that frame (`ignored` counts them):
-
-  - ``"largest"`` (the default): the largest bounding box of visible keypoints first. In a
-    multi-person MediaPipe Pose pipeline the person who matters is usually the most prominent
-    one, nearest the camera; bystanders far behind are small. It is also the choice that does
-    not depend on the detector's output order, which means nothing.
-  - ``"most_visible"``: the highest mean visibility first (the most complete skeleton, e.g.
-    when people are partly hidden by shelves).
-  - ``"first"``: the order the detector listed them in.
-  - a function ``(pose: ndarray (V, 3)) -> float``: higher first.
+"""Turn per-frame MediaPipe pose landmarks into ST-GCN windows (3, T, V, M), channels (x, y,
+visibility). `SkeletonWindow` keeps each person in the same slot for the whole window
+(tracked by skeleton centre, in units of the person's size); its rules are described above
+the class.
 """
 
 from __future__ import annotations
@@ -59,6 +38,23 @@ class _Slot:
         return self.pose is not None
 
 
+# Rules:
+# - a detected person goes to the slot whose last centre is nearest, if it is within ``max_jump``
+#   person sizes; remaining people take free slots (lowest index first);
+# - a slot whose person is not seen keeps showing their last pose for up to ``max_missing`` frames
+#   (detectors drop single frames), then turns to zeros and becomes free;
+# - with more people than free slots, tracked people keep their slots (switching someone out
+#   mid-window would make the skeleton teleport) and ``select`` decides which newcomers get the
+#   free ones; the rest are ignored for that frame (`ignored` counts them):
+#
+#   - ``"largest"`` (the default): the largest bounding box of visible keypoints first. In a
+#     multi-person MediaPipe Pose pipeline the person who matters is usually the most prominent
+#     one, nearest the camera; bystanders far behind are small. It is also the choice that does
+#     not depend on the detector's output order, which means nothing.
+#   - ``"most_visible"``: the highest mean visibility first (the most complete skeleton, e.g.
+#     when people are partly hidden by shelves).
+#   - ``"first"``: the order the detector listed them in.
+#   - a function ``(pose: ndarray (V, 3)) -> float``: higher first.
 class SkeletonWindow:
     """A rolling window of the last ``frames`` skeleton frames for up to ``persons`` people.
 
@@ -71,7 +67,7 @@ class SkeletonWindow:
     With more people than ``persons``, people already tracked keep their slots and ``select``
     picks who gets a free one: ``"largest"`` (default, the most prominent person),
     ``"most_visible"``, ``"first"`` (detector order) or a score function of a (V, 3) pose;
-    `ignored` says how many were left out of the last frame. See the module docstring.
+    `ignored` says how many were left out of the last frame. See the comment above the class.
 
     Not thread-safe; use one per camera.
     """
