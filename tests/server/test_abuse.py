@@ -31,7 +31,12 @@ pytest.importorskip("torch")
 pytestmark = pytest.mark.slow
 
 GOOD_CLIENTS = 3
-CALL_BOUND_S = 2.0          # a well-behaved camera's every call must be answered within this
+# A well-behaved camera's every call must be answered within this. A daemon that blocks on a
+# full peer stalls everyone for the whole abuse (ABUSE_SECONDS), which this still catches; 2 s
+# did not leave room for the CPU the flood takes from the device work: on Python 3.8 (torch
+# 2.0.1, 2 cores) a batch of three 30-frame windows took 816 ms during the flood (76 ms a
+# window alone), and one infer went unanswered over its two attempts in 2 s.
+CALL_BOUND_S = 3.0
 ABUSE_MESSAGES = 20_000
 ABUSE_SECONDS = 4.0
 DRAIN_BOUND_S = 12.0        # drain_timeout (10 s) + 2 s, as in test_daemon
