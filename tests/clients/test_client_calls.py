@@ -154,8 +154,12 @@ class DropFirst:
     def __call__(self, req):
         if self.n > 0:
             self.n -= 1
-            return []
+            return self.first(req)
         return self.model(req)
+
+    def first(self, req) -> list:
+        """The reply to one of the first ``n`` requests: none."""
+        return []
 
 
 def test_lost_request_is_resent_on_a_fresh_socket(serve, endpoint):
@@ -253,18 +257,11 @@ def test_error_replies_raise_typed_exceptions(serve, endpoint, code, exc_type):
     assert type(info.value) is exc_type
 
 
-class ExpireFirst:
+class ExpireFirst(DropFirst):
     """Answers the first ``n`` requests `expired` (too little time for them), then answers."""
 
-    def __init__(self, n: int = 1) -> None:
-        self.n = n
-        self.model = FakeModelServer()
-
-    def __call__(self, req):
-        if self.n > 0:
-            self.n -= 1
-            return [encode_reply(req.id, error=("expired", "a batch of 1 takes ~2000.0 ms"))]
-        return self.model(req)
+    def first(self, req) -> list:
+        return [encode_reply(req.id, error=("expired", "a batch of 1 takes ~2000.0 ms"))]
 
 
 def test_expired_with_time_left_is_retried_at_once_with_all_of_it(serve, endpoint):

@@ -14,17 +14,14 @@ import pytest
 import zmq
 
 from stgcnd_client import Client, Timeout
+from tests.curve_router import curve_server_router
 
 
 @pytest.fixture
 def curve_router() -> Iterator[tuple[str, bytes]]:
     """(endpoint, public key) of a CURVE-server ROUTER on the loopback."""
     ctx = zmq.Context()
-    public, secret = zmq.curve_keypair()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.setsockopt(zmq.CURVE_SERVER, 1)
-    router.setsockopt(zmq.CURVE_SECRETKEY, secret)
+    router, public = curve_server_router(ctx)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     yield f"tcp://127.0.0.1:{port}", public
     router.close(0)

@@ -22,6 +22,7 @@ from stgcnd.server.handshakes import (
     monitor_reporter,
     protocol_refusal,
 )
+from tests.curve_router import curve_server_router
 
 PROTOCOL = int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 HUNG_UP = int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
@@ -31,11 +32,7 @@ HUNG_UP = int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 def curve_router() -> Iterator[tuple[zmq.Context, str, bytes, Connections]]:
     """A CURVE-server ROUTER on the loopback, watched by Connections like the daemon's."""
     ctx = zmq.Context()
-    public, secret = zmq.curve_keypair()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.setsockopt(zmq.CURVE_SERVER, 1)
-    router.setsockopt(zmq.CURVE_SECRETKEY, secret)
+    router, public = curve_server_router(ctx)
     conns = Connections(ctx, router, cap=16)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     conns.gate_listeners()
