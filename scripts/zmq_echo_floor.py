@@ -21,7 +21,7 @@ floor for a camera whose windows take that long to compute.
 trips every thread on the path sleeps for most of 40 ms, not for one hold, so each request
 finds them as a camera's window does in service.
 
-The pieces live in stgcnd.tools.loadtest.echo_floor, which `stgcnd loadtest --scenario` runs
+The pieces live in stgcnd_tools.loadtest.echo_floor, which `stgcnd loadtest --scenario` runs
 itself to judge the daemon against the floor of the same machine in the same run.
 """
 
@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 
 try:
-    from stgcnd.tools.loadtest import echo_floor
+    from stgcnd_tools.loadtest import echo_floor
 except ImportError:  # run from a checkout without `pip install -e .`: use the checkout's
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))
-    from stgcnd.tools.loadtest import echo_floor
+    from stgcnd_tools.loadtest import echo_floor
 
 
 def echo_cpu(cpu: echo_floor.EchoCpu) -> str:

@@ -1,11 +1,13 @@
-"""The package's shape, checked on its import graph (read from the source, nothing imported):
+"""The packages' shape, checked on their import graph (read from the source, nothing imported):
 one direction of flow, no import circles, heavy optional imports only in the modules meant
-for them, the client independent of the daemon, and the daemon's size.
+for them, the client independent of the daemon, the tools outside it, and the sizes.
 
-    model -> export -> runtimes -> engines -> provision -> server (-> telemetry)
+    model -> export -> runtimes -> engines -> provision -> server (-> telemetry) -> commands
 
-with tools (bench, loadtest, trtexec, demo, logs) beside the daemon and the command line on
-top: a module may import its own layer and the layers below it, never above.
+and the tools (`stgcnd_tools`: bench, loadtest, trtexec, demo, logs) on top, a package of
+their own: a module may import its own layer and the layers below it, never above, so the
+daemon (`stgcnd`) never imports a tool. `stgcnd.cli` names the tools' commands as strings and
+imports one only when it is the command being run.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 from tests.conftest import REPO
 
 PACKAGE = REPO / "daemon" / "stgcnd"
+TOOLS = REPO / "tools" / "stgcnd_tools"
 CLIENT = REPO / "clients" / "stgcnd_client"
 
 # Low to high. A module belongs to the first layer whose prefix it has (longest first).
@@ -33,7 +36,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("provision", ("stgcnd.provision",)),
     ("telemetry", ("stgcnd.telemetry",)),
     ("server", ("stgcnd.server",)),
-    ("tools", ("stgcnd.tools",)),
+    ("tools", ("stgcnd_tools",)),
     ("commands", ("stgcnd.commands", "stgcnd.cli", "stgcnd.__main__")),
 )
 # Optional heavy libraries, imported inside functions only here: each layer's one place
@@ -50,8 +53,8 @@ LAZY_PLACES = {
     "stgcnd.engines.calibration",
     "stgcnd.cli",                   # the command being run
     "stgcnd.telemetry.sampler",     # pynvml (the optional `nvml` extra)
-    "stgcnd.tools.logs.plot",       # matplotlib
-    "stgcnd.tools.profiling.plots",
+    "stgcnd_tools.logs.plot",       # matplotlib
+    "stgcnd_tools.profiling.plots",
 }
 SERVE_ENTRY = ("stgcnd.__main__", "stgcnd.commands.serve")
 # A ratchet, not the goal: issue #23 asked for 6,000 and 15,000. Moving the build path
@@ -75,19 +78,21 @@ SERVE_ENTRY = ("stgcnd.__main__", "stgcnd.commands.serve")
 # #32's one set of configuration checks for `config check`, `serve` and a reload
 # (server/config_checks.py, ~105 lines) and loadtest goals judged against the bare ZeroMQ floor
 # measured in the same run (~430 in tools, ~210 of it the echo moved from scripts/ into
-# stgcnd.tools.loadtest.echo_floor so that the command can run it).
+# stgcnd_tools.loadtest.echo_floor so that the command can run it).
 # Merged with the rest of #32 (protocol decisions, CURVE refusals logged, client input checks,
 # the robust expiry estimate): 14,442 / 25,774.
 MAX_DAEMON_LINES = 14450
 MAX_PACKAGE_LINES = 25800
+MAX_DAEMON_PACKAGE_LINES = 16520
+MAX_TOOLS_LINES = 6330
 
 
 def modules() -> dict[str, Path]:
     out = {}
-    for path in PACKAGE.rglob("*.py"):
-        rel = path.relative_to(PACKAGE.parent).with_suffix("")
-        name = ".".join(rel.parts)
-        out[name[: -len(".__init__")] if name.endswith(".__init__") else name] = path
+    for root in (PACKAGE, TOOLS):
+        for path in root.rglob("*.py"):
+            name = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+            out[name[: -len(".__init__")] if name.endswith(".__init__") else name] = path
     return out
 
 
@@ -127,7 +132,7 @@ def _graph(lazy: bool) -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {m: set() for m in MODULES}
     for module, path in MODULES.items():
         for name, in_function, _ in imports(path):
-            target = resolve(name) if name.startswith("stgcnd.") or name == "stgcnd" else None
+            target = resolve(name) if name.split(".")[0] in ("stgcnd", "stgcnd_tools") else None
             if target and target != module and (lazy or not in_function):
                 edges[module].add(target)
     return edges
@@ -177,7 +182,8 @@ def test_imports_are_at_the_top_except_heavy_ones_in_their_places():
                 continue
             place = any(module == p or module.startswith(p + ".") for p in LAZY_PLACES)
             heavy = name.split(".")[0] in LAZY_HEAVY
-            if not place or not (heavy or name.startswith("stgcnd.")):
+            own = name.split(".")[0] in ("stgcnd", "stgcnd_tools")
+            if not place or not (heavy or own):
                 stray.append(f"{path.relative_to(REPO)}:{line}: {name}")
     assert not stray, "imports inside functions:\n" + "\n".join(stray)
 
@@ -185,7 +191,7 @@ def test_imports_are_at_the_top_except_heavy_ones_in_their_places():
 def test_the_client_needs_nothing_of_the_daemon():
     for path in CLIENT.rglob("*.py"):
         for name, _, line in imports(path):
-            assert not (name == "stgcnd" or name.startswith("stgcnd.")), (
+            assert name.split(".")[0] not in ("stgcnd", "stgcnd_tools"), (
                 f"{path.relative_to(REPO)}:{line} imports {name}")
 
 
@@ -203,11 +209,12 @@ def test_the_daemon_and_the_package_stay_small():
         if module not in seen:
             seen.add(module)
             todo.extend(edges[module])
-    tools = sorted(m for m in seen if layer(m) >= layer("stgcnd.tools")
+    tools = sorted(m for m in seen if layer(m) >= layer("stgcnd_tools")
                    and m not in SERVE_ENTRY and m != "stgcnd.cli")
     assert not tools, f"the daemon loads tools or other commands: {tools}"
     daemon = sum(lines(MODULES[m]) for m in seen)
-    package = sum(lines(p) for p in [*PACKAGE.rglob("*.py"), *CLIENT.rglob("*.py"),
+    package = sum(lines(p) for p in [*PACKAGE.rglob("*.py"), *TOOLS.rglob("*.py"),
+                                     *CLIENT.rglob("*.py"),
                                      *(REPO / "scripts").glob("*")] if p.is_file())
     print(f"\ndaemon {daemon} lines in {len(seen)} modules; package {package} lines")
     assert daemon <= MAX_DAEMON_LINES, daemon
@@ -217,3 +224,20 @@ def test_the_daemon_and_the_package_stay_small():
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("stgcnd.server")))
 def test_server_modules_import_no_tool(module):
     assert all(layer(t) <= layer("stgcnd.server") for t in graph()[module])
+
+
+def test_the_daemon_package_and_the_tools_stay_small():
+    """Issue #33's goals: the daemon package <= 12,000 lines, the tools <= 4,000. Ratchets
+    until they are met (measured when the tools moved out, 2026-11-28: 16,513 and 6,324)."""
+    daemon = sum(lines(p) for p in PACKAGE.rglob("*.py"))
+    tools = sum(lines(p) for p in TOOLS.rglob("*.py"))
+    print(f"\ndaemon package {daemon} lines; tools {tools} lines")
+    assert daemon <= MAX_DAEMON_PACKAGE_LINES, daemon
+    assert tools <= MAX_TOOLS_LINES, tools
+
+
+def test_the_daemon_never_imports_a_tool():
+    """Not even lazily: `stgcnd.cli` names the tools' commands as strings."""
+    reach = [f"{m} imports {t}" for m, targets in graph().items() if m.startswith("stgcnd.")
+             for t in targets if t.startswith("stgcnd_tools")]
+    assert not reach, "\n".join(reach)

@@ -121,7 +121,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 def _daemon(tmp_path: Path, config_text: str) -> Iterator[str]:
     """A real `stgcnd serve` on `config_text`, ready; yields its endpoint; stopped after,
     and must have exited 0."""
-    from stgcnd.commands.demo import wait_ready
+    from stgcnd_tools.commands.demo import wait_ready
 
     config = tmp_path / "daemon.toml"
     config.write_text(config_text)
@@ -164,7 +164,7 @@ def _run_the_camera_example(tmp_path: Path, endpoint: str) -> None:
 
 @pytest.mark.slow
 def test_python_blocks_run_against_a_demo_daemon(tmp_path):
-    from stgcnd.commands.demo import demo_config
+    from stgcnd_tools.commands.demo import demo_config
 
     with _daemon(tmp_path, demo_config()) as endpoint:
         _run_the_camera_example(tmp_path, endpoint)

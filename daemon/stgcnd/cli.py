@@ -1,8 +1,9 @@
 """The `stgcnd` command line: one entry point, one module per subcommand.
 
-Each module in `stgcnd.commands` exposes `register(subparsers)`, which adds its parser and sets
-`func`. Only the module of the command being run is imported (`stgcnd serve` loads the daemon
-and nothing of the tools); `stgcnd --help` imports them all to list them. The global options
+Each command's module (the daemon's in `stgcnd.commands`, the tools' in the `stgcnd_tools`
+package beside it) exposes `register(subparsers)`, which adds its parser and sets `func`. Only
+the module of the command being run is imported (`stgcnd serve` loads the daemon and nothing
+of the tools); `stgcnd --help` imports them all to list them. The global options
 (--log-level, --log-format) are accepted before or after the command.
 """
 
@@ -23,20 +24,20 @@ from stgcnd.versions import torch_missing
 COMMANDS = {
     "serve": "stgcnd.commands.serve",
     "config": "stgcnd.commands.config",
-    "demo": "stgcnd.commands.demo",
-    "camera-sim": "stgcnd.commands.camera_sim",
-    "loadtest": "stgcnd.commands.loadtest",
-    "example": "stgcnd.commands.example",
+    "demo": "stgcnd_tools.commands.demo",
+    "camera-sim": "stgcnd_tools.commands.camera_sim",
+    "loadtest": "stgcnd_tools.commands.loadtest",
+    "example": "stgcnd_tools.commands.example",
     "export": "stgcnd.commands.export",
     "build": "stgcnd.commands.build",
     "validate": "stgcnd.commands.validate",
     "engines": "stgcnd.commands.engines",
-    "bench": "stgcnd.commands.bench",
+    "bench": "stgcnd_tools.commands.bench",
     "doctor": "stgcnd.commands.doctor",
-    "tegrastats": "stgcnd.commands.tegrastats",
-    "logs": "stgcnd.commands.logs",
+    "tegrastats": "stgcnd_tools.commands.tegrastats",
+    "logs": "stgcnd_tools.commands.logs",
     "keys": "stgcnd.commands.keys",
-    "trtexec": "stgcnd.commands.trtexec",
+    "trtexec": "stgcnd_tools.commands.trtexec",
 }
 LOG_LEVELS = ["debug", "info", "warning", "error"]
 LOG_FORMATS = ["auto", "json", "console"]

@@ -1,6 +1,6 @@
 """INT8 Q/DQ on ONNX Runtime CPU: really quantized, and agreeing with fp32 PyTorch.
 
-The full measurement (T=150, hundreds of windows) is `python -m stgcnd.tools.measure_int8`;
+The full measurement (T=150, hundreds of windows) is `python -m stgcnd_tools.measure_int8`;
 its numbers are in docs/engines.md. Here: T=30 and a few dozen windows, to stay fast.
 """
 

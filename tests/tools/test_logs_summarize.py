@@ -14,7 +14,7 @@ import pytest
 from stgcnd.log import configure_logging, get_logger
 from stgcnd.telemetry.latency import LatencyAggregator
 from stgcnd.telemetry.sampler import SystemSampler
-from stgcnd.tools.logs.summarize import scan, summarize
+from stgcnd_tools.logs.summarize import scan, summarize
 from tests.telemetry.conftest import DATA, make_tegrastats  # noqa: F401 - a fixture
 
 FOREIGN = ["Traceback (most recent call last):", "some other program says hi",
@@ -172,8 +172,8 @@ def test_plot_without_a_gpu_shows_cpu_and_no_empty_series():
     pytest.importorskip("matplotlib")
     from datetime import datetime, timedelta, timezone
 
-    from stgcnd.tools.logs.plot import STREAM_COLOURS, figure
-    from stgcnd.tools.logs.summarize import LogScan
+    from stgcnd_tools.logs.plot import STREAM_COLOURS, figure
+    from stgcnd_tools.logs.summarize import LogScan
 
     t0 = datetime(2026, 11, 25, 13, 0, tzinfo=timezone.utc)
     log = LogScan()
@@ -195,8 +195,8 @@ def test_action_events_become_one_span_each_in_the_table_and_the_timeline():
     """The daemon's `action_event` lines (server/events.py): a start and its end paired by
     id, an event still open at the log's end shown as open; a panel of bars per camera."""
     pytest.importorskip("matplotlib")
-    from stgcnd.tools.logs.plot import figure
-    from stgcnd.tools.logs.summarize import render_text
+    from stgcnd_tools.logs.plot import figure
+    from stgcnd_tools.logs.summarize import render_text
 
     t0 = 1764079200.0  # 2025-11-25 14:00:00 UTC
 
@@ -227,7 +227,7 @@ def test_action_events_become_one_span_each_in_the_table_and_the_timeline():
 
 
 def test_skeleton_quality_is_a_table_per_camera_weighted_by_frames():
-    from stgcnd.tools.logs.summarize import render_text
+    from stgcnd_tools.logs.summarize import render_text
 
     def line(camera, frames, no_person, usable, **more):
         return json.dumps({"event": "skeleton_quality", "timestamp": "2025-11-25T14:00:00Z",

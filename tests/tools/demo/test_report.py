@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from stgcnd.tools.demo.camera_sim import CameraStats, format_table
-from stgcnd.tools.demo.progress import LogFollower, describe
-from stgcnd.tools.demo.report import (
+from stgcnd_tools.demo.camera_sim import CameraStats, format_table
+from stgcnd_tools.demo.progress import LogFollower, describe
+from stgcnd_tools.demo.report import (
     Load,
     Outcome,
     events_line,
@@ -109,7 +109,7 @@ def test_follower_reads_complete_lines_only(tmp_path):
 
 
 def test_overload_answers_do_not_fail_the_demo_other_errors_do():
-    from stgcnd.commands.demo import _error_counts
+    from stgcnd_tools.commands.demo import _error_counts
 
     rows = [{"errors": 3, "error_causes": {"the daemon answered expired: deadline passed": 2,
                                            "no reply within 5 s (the daemon is overloaded)": 1}},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stgcnd.tools.loadtest.echo_floor import Echo, closed_loop, measure
+from stgcnd_tools.loadtest.echo_floor import Echo, closed_loop, measure
 
 
 @pytest.mark.parametrize("transport", ["ipc", "tcp"])

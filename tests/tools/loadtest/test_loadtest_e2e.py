@@ -138,10 +138,10 @@ def test_load_processes_never_import_torch_or_the_server():
     """What a spawned load process imports: its modules, its arguments' classes, the data."""
     res = run_without_torch("""
         import json
-        from stgcnd.tools.loadtest import worker, runner, report, serve  # noqa: F401
-        from stgcnd.commands import loadtest  # noqa: F401
-        from stgcnd.tools.loadtest.camera import ModelTarget, camera_data
-        from stgcnd.tools.loadtest.plan import LoadPlan
+        from stgcnd_tools.loadtest import worker, runner, report, serve  # noqa: F401
+        from stgcnd_tools.commands import loadtest  # noqa: F401
+        from stgcnd_tools.loadtest.camera import ModelTarget, camera_data
+        from stgcnd_tools.loadtest.plan import LoadPlan
         plan = LoadPlan("ipc:///tmp/x", mode="push", join=1)
         data = camera_data(plan, plan.cameras_of(0)[0], ModelTarget("m", (3, 12, 33, 2)))
         bad = sorted(m for m in sys.modules if (m == "torch" or m.startswith("stgcnd.server"))

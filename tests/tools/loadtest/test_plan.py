@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stgcnd.errors import UserError
-from stgcnd.tools.loadtest.plan import LoadPlan
+from stgcnd_tools.loadtest.plan import LoadPlan
 
 EP = "ipc:///tmp/x.sock"
 

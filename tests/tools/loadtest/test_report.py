@@ -8,10 +8,10 @@ import os
 import numpy as np
 import pytest
 
-from stgcnd.tools.loadtest.camera import COLUMNS, CameraResult, ModelTarget, empty_columns
-from stgcnd.tools.loadtest.daemon_cpu import CpuSample, per_request, sample
-from stgcnd.tools.loadtest.plan import LoadPlan
-from stgcnd.tools.loadtest.report import build_report, format_table, has_failures
+from stgcnd_tools.loadtest.camera import COLUMNS, CameraResult, ModelTarget, empty_columns
+from stgcnd_tools.loadtest.daemon_cpu import CpuSample, per_request, sample
+from stgcnd_tools.loadtest.plan import LoadPlan
+from stgcnd_tools.loadtest.report import build_report, format_table, has_failures
 
 NAN = float("nan")
 PLAN = LoadPlan("ipc:///tmp/x.sock", cameras=1, rate_hz=10.0, warmup=1.0, duration=2.0,

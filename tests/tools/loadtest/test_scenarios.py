@@ -3,8 +3,8 @@ one without its figure or its limit is n/a, never met (issue #32)."""
 
 from __future__ import annotations
 
-from stgcnd.tools.loadtest.plan import LoadPlan
-from stgcnd.tools.loadtest.scenarios import SCENARIOS, format_verdicts, missed, verdicts
+from stgcnd_tools.loadtest.plan import LoadPlan
+from stgcnd_tools.loadtest.scenarios import SCENARIOS, format_verdicts, missed, verdicts
 
 
 def floor(p99_ms: float = 1.5, echo_cpu_us: float | None = 80.0) -> dict:

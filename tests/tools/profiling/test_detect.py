@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from stgcnd.errors import UserError
-from stgcnd.tools.profiling.detect import detect_kind, find_artefacts
-from stgcnd.tools.profiling.parsefile import parse_path
+from stgcnd_tools.profiling.detect import detect_kind, find_artefacts
+from stgcnd_tools.profiling.parsefile import parse_path
 from tests.tools.profiling.conftest import DATA, HANDMADE_KINDS, SHARED_KINDS
 
 

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from stgcnd.errors import UserError
-from stgcnd.tools.profiling.layerinfo import load_layer_info, precision_of
+from stgcnd_tools.profiling.layerinfo import load_layer_info, precision_of
 from tests.tools.profiling.conftest import DATA, shared_files
 
 

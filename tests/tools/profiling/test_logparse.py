@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from stgcnd.tools.profiling.logparse import decode_banner_version, from_trex_metadata, load_log
+from stgcnd_tools.profiling.logparse import decode_banner_version, from_trex_metadata, load_log
 from tests.tools.profiling.conftest import DATA
 
 FP32_LOG = "nvidia_qat-ptq-notebook_mobilenetv2_fp32_trt8.2.5.trtexec.log"

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from stgcnd.errors import UserError
-from stgcnd.tools.profiling.layerinfo import load_layer_info
-from stgcnd.tools.profiling.profile import load_profile
+from stgcnd_tools.profiling.layerinfo import load_layer_info
+from stgcnd_tools.profiling.profile import load_profile
 from tests.tools.profiling.conftest import DATA, shared_files
 
 

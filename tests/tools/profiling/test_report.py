@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stgcnd.tools.profiling.report import write_report
-from stgcnd.tools.profiling.runner import RunOptions, run_trtexec
+from stgcnd_tools.profiling.report import write_report
+from stgcnd_tools.profiling.runner import RunOptions, run_trtexec
 from tests.tools.profiling.conftest import FAKE_TRTEXEC, REPO, make_run_dir
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -130,7 +130,7 @@ def test_report_without_matplotlib(r50_run, tmp_path):
     """matplotlib made unimportable in a real interpreter: report still written, says why."""
     out = tmp_path / "noplots"
     code = ("import sys; sys.modules['matplotlib'] = None\n"
-            "from stgcnd.tools.profiling.report import write_report\n"
+            "from stgcnd_tools.profiling.report import write_report\n"
             f"write_report([{str(r50_run)!r}], {str(out)!r})\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, capture_output=True)
     report = json.loads((out / "report.json").read_text())

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from stgcnd.errors import UserError
-from stgcnd.tools.profiling.times import load_times, summarize_times, write_times_outputs
+from stgcnd_tools.profiling.times import load_times, summarize_times, write_times_outputs
 from tests.tools.profiling.conftest import DATA
 
 STATS = {"median": 50, "p90": 90, "p95": 95, "p99": 99}

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from stgcnd.errors import UserError
-from stgcnd.tools.profiling.stats import STAT_KEYS, describe
+from stgcnd_tools.profiling.stats import STAT_KEYS, describe
 
 # Series in the order they appear in tables and CSVs; values are TimingRecord attributes.
 SERIES = ("gpu_compute_ms", "latency_ms", "enqueue_ms", "h2d_ms", "d2h_ms")

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from stgcnd.errors import UserError
-from stgcnd.tools.profiling.detect import detect_kind, scan_dir
-from stgcnd.tools.profiling.layerinfo import load_layer_info
-from stgcnd.tools.profiling.logparse import TrtexecLog, from_trex_metadata, load_log
-from stgcnd.tools.profiling.profile import load_profile
-from stgcnd.tools.profiling.stats import STAT_KEYS
-from stgcnd.tools.profiling.times import (
+from stgcnd_tools.profiling.detect import detect_kind, scan_dir
+from stgcnd_tools.profiling.layerinfo import load_layer_info
+from stgcnd_tools.profiling.logparse import TrtexecLog, from_trex_metadata, load_log
+from stgcnd_tools.profiling.profile import load_profile
+from stgcnd_tools.profiling.stats import STAT_KEYS
+from stgcnd_tools.profiling.times import (
     SERIES,
     SERIES_LABELS,
     load_times,

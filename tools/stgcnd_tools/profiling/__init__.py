@@ -6,19 +6,19 @@ Parsers read TensorRT 8.2-11.x artefacts (and TensorRT 7 timing files) without e
 
 from __future__ import annotations
 
-from stgcnd.tools.profiling.detect import detect_kind, find_artefacts
-from stgcnd.tools.profiling.layerinfo import LayerInfo, load_layer_info
-from stgcnd.tools.profiling.locate import find_trtexec, require_trtexec
-from stgcnd.tools.profiling.logparse import TrtexecLog, load_log, parse_log
-from stgcnd.tools.profiling.profile import LayerProfile, load_profile
-from stgcnd.tools.profiling.runner import (
+from stgcnd_tools.profiling.detect import detect_kind, find_artefacts
+from stgcnd_tools.profiling.layerinfo import LayerInfo, load_layer_info
+from stgcnd_tools.profiling.locate import find_trtexec, require_trtexec
+from stgcnd_tools.profiling.logparse import TrtexecLog, load_log, parse_log
+from stgcnd_tools.profiling.profile import LayerProfile, load_profile
+from stgcnd_tools.profiling.runner import (
     RunOptions,
     RunResult,
     TrtexecFailed,
     build_command,
     run_trtexec,
 )
-from stgcnd.tools.profiling.times import TimingRecord, load_times, summarize_times
+from stgcnd_tools.profiling.times import TimingRecord, load_times, summarize_times
 
 __all__ = [
     "LayerInfo",

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from stgcnd.tools.profiling.times import TimingRecord, series
+from stgcnd_tools.profiling.times import TimingRecord, series
 
 _DPI = 130
 _COLORS = {"gpu_compute_ms": "#2a6fdb", "latency_ms": "#e07b39"}

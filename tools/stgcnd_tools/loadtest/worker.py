@@ -10,8 +10,8 @@ import time
 import traceback
 from typing import Any
 
-from stgcnd.tools.loadtest.camera import Camera, ModelTarget, RunClock
-from stgcnd.tools.loadtest.plan import LoadPlan
+from stgcnd_tools.loadtest.camera import Camera, ModelTarget, RunClock
+from stgcnd_tools.loadtest.plan import LoadPlan
 
 # Cameras present from the start get this long to connect before the process gives up.
 READY_TIMEOUT_S = 60.0

@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 from stgcnd.model.graph import LAYOUTS
-from stgcnd.tools.bench.report import format_table, write_csv, write_json
-from stgcnd.tools.bench.runner import BENCH_BACKENDS, BenchConfig, run_bench
+from stgcnd_tools.bench.report import format_table, write_csv, write_json
+from stgcnd_tools.bench.runner import BENCH_BACKENDS, BenchConfig, run_bench
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -15,12 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from stgcnd.commands._camera_args import add_camera_args, check_timeout
 from stgcnd.errors import UserError
-from stgcnd.tools.demo.camera_sim import simulate
-from stgcnd.tools.demo.event_printer import EventPrinter
-from stgcnd.tools.demo.progress import LogFollower, describe
-from stgcnd.tools.demo.report import (
+from stgcnd_client import Client, ClientError
+from stgcnd_tools.commands._camera_args import add_camera_args, check_timeout
+from stgcnd_tools.demo.camera_sim import simulate
+from stgcnd_tools.demo.event_printer import EventPrinter
+from stgcnd_tools.demo.progress import LogFollower, describe
+from stgcnd_tools.demo.report import (
     LEGEND,
     Load,
     Outcome,
@@ -28,7 +29,6 @@ from stgcnd.tools.demo.report import (
     explain_rate,
     prediction_verdict,
 )
-from stgcnd_client import Client, ClientError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

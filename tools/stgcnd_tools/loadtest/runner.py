@@ -11,12 +11,12 @@ from collections.abc import Callable
 from typing import Any
 
 from stgcnd.errors import UserError
-from stgcnd.tools.loadtest import daemon_cpu
-from stgcnd.tools.loadtest.camera import CameraResult, ModelTarget
-from stgcnd.tools.loadtest.plan import LoadPlan
-from stgcnd.tools.loadtest.report import build_report
-from stgcnd.tools.loadtest.worker import READY_TIMEOUT_S, process_main
 from stgcnd_client import Client, ClientError
+from stgcnd_tools.loadtest import daemon_cpu
+from stgcnd_tools.loadtest.camera import CameraResult, ModelTarget
+from stgcnd_tools.loadtest.plan import LoadPlan
+from stgcnd_tools.loadtest.report import build_report
+from stgcnd_tools.loadtest.worker import READY_TIMEOUT_S, process_main
 
 # Between "everyone is ready" and t = 0: time for the go signal to reach every process.
 START_DELAY_S = 0.3
@@ -70,7 +70,7 @@ class _Control:
 def run_load(plan: LoadPlan, served_pid: int | None = None,
              served: dict[str, Any] | None = None,
              floor: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Run the plan against its endpoint; returns the report (see stgcnd.tools.loadtest.report).
+    """Run the plan against its endpoint; returns the report (see stgcnd_tools.loadtest.report).
     `floor`, if given, runs once the daemon has answered and before the load starts (the
     bare ZeroMQ floor, which the daemon's goals are judged against); its result is the
     report's `floor`."""

@@ -2,7 +2,7 @@
 
 Besides top-1 agreement it reports a "balanced" agreement (the fp32 logit difference centred
 at its median), since the random-weight demo model agrees trivially.
-`python -m stgcnd.tools.measure_int8 --help` lists the options.
+`python -m stgcnd_tools.measure_int8 --help` lists the options.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from stgcnd.model.synthetic import synthetic_windows
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m stgcnd.tools.measure_int8")
+    p = argparse.ArgumentParser(prog="python -m stgcnd_tools.measure_int8")
     p.add_argument("--frames", type=int, default=150)
     p.add_argument("--calibration", type=int, default=256)
     p.add_argument("--windows", type=int, default=400)

@@ -24,8 +24,8 @@ from typing import Any, TextIO
 from stgcnd import __version__
 from stgcnd.errors import UserError
 from stgcnd.log import get_logger
-from stgcnd.tools.profiling.locate import require_trtexec
-from stgcnd.tools.profiling.logparse import load_log
+from stgcnd_tools.profiling.locate import require_trtexec
+from stgcnd_tools.profiling.logparse import load_log
 
 log = get_logger(__name__)
 

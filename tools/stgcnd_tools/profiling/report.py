@@ -16,13 +16,13 @@ from typing import Any
 from stgcnd import __version__
 from stgcnd.errors import UserError
 from stgcnd.log import get_logger
-from stgcnd.tools.profiling import plots
-from stgcnd.tools.profiling.detect import find_artefacts
-from stgcnd.tools.profiling.layerinfo import LayerInfo, load_layer_info
-from stgcnd.tools.profiling.logparse import TrtexecLog, from_trex_metadata, load_log
-from stgcnd.tools.profiling.profile import LayerProfile, load_profile
-from stgcnd.tools.profiling.stats import STAT_KEYS
-from stgcnd.tools.profiling.times import (
+from stgcnd_tools.profiling import plots
+from stgcnd_tools.profiling.detect import find_artefacts
+from stgcnd_tools.profiling.layerinfo import LayerInfo, load_layer_info
+from stgcnd_tools.profiling.logparse import TrtexecLog, from_trex_metadata, load_log
+from stgcnd_tools.profiling.profile import LayerProfile, load_profile
+from stgcnd_tools.profiling.stats import STAT_KEYS
+from stgcnd_tools.profiling.times import (
     SERIES,
     SERIES_LABELS,
     TimingRecord,

@@ -9,10 +9,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from stgcnd.tools.profiling.parsefile import parse_path, render_text, write_derived
-from stgcnd.tools.profiling.report import write_report
-from stgcnd.tools.profiling.runner import RunOptions, run_trtexec
-from stgcnd.tools.profiling.times import load_times, summarize_times
+from stgcnd_tools.profiling.parsefile import parse_path, render_text, write_derived
+from stgcnd_tools.profiling.report import write_report
+from stgcnd_tools.profiling.runner import RunOptions, run_trtexec
+from stgcnd_tools.profiling.times import load_times, summarize_times
 
 
 def register(subparsers: Any) -> None:

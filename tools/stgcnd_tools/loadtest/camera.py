@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from stgcnd.model.synthetic import synthetic_windows
-from stgcnd.tools.loadtest.plan import CameraPlan, LoadPlan
 from stgcnd_client import Client, ClientError, ServerError, Timeout
 from stgcnd_client.errors import BadReply
+from stgcnd_tools.loadtest.plan import CameraPlan, LoadPlan
 
 # Columns of a camera's record, one row per request. Times are ms, except `t` (the due time in
 # seconds from the run's start). Server timings are NaN where a reply carries none.

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from stgcnd.commands._camera_args import add_camera_args, check_timeout
 from stgcnd.errors import UserError
 from stgcnd.server.transport import parse_endpoint
-from stgcnd.tools.demo.camera_sim import simulate
+from stgcnd_tools.commands._camera_args import add_camera_args, check_timeout
+from stgcnd_tools.demo.camera_sim import simulate
 
 
 def register(sub: argparse._SubParsersAction) -> None:

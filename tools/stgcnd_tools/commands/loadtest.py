@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from stgcnd.errors import UserError
-from stgcnd.tools.loadtest import echo_floor
-from stgcnd.tools.loadtest.daemon_cpu import is_local
-from stgcnd.tools.loadtest.plan import DEFAULT_RATE_HZ, LoadPlan
-from stgcnd.tools.loadtest.report import format_table, has_failures
-from stgcnd.tools.loadtest.runner import run_load
-from stgcnd.tools.loadtest.scenarios import (
+from stgcnd_tools.loadtest import echo_floor
+from stgcnd_tools.loadtest.daemon_cpu import is_local
+from stgcnd_tools.loadtest.plan import DEFAULT_RATE_HZ, LoadPlan
+from stgcnd_tools.loadtest.report import format_table, has_failures
+from stgcnd_tools.loadtest.runner import run_load
+from stgcnd_tools.loadtest.scenarios import (
     SCENARIOS,
     Scenario,
     describe_load,
@@ -23,7 +23,7 @@ from stgcnd.tools.loadtest.scenarios import (
     missed,
     verdicts,
 )
-from stgcnd.tools.loadtest.serve import ServedDaemon, ServeOptions
+from stgcnd_tools.loadtest.serve import ServedDaemon, ServeOptions
 
 T = TypeVar("T")
 

@@ -33,8 +33,8 @@ from stgcnd.runtimes import available, runtime_module
 from stgcnd.runtimes.base import Runtime
 from stgcnd.runtimes.timing import time_round_robin
 from stgcnd.server.config import engines_root
-from stgcnd.tools.bench.stats import latency_stats
-from stgcnd.tools.profiling import (
+from stgcnd_tools.bench.stats import latency_stats
+from stgcnd_tools.profiling import (
     RunOptions,
     find_trtexec,
     load_times,

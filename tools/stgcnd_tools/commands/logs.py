@@ -8,8 +8,8 @@ import sys
 from typing import Any
 
 from stgcnd.errors import UserError
-from stgcnd.tools.logs.plot import plot
-from stgcnd.tools.logs.summarize import parse_time, render_text, scan, summarize
+from stgcnd_tools.logs.plot import plot
+from stgcnd_tools.logs.summarize import parse_time, render_text, scan, summarize
 
 
 def register(subparsers: Any) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from stgcnd.errors import UserError
-from stgcnd.tools.logs.summarize import LogScan, action_spans
+from stgcnd_tools.logs.summarize import LogScan, action_spans
 
 # The streams' colours: matplotlib's tab10 and its light tones, without those the machine's
 # series use (black CPU, gray GPU load, red temperature, blue clock, orange power).
