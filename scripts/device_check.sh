@@ -5,7 +5,8 @@
 #   OUT=dir bash scripts/device_check.sh floor    # bench and the ZeroMQ floor alone
 #   OUT=dir bash scripts/device_check.sh serve [TREE]  # the loadtest scenarios (SCENARIOS,
 #                                                 # default all) against this tree's daemon,
-#                                                 # or TREE's (a checkout of another commit)
+#                                                 # or TREE's (a checkout of another commit);
+#                                                 # MODEL=noop serves the noop backend
 #   OUT=dir bash scripts/device_check.sh memory [OLD]  # M=1 + M=5, torch fp16, a 6 GB
 #                                                 # budget: READY, nvidia-smi, 32 + 32 cameras
 #   OUT=dir bash scripts/device_check.sh compile  # torch.compile: its tests, the bench against
@@ -32,7 +33,7 @@ if [ -d .whl ]; then
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONUNBUFFERED=1
-NEW_PATH=$HERE/daemon:$HERE/clients:$HERE:${PYTHONPATH:-}
+NEW_PATH=$HERE/daemon:$HERE/clients:$HERE/tools:$HERE:${PYTHONPATH:-}
 TMP=$(mktemp -d)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/summary-$TAG.txt"
 python3 -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__)' \
@@ -139,7 +140,9 @@ if [ "$PART" = serve ]; then
   [ -n "$OLD" ] && trees=("old:$HERE/$OLD/daemon:$HERE/$OLD/clients:${PYTHONPATH:-}")
   for entry in "${trees[@]}"; do
     name=${entry%%:*}; path=${entry#*:}
-    config "$name" "$MODEL_M1" ""
+    model=$MODEL_M1
+    [ "${MODEL:-}" = noop ] && model=${MODEL_M1/\"torch\"/\"noop\"}
+    config "$name" "$model" ""
     start "$name" "$path" || continue
     for s in ${SCENARIOS:-one-camera paced-64 saturation joins push}; do
       lt "$name" "$s" --model single  # a scenario measures its floor itself
