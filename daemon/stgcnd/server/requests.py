@@ -23,6 +23,7 @@ from stgcnd.server.cameras import CameraState, CameraTable, PushRecord
 from stgcnd.server.connections import Connections
 from stgcnd.server.curve import ClientKey, Curve
 from stgcnd.server.errorlog import ClientErrorLog
+from stgcnd.server.events import EventFeed
 from stgcnd.server.executor import Reply
 from stgcnd.server.models import ServedModel
 from stgcnd.server.receive import BAN_ABOVE_FRAMES, Incoming, Receiver
@@ -50,7 +51,7 @@ LATENCY_STAGES = ("queue_ms", "compute_ms")  # a reply's timings kept per camera
 class RequestPath:
     def __init__(self, router: zmq.Socket[bytes], connections: Connections, cameras: CameraTable,
                  limits: Limits, queue_size: int, stats: Callable[[], dict[str, Any]],
-                 quality: SkeletonQuality) -> None:
+                 quality: SkeletonQuality, events: EventFeed | None = None) -> None:
         self.router = router
         self.receiver = Receiver(router, loopback=connections.loopback)
         self.connections = connections
@@ -62,6 +63,7 @@ class RequestPath:
         self.errors = ClientErrorLog()
         self.latency = LatencyAggregator()
         self.quality = quality
+        self.events = events  # told of every prediction and of a camera evicted
         self.counters = {"requests": 0, "errors": 0, "busy": 0, "expired": 0,
                          "replies_dropped": 0}
         self.trim_due = False  # abuse left memory behind: give it back at the stats tick
@@ -215,6 +217,8 @@ class RequestPath:
             ev = admitted.evicted
             self.errors.report("camera-evicted", event="camera_evicted", camera=ev.camera,
                                peer=ev.peer, idle_s=ev.idle_s, rule=ev.rule, by=req.camera)
+            if self.events is not None:  # its open events end with it, now
+                self.events.forget(ev.camera, "camera-evicted")
         cam.requests += 1
         self.quality.add(cam.name, req.arrays[0])
         deadline = None if req.timeout_ms is None else received + req.timeout_ms / 1e3
@@ -272,9 +276,11 @@ class RequestPath:
         self._submit(identity, req, cam, model, window, extra, received, deadline)
 
     # -- replies ---------------------------------------------------------------------------
-    def complete(self, reply: Reply) -> None:
-        """Settle a finished job's bookkeeping and send its reply."""
+    def complete(self, reply: Reply, now: float) -> None:
+        """Settle a finished job's bookkeeping, encode and send its reply, and hand its
+        prediction to the events."""
         job = reply.job
+        frames = encode_reply(job.req_id, reply.result, error=reply.error)
         cam = self.cameras.cameras.get(job.camera)
         if cam is not None:
             cam.in_flight -= 1
@@ -284,9 +290,11 @@ class RequestPath:
                 if job.op == "push":
                     rec = cam.pushes.get(job.model)
                     if rec is not None and rec.req_id == job.req_id:
-                        rec.reply = reply.frames
+                        rec.reply = frames
         self._record(job, reply)
-        self.send(job.identity, reply.frames)
+        self.send(job.identity, frames)
+        if reply.result is not None and self.events is not None:
+            self.events.observe(job.camera, job.model, reply.result["probs"], now)
 
     def _record(self, job: Job, reply: Reply) -> None:
         outcome = reply.outcome

@@ -156,7 +156,8 @@ class Server:
         self.requests = RequestPath(self._router, self.connections, self.cameras, self.limits,
                                     self.config.server.queue_size, self.stats,
                                     SkeletonQuality(self.config.server.visibility_threshold,
-                                                    self.config.server.quality_floor))
+                                                    self.config.server.quality_floor),
+                                    self.events)
         self.requests.models = self.models
         if self.curve is not None:
             self.requests.use_curve(self.curve)
@@ -302,10 +303,7 @@ class Server:
                         e.alive for e in model.executors) else []
                     replies, look = ex.abandon(exc, queued), None
                 for reply in replies:
-                    requests.complete(reply)
-                    if reply.probs is not None and self.events is not None:
-                        self.events.observe(reply.job.camera, reply.job.model, reply.probs,
-                                            now)
+                    requests.complete(reply, now)
                 if look is not None and (next_look is None or look < next_look):
                     next_look = look
         timer = self._timer
@@ -336,8 +334,7 @@ class Server:
             log.info("camera_reclaimed", camera=camera, idle_s=round(idle))
             if self.events is not None:
                 self.events.forget(camera, "camera-idle")
-        if self.events is not None:  # evicted for another camera: its events end too
-            self.events.forget_all_but(self.cameras.cameras.keys(), "camera-evicted")
+        if self.events is not None:
             self.events.tidy()
             if self.events.connections is not None:
                 self.events.connections.enforce(now)
