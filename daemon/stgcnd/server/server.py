@@ -154,7 +154,7 @@ class Server:
         assert self.connections is not None
         self.connections.gate_listeners()
         self.requests = RequestPath(self._router, self.connections, self.cameras, self.limits,
-                                    self.config.server.queue_size, self.stats,
+                                    self.stats,
                                     SkeletonQuality(self.config.server.visibility_threshold,
                                                     self.config.server.quality_floor),
                                     self.events)
