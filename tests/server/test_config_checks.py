@@ -160,3 +160,27 @@ def test_a_reload_does_with_each_key_what_its_tag_says(tmp_path):
     finally:
         d.stop()
         d.close()
+
+
+@pytest.mark.slow
+def test_a_reload_keeps_the_values_serve_s_flags_gave(tmp_path):
+    """A reload rereads the file and the environment, and keeps what serve's flags set: with
+    --engines pointing elsewhere than the file's engines_dir (an engine key), a reload that
+    changes only a policy key loads no model anew."""
+    noop = '[[models]]\nname = "m"\ndemo = true\nbackend = "noop"\nframes = 30\n'
+    d = Daemon(tmp_path, models=noop, queue_size=8)
+    d.serve_args = ["--engines", str(tmp_path / "flag-engines")]
+    d.start()
+    try:
+        d.config_path.write_text(d.config_path.read_text().replace("queue_size = 8",
+                                                                   "queue_size = 4"))
+        d.notify.skip_seen()
+        d.signal(signal.SIGHUP)
+        assert "reloaded" in d.notify.wait_for("READY", timeout=60)["STATUS"]
+        assert d.stop() == 0
+        [done] = [e for e in d.log_events() if e.get("event") == "reload"
+                  and e.get("phase") == "done"]
+        assert done["loaded"] == []
+    finally:
+        d.stop()
+        d.close()

@@ -99,10 +99,12 @@ def in_thread(name: str, work: Callable[[], T]) -> Future[T]:
 
 
 class Server:
-    def __init__(self, config: Config, config_path: Path | None = None,
+    def __init__(self, config: Config, reread: Callable[[], Config] | None = None,
                  notifier: Notifier | None = None, follow_log_level: bool = True) -> None:
+        """`reread`: the configuration as a reload reads it (the file, the environment, and
+        the flags serve was started with); default: the default file and the environment."""
         self.config = config
-        self.config_path = config_path
+        self._reread = reread or (lambda: load_config(None))
         # A reload applies [server] log_level, unless --log-level set the level.
         self._follow_log_level = follow_log_level
         self.notifier = notifier or Notifier()
@@ -121,7 +123,6 @@ class Server:
         self._pipe = SelfPipe()    # signals and worker threads wake the loop through it
         self._router: zmq.Socket[bytes] | None = None
         self.curve: Curve | None = None  # CURVE's keys and ZAP handler (server/curve.py)
-        self.refusals = Refusals("handshake_failed", "failed")  # replaced at start-up
         self._ipc_path: Path | None = None
         self.connections: Connections | None = None
         self.requests: RequestPath | None = None
@@ -168,16 +169,18 @@ class Server:
         requests_cap, events_cap = self._connection_budget()
         # Refused handshakes: the client never hears why, so the log says it
         # (server/handshakes.py); with CURVE, as curve_denied with the ZAP handler's.
-        self.refusals = self.curve.refusals if self.curve is not None else \
+        refusals = self.curve.refusals if self.curve is not None else \
             Refusals("handshake_failed", "failed")
+        report_handshakes = monitor_reporter(refusals, curve=self.curve is not None)
         self.events = EventFeed(self._ctx, self.config, self.curve, events_cap)
         if self.events.connections is not None:
-            self.events.connections.on_handshake_failed = self._report_handshakes()
+            self.events.connections.on_handshake_failed = report_handshakes
         self.events.configure(self.models)
         self._router = make_router(self._ctx, self.config)
         if self.curve is not None:
             self.curve.secure(self._router)
-        self._watch_connections(requests_cap)  # before the bind: none accepted unseen
+        self._watch_connections(requests_cap, report_handshakes)  # before the bind: none
+        # accepted unseen
         self._ipc_path = bind_router(self._router, self.config)
         assert self.connections is not None
         self.connections.gate_listeners()
@@ -215,19 +218,17 @@ class Server:
                  max_connections=cap, requests=requests_cap, events=events_cap)
         return requests_cap, events_cap
 
-    def _watch_connections(self, cap: int) -> None:
+    def _watch_connections(self, cap: int,
+                           report_handshakes: Callable[[int, int, str], None]) -> None:
         """Count connections against the fd budget (server/connections.py), and watch the
         memory a peer can make libzmq hold (server/heap.py)."""
         assert self._router is not None
         self.connections = Connections(self._ctx, self._router, cap)
-        self.connections.on_handshake_failed = self._report_handshakes()
+        self.connections.on_handshake_failed = report_handshakes
         self._rss = RssWatch(self.config.server.max_rss_mb)
         log.info("memory_limit", rss_mb=round(self._rss.rss() / 2**20, 1),
                  limit_mb=round(self._rss.limit / 2**20, 1),
                  action="over it, connections that send nothing are closed")
-
-    def _report_handshakes(self) -> Callable[[int, int, str], None]:
-        return monitor_reporter(self.refusals, curve=self.curve is not None)
 
     def _start_model(self, model: ServedModel, config: Config) -> None:
         s = config.server
@@ -462,7 +463,7 @@ class Server:
             log.warning("reload_ignored", reason="a reload is already running")
             return
         self.notifier.reloading()
-        log.info("reload", phase="started", source=str(self.config_path or "defaults"))
+        log.info("reload", phase="started", source=self.config.source)
         current, models, generation = self.config, self.models, self.generation + 1
         self._reload = in_thread("reload", lambda: self._load(current, models, generation))
         self._reload.add_done_callback(lambda _: self._pipe.wake())
@@ -473,7 +474,7 @@ class Server:
         changed models get their runners, warmed here, while the current ones keep serving."""
         if self.curve is not None:  # revoked keys: their requests get `forbidden`
             self.curve.reload()
-        config = load_config(self.config_path)
+        config = self._reread()
         check_config(config)  # what `config check` and a start check, as they do
         config = keep_restart_keys(config, current)
         engine_changed = [k for k in SERVER_ENGINE
