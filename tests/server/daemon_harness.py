@@ -127,6 +127,7 @@ class Daemon:
                     "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.start_args: list[str] = []  # global stgcnd flags, e.g. ["--log-level", "debug"]
+        self.serve_args: list[str] = []  # serve's own flags, e.g. ["--engines", "DIR"]
         self.fd_limit: int | None = None  # RLIMIT_NOFILE (soft and hard) for the daemon
         # Python run before the CLI in the daemon's process (a simulated board: torch blocked,
         # TensorRT stubs, a Jetson's facts); empty: `python -m stgcnd`.
@@ -141,9 +142,9 @@ class Daemon:
                   "sys.exit(main(sys.argv[1:]))"] if self.prelude else ["-m", "stgcnd"])
         self.proc = subprocess.Popen(
             [sys.executable, *entry, "--log-format", "json", *self.start_args, "serve",
-             "--config",
-             str(self.config_path)], stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-            cwd=REPO, preexec_fn=self._limit_fds if self.fd_limit else None)
+             "--config", str(self.config_path), *self.serve_args],
+            stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
+            preexec_fn=self._limit_fds if self.fd_limit else None)
         if wait_ready:
             try:
                 self.notify.wait_for("READY", timeout=180, alive=self.running)

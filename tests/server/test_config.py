@@ -198,3 +198,25 @@ def test_engine_keys_and_policy_keys_split_the_model_section():
     policy = ModelConfig(demo=True, labels=("a", "b"), stride=5, max_queue_delay_us=200)
     assert policy.engine == base.engine and policy != base
     assert ModelConfig(demo=True, threads=2).engine != base.engine
+
+
+def test_every_key_says_what_a_reload_does_with_it():
+    """#33: keys a reload silently did not re-apply. Every key is declared policy (applied at
+    once), engine (models loaded anew) or restart (logged as waiting for one); a model's or
+    the events' keys are never restart-only (a reload loads models, whatever changed)."""
+    from stgcnd.server.config import (
+        APPLIES,
+        RESTART,
+        SERVER_ENGINE,
+        EventsConfig,
+        ModelConfig,
+        schema,
+    )
+
+    tags = {(cls.__name__, name): meta.applies
+            for cls in (ServerConfig, ModelConfig, EventsConfig)
+            for name, _, meta in schema(cls)}
+    assert set(tags.values()) == set(APPLIES)
+    assert not [k for k, tag in tags.items() if k[0] != "ServerConfig" and tag == "restart"]
+    assert "queue_size" not in RESTART and "stats_interval" not in RESTART
+    assert "warmup_runs" in SERVER_ENGINE and "endpoint" in RESTART

@@ -7,12 +7,14 @@ import signal
 
 import numpy as np
 import pytest
+import zmq
 
 from stgcnd.errors import UserError
 from stgcnd.runtimes import available, gpu_present
 from stgcnd.server.config import Config, ModelConfig, ServerConfig
 from stgcnd.server.config_checks import check_config
 from stgcnd_client import Client
+from stgcnd_client.protocol import decode_reply, encode_request
 from tests.server.daemon_harness import Daemon
 
 IPC = "ipc:///tmp/stgcnd-config-checks.sock"
@@ -115,26 +117,70 @@ def test_a_reload_refuses_what_a_start_refuses_and_keeps_serving(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_reload_says_which_keys_wait_for_a_restart_and_applies_the_rest(tmp_path):
+def test_a_reload_does_with_each_key_what_its_tag_says(tmp_path):
     """#33: queue_size, stats_interval and the socket options were silently not re-applied,
-    and log_level had no effect at all. Now every [server] key is either applied at a reload
-    or tagged *restart* in the schema, and a reload that changes one of those says so."""
-    noop = '[[models]]\nname = "m"\ndemo = true\nbackend = "noop"\nframes = 30\n'
-    d = Daemon(tmp_path, models=noop, queue_size=8, log_level="info").start()
+    and log_level had no effect at all. Now every key is tagged in the schema, and a reload
+    that changes one of each kind does what the tag says: policy keys (queue_size,
+    log_level) apply at once, a [server] engine key (warmup_runs) loads the model anew, and
+    a restart key (max_cameras) is logged as waiting for a restart, its value kept."""
+    noop = ('[[models]]\nname = "m"\ndemo = true\nbackend = "noop"\nframes = 30\n'
+            'noop_compute_us = 300000\n')
+    d = Daemon(tmp_path, models=noop, queue_size=8, log_level="info", max_cameras=64).start()
+    window = np.zeros((3, 30, 33, 1), np.float32)
+
+    def busy_replies() -> int:
+        """Three windows of one camera sent at once: with queue_size 1, at least one is
+        refused busy (one waits, or one runs and one waits); with 8, none is."""
+        with zmq.Context() as ctx, ctx.socket(zmq.DEALER) as s:
+            s.connect(d.endpoint)
+            for i in range(3):
+                s.send_multipart(encode_request("infer", i + 1, "flood", arrays=[window]))
+            replies = [decode_reply(s.recv_multipart()) for _ in range(3)]
+        return sum(not r.ok and r.error.code == "busy" for r in replies)
+
     try:
+        assert busy_replies() == 0
+        text = d.config_path.read_text().replace("queue_size = 8", "queue_size = 1")
+        text = text.replace('log_level = "info"', 'log_level = "debug"')
+        text = text.replace("warmup_runs = 1", "warmup_runs = 2")
+        d.config_path.write_text(text.replace("max_cameras = 64", "max_cameras = 16"))
+        d.notify.skip_seen()
+        d.signal(signal.SIGHUP)
+        assert "reloaded" in d.notify.wait_for("READY", timeout=60)["STATUS"]
+        assert busy_replies() >= 1
         with Client(d.endpoint, camera_id="steady") as c:
-            c.infer(np.zeros((3, 30, 33, 1), np.float32))
-            text = d.config_path.read_text().replace("queue_size = 8", "queue_size = 4")
-            d.config_path.write_text(text.replace('log_level = "info"', 'log_level = "debug"'))
-            d.notify.skip_seen()
-            d.signal(signal.SIGHUP)
-            assert "reloaded" in d.notify.wait_for("READY", timeout=60)["STATUS"]
-            c.infer(np.zeros((3, 30, 33, 1), np.float32))
+            c.infer(window)
         assert d.stop() == 0
         events = d.log_events()
         ignored = [e for e in events if e.get("event") == "reload_key_ignored"]
-        assert [(e["key"], e["value"], e["kept"]) for e in ignored] == [("queue_size", 4, 8)]
+        assert [(e["key"], e["value"], e["kept"]) for e in ignored] == [("max_cameras", 16, 64)]
+        [done] = [e for e in events if e.get("event") == "reload" and e.get("phase") == "done"]
+        assert done["loaded"] == ["m"] and done["generation"] == 2
         assert [e for e in events if e.get("event") == "request"], "log_level not applied"
+    finally:
+        d.stop()
+        d.close()
+
+
+@pytest.mark.slow
+def test_a_reload_keeps_the_values_serve_s_flags_gave(tmp_path):
+    """A reload rereads the file and the environment, and keeps what serve's flags set: with
+    --engines pointing elsewhere than the file's engines_dir (an engine key), a reload that
+    changes only a policy key loads no model anew."""
+    noop = '[[models]]\nname = "m"\ndemo = true\nbackend = "noop"\nframes = 30\n'
+    d = Daemon(tmp_path, models=noop, queue_size=8)
+    d.serve_args = ["--engines", str(tmp_path / "flag-engines")]
+    d.start()
+    try:
+        d.config_path.write_text(d.config_path.read_text().replace("queue_size = 8",
+                                                                   "queue_size = 4"))
+        d.notify.skip_seen()
+        d.signal(signal.SIGHUP)
+        assert "reloaded" in d.notify.wait_for("READY", timeout=60)["STATUS"]
+        assert d.stop() == 0
+        [done] = [e for e in d.log_events() if e.get("event") == "reload"
+                  and e.get("phase") == "done"]
+        assert done["loaded"] == []
     finally:
         d.stop()
         d.close()

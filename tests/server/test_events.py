@@ -7,12 +7,14 @@ import random
 import signal
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from stgcnd.errors import UserError
+from stgcnd.server.cameras import EVICT_IDLE_S
 from stgcnd.server.config import EventsConfig, load_config
 from stgcnd.server.events import Events
 from stgcnd_client import Client
@@ -230,3 +232,33 @@ def test_the_daemon_publishes_events_and_closes_them_at_shutdown(tmp_path):
     logged = [e for e in d.log_events() if e.get("event") == "action_event"]
     mine = [(e["camera"], e["kind"]) for e in logged if not e["camera"].startswith("warm")]
     assert mine == [("cam1", "start"), ("cam2", "start"), ("cam1", "end"), ("cam2", "end")]
+
+
+@pytest.mark.slow
+def test_a_camera_evicted_for_another_ends_its_events_at_once(tmp_path):
+    """#33: an eviction reached the events at the next stats tick (seconds later, dated
+    then). The request path that evicts a camera now ends its open events itself: with one
+    camera slot and stats a minute apart, cam2 taking cam1's slot ends cam1's event at once."""
+    endpoint = f"ipc://{tmp_path / 'events.sock'}"
+    d = Daemon(tmp_path, models=EVENTS_MODEL.format(exit=0.4), events_endpoint=endpoint,
+               max_cameras=1, env={"STGCND_STATS_INTERVAL": "60"})
+    d.start()
+    try:
+        with Subscriber(endpoint) as events:
+            window = np.zeros((3, 30, 33, 1), np.float32)
+            for _ in range(50):  # until the subscription has reached the publisher
+                with Client(d.endpoint, camera_id="cam1") as cam1:
+                    cam1.infer(window)
+                start = events.recv(timeout_ms=100)
+                if start is not None:
+                    break
+            assert start is not None and (start["kind"], start["camera"]) == ("start", "cam1")
+            time.sleep(EVICT_IDLE_S + 0.2)  # cam1 quiet that long: a new camera takes its slot
+            with Client(d.endpoint, camera_id="cam2") as cam2:
+                cam2.infer(window)
+            end = events.recv(timeout_ms=5000)
+            assert end is not None and (end["kind"], end["camera"], end["reason"]) == (
+                "end", "cam1", "camera-evicted")
+        assert d.stop() == 0
+    finally:
+        stop_by_pid(d)

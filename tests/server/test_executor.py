@@ -16,7 +16,6 @@ from stgcnd.server.config import ModelConfig
 from stgcnd.server.executor import Executor
 from stgcnd.server.models import ServedModel
 from stgcnd.server.scheduler import Job
-from stgcnd_client.protocol import decode_reply
 
 SHAPE = (3, 8, 33, 1)
 
@@ -84,9 +83,9 @@ def test_a_launch_returns_at_once_and_the_batch_is_finished_on_a_later_turn(mode
     assert time.monotonic() - t0 >= 0.5
     assert sorted(r.job.camera for r in replies) == ["c0", "c1", "c2"]
     for r in replies:
-        reply = decode_reply(r.frames)
-        assert reply.ok and reply.id == 7 and r.outcome == "ok"
-        result = reply.result
+        assert r.error is None and r.job.req_id == 7 and r.outcome == "ok"
+        result = r.result
+        assert result is not None
         assert result["timings"]["batch"] == 3 and result["timings"]["bucket"] == 4
         assert result["timings"]["compute_ms"] >= 500.0
     assert ex.busy_since is None and ex.batches == 1 and ex.windows == 3
@@ -161,7 +160,7 @@ def test_an_executor_abandoned_after_an_error_answers_everything_it_held(model):
     replies = ex.abandon(RuntimeError("attach failed"), model.scheduler.drain())
     assert sorted(r.job.req_id for r in replies) == [0, 1, 2, 9]
     assert {r.outcome for r in replies} == {"error"}
-    assert "restarting" in decode_reply(replies[0].frames).error.message
+    assert "restarting" in replies[0].error.message
     assert not ex.alive and model.scheduler.pending == 0
     ex.runner.wait()
 
@@ -205,7 +204,7 @@ def test_a_blocking_runner_computes_on_its_worker_and_wakes_the_loop():
         runtime.gate.set()
         assert woken.wait(5.0), "the worker did not wake the loop"
         replies, _ = ex.drive(time.monotonic())
-        assert [decode_reply(r.frames).ok for r in replies] == [True]
+        assert [r.outcome for r in replies] == ["ok"]
         assert runtime.threads and threading.current_thread().name not in runtime.threads
     finally:
         m.close()

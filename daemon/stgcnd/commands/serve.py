@@ -14,7 +14,7 @@ from pathlib import Path
 
 from stgcnd.errors import BuildCancelled, UserError
 from stgcnd.log import configure_logging, get_logger, log_is_json
-from stgcnd.server.config import load_config
+from stgcnd.server.config import Config, load_config
 from stgcnd.server.config_checks import check_config
 from stgcnd.server.server import Server
 from stgcnd.server.transport import check_endpoint
@@ -68,10 +68,14 @@ def report_fatal(event: str, exc: BaseException) -> int:
 def run(args: argparse.Namespace) -> int:
 
     try:
-        config = load_config(args.config, overrides={
-            "endpoint": args.endpoint,
-            "engines_dir": str(args.engines) if args.engines else None,
-            "stats_interval": args.stats_interval}, flag_names=FLAG_NAMES)
+        overrides = {"endpoint": args.endpoint,
+                     "engines_dir": str(args.engines) if args.engines else None,
+                     "stats_interval": args.stats_interval}
+
+        def reread() -> Config:  # a reload keeps the flags' values, as the start had them
+            return load_config(args.config, overrides=overrides, flag_names=FLAG_NAMES)
+
+        config = reread()
         # Before any model is loaded or built: what `stgcnd config check` checks, then
         # whether the endpoint is free to listen on now (which a check before a reload,
         # with the daemon listening there, cannot ask).
@@ -79,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             configure_logging(config.server.log_level, args.log_format, stream=sys.stdout)
         check_config(config)
         check_endpoint(config.endpoint)
-        server = Server(config, args.config, follow_log_level=args.log_level is None)
+        server = Server(config, reread, follow_log_level=args.log_level is None)
         server.install_signal_handlers()
     except Exception as exc:
         return report_fatal("startup_failed", exc)

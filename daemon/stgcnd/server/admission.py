@@ -1,7 +1,8 @@
 """Admission: every reason a decoded `infer` or `push` is refused before it is queued.
 
-The model must exist, the array must fit it, the camera must get a slot (server/cameras.py)
-and its queue must have room. A refusal is a ProtocolError carrying the request's id.
+The model must exist, the array must fit it and the camera must get a slot
+(server/cameras.py); its queue's room is the scheduler's to say, as the job is queued
+(RequestPath._submit). A refusal is a ProtocolError carrying the request's id.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def model_for(req: Request, models: Mapping[str, ServedModel]) -> ServedModel:
 
 
 def admit(req: Request, peer: str, received: float, models: Mapping[str, ServedModel],
-          cameras: CameraTable, queue_size: int) -> Admitted:
+          cameras: CameraTable) -> Admitted:
     """Admit an infer or push request, or raise the ProtocolError its client gets."""
     model = model_for(req, models)
     check = check_window if req.op == "infer" else check_frame
@@ -56,15 +57,4 @@ def admit(req: Request, peer: str, received: float, models: Mapping[str, ServedM
             f"this daemon already serves max_cameras={cameras.max_cameras} cameras and none "
             "of them can give way yet; retry in a few seconds or raise [server] max_cameras"),
             req.id, Reason.NO_CAMERA_SLOT)
-    if req.op == "infer":
-        check_queue(req, model, cam.name, queue_size)
     return Admitted(model, cam, evicted)
-
-
-def check_queue(req: Request, model: ServedModel, camera: str, queue_size: int) -> None:
-    """Room in the camera's queue for one more prediction (for a push: once its frame made
-    one due; the frame itself is kept either way)."""
-    if model.scheduler.queued(camera) >= queue_size:
-        raise ProtocolError(ErrorCode.BUSY, (
-            f"camera {camera!r} already has {queue_size} requests queued; slow down or "
-            "raise [server] queue_size"), req.id, Reason.QUEUE_FULL)

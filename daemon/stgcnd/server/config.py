@@ -2,8 +2,10 @@
 
 One declared schema (msgspec structs) gives every key's type, range and doc; the example
 config and the README's key list are generated from it. Unknown keys and variables are errors,
-and every error names where the bad value came from. A model's keys are engine keys (`ENGINE`)
-or serving policy: a reload that changes only policy keeps the runners.
+and every error names where the bad value came from. Each key says what a reload (SIGHUP) does
+with it (APPLIES): a policy key is applied at once; an engine key is what models are built and
+loaded from (a model whose engine keys changed is loaded anew, and a [server] engine key
+loads every model anew); a restart key is logged as waiting for a restart (reload_key_ignored).
 """
 
 # msgspec evaluates the structs' annotations at run time: on Python 3.8 they must be written
@@ -49,111 +51,122 @@ REMOVED_KEYS = {
 NON_CONFIG_ENV = ("STGCND_CONFIG", "STGCND_ENGINE_DIR")
 
 
-def key(doc: str, rule: str = "", engine: bool = False, path: bool = False,
-        restart: bool = False, **bounds: float) -> Meta:
-    """A key's one-line doc; `rule` says its range in words (for errors); `engine`: part of
-    what a model's engine and runners are built from; `path`: a file or directory path;
-    `restart`: a [server] key that only a restart applies (a reload that changes it says
-    so)."""
+APPLIES = ("policy", "engine", "restart")  # what a reload does with a key (the docstring above)
+
+
+def _key(applies: str, doc: str, rule: str, path: bool, bounds: dict[str, float]) -> Meta:
     # cast: msgspec's overloads spell out each allowed mix of bounds; ours come as a dict.
-    return Meta(description=doc, extra={"rule": rule, "engine": engine, "path": path,
-                                        "restart": restart},
+    return Meta(description=doc, extra={"rule": rule, "applies": applies, "path": path},
                 **cast("dict[str, Any]", bounds))
 
 
+# Every key is declared with one of these three: its one-line doc, its range in words (for
+# errors), whether it is a file or directory path, and its bounds.
+def policy_key(doc: str, rule: str = "", path: bool = False, **bounds: float) -> Meta:
+    """A key a reload applies at once."""
+    return _key("policy", doc, rule, path, bounds)
+
+
+def engine_key(doc: str, rule: str = "", path: bool = False, **bounds: float) -> Meta:
+    """A key models are built and loaded from: a reload that changes it loads them anew."""
+    return _key("engine", doc, rule, path, bounds)
+
+
+def restart_key(doc: str, rule: str = "", path: bool = False, **bounds: float) -> Meta:
+    """A [server] key only a restart applies: a reload that changes it says so."""
+    return _key("restart", doc, rule, path, bounds)
+
+
 class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    endpoint: Annotated[str, key(
+    endpoint: Annotated[str, restart_key(
         "ipc:///path/to/socket or tcp://HOST:PORT; empty: stgcnd.sock in the runtime "
-        "directory (systemd's RuntimeDirectory, else $XDG_RUNTIME_DIR/stgcnd)",
-        restart=True)] = ""
-    events_endpoint: Annotated[str, key(
+        "directory (systemd's RuntimeDirectory, else $XDG_RUNTIME_DIR/stgcnd)")] = ""
+    events_endpoint: Annotated[str, restart_key(
         "where action events are published (ZeroMQ PUB, topic = camera id; "
-        "docs/protocol.md); empty: events only in the log", restart=True)] = ""
-    engines_dir: Annotated[Optional[str], key(
+        "docs/protocol.md); empty: events only in the log")] = ""
+    engines_dir: Annotated[Optional[str], engine_key(
         "engine store: exported ONNX and one artefact per runtime/precision/device; unset: "
         "systemd's StateDirectory/engines, else ./engines when started in a checkout, else the "
         "user cache", path=True)] = None
-    curve: Annotated[Literal["auto", "on", "off"], key(
+    curve: Annotated[Literal["auto", "on", "off"], restart_key(
         "ZeroMQ CURVE: encryption and a key per client (docs/remote-cameras.md); auto: on "
-        "where endpoint or events_endpoint is tcp on an address other than loopback",
-        restart=True)] = "auto"
-    keys_dir: Annotated[Optional[str], key(
+        "where endpoint or events_endpoint is tcp on an address other than loopback")] = "auto"
+    keys_dir: Annotated[Optional[str], restart_key(
         "CURVE: the daemon's key pair (server.key, server.key_secret), made on first start; "
         "unset: systemd's StateDirectory/keys, else ~/.local/state/stgcnd/keys",
-        path=True, restart=True)] = None
-    authorized_keys_dir: Annotated[Optional[str], key(
+        path=True)] = None
+    authorized_keys_dir: Annotated[Optional[str], restart_key(
         "CURVE: one NAME.key per client allowed (`stgcnd keys create`), reread on SIGHUP; "
-        "unset: keys_dir/authorized", path=True, restart=True)] = None
-    insecure: Annotated[bool, key(
+        "unset: keys_dir/authorized", path=True)] = None
+    insecure: Annotated[bool, restart_key(
         "allow a tcp endpoint other machines can reach without CURVE (anyone who reaches the "
-        "port may use every camera)", restart=True)] = False
-    stats_interval: Annotated[float, key(
+        "port may use every camera)")] = False
+    stats_interval: Annotated[float, policy_key(
         "seconds between the latency and system log events", "must be > 0 seconds",
-        gt=0, restart=True)] = 10.0
-    visibility_threshold: Annotated[float, key(
+        gt=0)] = 10.0
+    visibility_threshold: Annotated[float, restart_key(
         "skeleton quality: a joint below this visibility counts as lost",
-        "must be in 0..1", ge=0, le=1, restart=True)] = 0.5
-    quality_floor: Annotated[float, key(
+        "must be in 0..1", ge=0, le=1)] = 0.5
+    quality_floor: Annotated[float, restart_key(
         "skeleton quality: a camera whose usable share of joints (frames with a person x "
         "joints not lost) falls below this in a stats interval logs one warning",
-        "must be in 0..1", ge=0, le=1, restart=True)] = 0.5
-    socket_mode: Annotated[int, key(
+        "must be in 0..1", ge=0, le=1)] = 0.5
+    socket_mode: Annotated[int, restart_key(
         "permissions of the ipc socket file (0o660: camera processes in the daemon's group)",
-        "must be a file mode from 0 to 0o777", ge=0, le=0o777, restart=True)] = 0o660
-    queue_size: Annotated[int, key(
-        "requests queued per camera before `busy` replies", "must be >= 1", ge=1, restart=True)] = 8
-    idle_timeout: Annotated[float, key(
+        "must be a file mode from 0 to 0o777", ge=0, le=0o777)] = 0o660
+    queue_size: Annotated[int, policy_key(
+        "requests queued per camera before `busy` replies", "must be >= 1", ge=1)] = 8
+    idle_timeout: Annotated[float, policy_key(
         "seconds after which an idle camera is forgotten (its push window and lane freed)",
         "must be > 0 seconds", gt=0)] = 300.0
-    max_cameras: Annotated[int, key(
+    max_cameras: Annotated[int, restart_key(
         "cameras served at once; when all are taken, slots are shared by peer (client "
         "process, address or loopback user), an eighth kept for cameras served before "
-        "(docs/hardening.md)", "must be >= 1", ge=1, restart=True)] = 64
-    max_connections: Annotated[int, key(
+        "(docs/hardening.md)", "must be >= 1", ge=1)] = 64
+    max_connections: Annotated[int, restart_key(
         "connections accepted at most, cameras and event subscribers together (these get "
         "an eighth); 0: 3/4 of the free file descriptors, at most 4096",
-        "must be >= 0 (0 = auto)", ge=0, restart=True)] = 0
-    max_rss_mb: Annotated[int, key(
+        "must be >= 0 (0 = auto)", ge=0)] = 0
+    max_rss_mb: Annotated[int, restart_key(
         "resident memory (MB) above which connections that send nothing are closed; 0: the "
-        "size at READY + 512 MB", "must be >= 0 (0 = auto)", ge=0, restart=True)] = 0
-    memory_budget_mb: Annotated[int, key(
+        "size at READY + 512 MB", "must be >= 0 (0 = auto)", ge=0)] = 0
+    memory_budget_mb: Annotated[int, engine_key(
         "device memory (MB) the models may take: weights, engines, activations, CUDA graphs; "
         "0: what is free at start less memory_reserve_mb (docs/jetson.md: the memory plan)",
         "must be >= 0 (0 = auto)", ge=0)] = 0
-    memory_reserve_mb: Annotated[int, key(
+    memory_reserve_mb: Annotated[int, engine_key(
         "device memory (MB) left free for others (on a Jetson: the cameras and the OS, which "
         "share it); -1: 1536 on a Jetson, 0 elsewhere", "must be >= -1 (-1 = auto)",
         ge=-1)] = -1
-    build_retry_after_s: Annotated[float, key(
+    build_retry_after_s: Annotated[float, policy_key(
         "seconds after which a failed engine build is tried again at a start (sooner once "
         "25% more memory is free than when it failed; docs/engines.md)",
         "must be >= 0 seconds", ge=0)] = 3600.0
-    build_attempts: Annotated[int, key(
+    build_attempts: Annotated[int, policy_key(
         "times a failing engine build is tried before it is left failed (until the "
         "configuration changes or `stgcnd build --rebuild`)", "must be >= 1", ge=1)] = 3
-    drain_timeout: Annotated[float, key(
+    drain_timeout: Annotated[float, policy_key(
         "on SIGTERM, seconds for in-flight work; keep below the unit's TimeoutStopSec (15)",
         "must be > 0 seconds", gt=0)] = 10.0
-    stall_timeout: Annotated[float, key(
+    stall_timeout: Annotated[float, policy_key(
         "a batch running this long stops the watchdog pings (systemd then restarts us)",
         "must be > 0 seconds", gt=0)] = 30.0
-    max_message_bytes: Annotated[int, key(
+    max_message_bytes: Annotated[int, restart_key(
         "largest request in bytes (a 150-frame window of 5 persons is 0.3 MB)",
-        "must be >= 1024", ge=1024, restart=True)] = 4 * 1024 * 1024
-    sndhwm: Annotated[int, key(
+        "must be >= 1024", ge=1024)] = 4 * 1024 * 1024
+    sndhwm: Annotated[int, restart_key(
         "unread replies queued per client before further ones are dropped", "must be >= 1",
-        ge=1, restart=True)] = 1000
-    rcvhwm: Annotated[int, key(
+        ge=1)] = 1000
+    rcvhwm: Annotated[int, restart_key(
         "requests queued per connection before its sender is held back", "must be >= 1",
-        ge=1, restart=True)] = 1000
-    warmup_runs: Annotated[int, key(
+        ge=1)] = 1000
+    warmup_runs: Annotated[int, engine_key(
         "warm-up runs of every batch shape before READY", "must be >= 0", ge=0)] = 3
-    tegrastats: Annotated[Optional[str], key(
-        "path of tegrastats; unset: look on PATH (Jetson only)", restart=True)] = None
-    system_stats: Annotated[bool, key(
-        "sample CPU, memory, GPU, power and temperatures into `system` log events",
-        restart=True)] = True
-    log_level: Annotated[Literal["debug", "info", "warning", "error"], key(
+    tegrastats: Annotated[Optional[str], restart_key(
+        "path of tegrastats; unset: look on PATH (Jetson only)")] = None
+    system_stats: Annotated[bool, restart_key(
+        "sample CPU, memory, GPU, power and temperatures into `system` log events")] = True
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], policy_key(
         "log level of the daemon's JSON log")] = "info"
 
 
@@ -175,111 +188,106 @@ class CameraEvents(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
 
 
 class EventsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    enter: Annotated[float, key(
+    enter: Annotated[float, policy_key(
         "a class's event starts when its smoothed probability stays at or above this",
         "must be in 0..1", ge=0, le=1)] = 0.8
-    exit: Annotated[float, key(
+    exit: Annotated[float, policy_key(
         "... and ends when it falls below this (<= enter: the hysteresis)",
         "must be in 0..1", ge=0, le=1)] = 0.5
-    min_duration_s: Annotated[float, key(
+    min_duration_s: Annotated[float, policy_key(
         "how long the smoothed probability must hold above enter before the start",
         "must be >= 0 seconds", ge=0)] = 2.0
-    cooldown_s: Annotated[float, key(
+    cooldown_s: Annotated[float, policy_key(
         "after an end, how long before the same camera's class may start again",
         "must be >= 0 seconds", ge=0)] = 30.0
-    smoothing: Annotated[Literal["ema", "k-of-n"], key(
+    smoothing: Annotated[Literal["ema", "k-of-n"], policy_key(
         "ema: exponential moving average of the probability; k-of-n: its k-th highest "
         "value over the last n predictions")] = "ema"
-    ema_alpha: Annotated[float, key(
+    ema_alpha: Annotated[float, policy_key(
         "ema: the newest prediction's weight", "must be in (0, 1]", gt=0, le=1)] = 0.5
-    k: Annotated[int, key("k-of-n: k", "must be >= 1", ge=1)] = 3
-    n: Annotated[int, key("k-of-n: n (>= k)", "must be >= 1", ge=1)] = 5
-    quiet_classes: Annotated[Optional[Tuple[str, ...]], key(
+    k: Annotated[int, policy_key("k-of-n: k", "must be >= 1", ge=1)] = 3
+    n: Annotated[int, policy_key("k-of-n: n (>= k)", "must be >= 1", ge=1)] = 5
+    quiet_classes: Annotated[Optional[Tuple[str, ...]], policy_key(
         "classes that never raise events, by the model's labels (the demo model's: normal, "
         "abnormal); unset: the first label (e.g. normal)")] = None
-    classes: Annotated[Dict[str, ClassEvents], key(
+    classes: Annotated[Dict[str, ClassEvents], policy_key(
         "per class: [models.events.classes.NAME] enter / exit")] = {}
-    cameras: Annotated[Dict[str, CameraEvents], key(
+    cameras: Annotated[Dict[str, CameraEvents], policy_key(
         "per camera: [models.events.cameras.ID] enabled / enter / exit / min_duration_s / "
         "cooldown_s")] = {}
 
 
 class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    name: Annotated[str, key(
+    name: Annotated[str, engine_key(
         "the model's name in requests, replies and logs (a request without one gets the first "
         "model); unset: the checkpoint's file name without extension, or demo",
         "must be a non-empty name", min_length=1)] = "demo"
-    checkpoint: Annotated[Optional[str], key(
-        "the st-gcn checkpoint (.pt state_dict), or its exported .onnx", engine=True,
+    checkpoint: Annotated[Optional[str], engine_key(
+        "the st-gcn checkpoint (.pt state_dict), or its exported .onnx",
         path=True)] = None
-    demo: Annotated[bool, key(
-        "serve the demo model (random weights: its predictions mean nothing)",
-        engine=True)] = False
-    layout: Annotated[str, key("skeleton layout: mediapipe (33 keypoints), openpose, coco, "
-                               "ntu-rgb+d",
-                               "must be one of " + ", ".join(sorted(LAYOUTS)),
-                               engine=True)] = "mediapipe"
-    persons: Annotated[int, key("person slots M", "must be >= 1", engine=True, ge=1)] = 1
-    frames: Annotated[int, key("window length T in frames (150: 6 s at 25 fps)",
-                               "must be >= 3", engine=True, ge=3)] = 150
-    motion: Annotated[str, key(
+    demo: Annotated[bool, engine_key(
+        "serve the demo model (random weights: its predictions mean nothing)")] = False
+    layout: Annotated[str, engine_key(
+        "skeleton layout: mediapipe (33 keypoints), openpose, coco, ntu-rgb+d",
+        "must be one of " + ", ".join(sorted(LAYOUTS)))] = "mediapipe"
+    persons: Annotated[int, engine_key("person slots M", "must be >= 1", ge=1)] = 1
+    frames: Annotated[int, engine_key("window length T in frames (150: 6 s at 25 fps)",
+                                      "must be >= 3", ge=3)] = 150
+    motion: Annotated[str, engine_key(
         "the motion stream's formula the model was trained with (the original st-gcn "
-        "two-stream uses second-difference)", "must be one of " + ", ".join(MOTION_FORMULAS),
-        engine=True)] = "first-difference"
-    labels: Annotated[Tuple[str, ...], key("class names, in class order")] = ()
-    events: Annotated[Optional[EventsConfig], key(
+        "two-stream uses second-difference)",
+        "must be one of " + ", ".join(MOTION_FORMULAS))] = "first-difference"
+    labels: Annotated[Tuple[str, ...], policy_key("class names, in class order")] = ()
+    events: Annotated[Optional[EventsConfig], policy_key(
         "action events from this model's predictions: a [models.events] table (keys below); "
         "unset: none")] = None
-    backend: Annotated[str, key(
+    backend: Annotated[str, engine_key(
         "tensorrt, torch, onnxruntime, or auto (tensorrt, else torch on CUDA, else the "
         "fastest CPU runtime); noop: zero logits, to measure the daemon itself",
         "must be one of " + ", ".join(BACKENDS) + " (noop: zero logits, for measuring the "
-        "daemon itself)", engine=True)] = "auto"
-    device: Annotated[Literal["auto", "cpu", "cuda"], key(
-        "for a named backend: cuda when it can use the GPU, else cpu", engine=True)] = "auto"
-    precision: Annotated[Literal["fp32", "fp16", "bf16", "int8"], key(
+        "daemon itself)")] = "auto"
+    device: Annotated[Literal["auto", "cpu", "cuda"], engine_key(
+        "for a named backend: cuda when it can use the GPU, else cpu")] = "auto"
+    precision: Annotated[Literal["fp32", "fp16", "bf16", "int8"], engine_key(
         "fp32, fp16 (GPU), bf16 (torch on a CPU with AVX512-BF16/AMX) or int8 (needs "
         "calibration); with backend auto on a CPU, the lowest allowed: the fastest measured "
-        "of the runtimes and precisions down to it is served", engine=True)] = "fp32"
-    stride: Annotated[int, key(
+        "of the runtimes and precisions down to it is served")] = "fp32"
+    stride: Annotated[int, policy_key(
         "push mode: one prediction every `stride` frames; one must take less than `stride` "
         "frames (40 ms each at 25 fps) or the camera waits (logged at start: "
         "camera_rate_at_risk); 25, one a second, keeps a CPU at the camera's rate",
         "must be >= 1", ge=1)] = 1
-    max_batch: Annotated[int, key(
+    max_batch: Annotated[int, engine_key(
         "largest batch across cameras; 0: 64 on a GPU, 8 on a Jetson, 16 on a CPU (the memory "
         "plan may keep fewer buckets)",
-        "must be >= 0 (0 = auto)", engine=True, ge=0)] = 0
-    buckets: Annotated[Tuple[int, ...], key(
+        "must be >= 0 (0 = auto)", ge=0)] = 0
+    buckets: Annotated[Tuple[int, ...], engine_key(
         "batch shapes prepared before READY (a batch runs in the smallest that holds it)",
-        "must be batch sizes >= 1, e.g. [1, 2, 4, 8]", engine=True,
+        "must be batch sizes >= 1, e.g. [1, 2, 4, 8]",
         min_length=1)] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-    max_queue_delay_us: Annotated[int, key(
+    max_queue_delay_us: Annotated[int, policy_key(
         "how long a batch may wait to fill while the device is idle (0: never)",
         "must be in 0..1000000", ge=0, le=1_000_000)] = 0
-    instances: Annotated[int, key(
+    instances: Annotated[int, engine_key(
         "runners sharing the model's queue (each its own streams and graphs)",
-        "must be >= 1", engine=True, ge=1)] = 1
-    client_streams: Annotated[bool, key(
-        "one CUDA stream per camera for its copies (false: one copy each way per batch)",
-        engine=True)] = True
-    cuda_graph: Annotated[bool, key(
-        "on CUDA: one graph per bucket, captured before READY", engine=True)] = True
-    compile: Annotated[Literal["auto", "off", "reduce-overhead"], key(
+        "must be >= 1", ge=1)] = 1
+    client_streams: Annotated[bool, engine_key(
+        "one CUDA stream per camera for its copies (false: one copy each way per batch)")] = True
+    cuda_graph: Annotated[bool, engine_key(
+        "on CUDA: one graph per bucket, captured before READY")] = True
+    compile: Annotated[Literal["auto", "off", "reduce-overhead"], engine_key(
         "torch on CUDA: torch.compile's kernels inside the graphs (auto: reduce-overhead "
-        "where Triton is installed; seconds a bucket, cached in engines_dir)",
-        engine=True)] = "auto"
-    threads: Annotated[int, key(
+        "where Triton is installed; seconds a bucket, cached in engines_dir)")] = "auto"
+    threads: Annotated[int, engine_key(
         "CPU runtimes' intra-op threads (0: all cores; leave some to the cameras on a Jetson)",
-        "must be >= 0", engine=True, ge=0)] = 0
-    calibration: Annotated[Optional[str], key(
-        "int8: .npz/.npy of recorded windows (N, 3, T, V, M)", engine=True, path=True)] = None
-    allow_synthetic_calibration: Annotated[bool, key(
-        "int8: calibrate on generated skeletons when no calibration file is given",
-        engine=True)] = False
-    noop_compute_us: Annotated[int, key(
+        "must be >= 0", ge=0)] = 0
+    calibration: Annotated[Optional[str], engine_key(
+        "int8: .npz/.npy of recorded windows (N, 3, T, V, M)", path=True)] = None
+    allow_synthetic_calibration: Annotated[bool, engine_key(
+        "int8: calibrate on generated skeletons when no calibration file is given")] = False
+    noop_compute_us: Annotated[int, engine_key(
         "backend noop only: each batch finishes this long after it starts",
-        "must be in 0..10000000 and is for backend = \"noop\" only", engine=True, ge=0,
+        "must be in 0..10000000 and is for backend = \"noop\" only", ge=0,
         le=10_000_000)] = 0
 
     @property
@@ -309,21 +317,27 @@ class Config(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class KeyDoc(NamedTuple):
-    """What key() said of a key: its one-line doc, its range in words, whether it is an engine
-    key, a path, or a key only a restart applies."""
+    """What a key's declaration said of it: its one-line doc, its range in words, what a
+    reload does with it (one of APPLIES), whether it is a path."""
 
     description: str
     rule: str
-    engine: bool
+    applies: str
     path: bool
-    restart: bool
+
+    @property
+    def engine(self) -> bool:
+        return self.applies == "engine"
+
+    @property
+    def restart(self) -> bool:
+        return self.applies == "restart"
 
 
 def _meta(annotation: Any) -> KeyDoc:
     meta = next(a for a in getattr(annotation, "__metadata__", ()) if isinstance(a, Meta))
     extra = meta.extra or {}
-    return KeyDoc(meta.description or "", extra["rule"], extra["engine"], extra["path"],
-                  extra["restart"])
+    return KeyDoc(meta.description or "", extra["rule"], extra["applies"], extra["path"])
 
 
 def schema(cls: type[msgspec.Struct]) -> list[tuple[str, Any, KeyDoc]]:
@@ -334,6 +348,7 @@ def schema(cls: type[msgspec.Struct]) -> list[tuple[str, Any, KeyDoc]]:
 ENGINE = tuple(name for name, _, meta in schema(ModelConfig) if meta.engine)
 MODEL_FILES = tuple(name for name, _, meta in schema(ModelConfig) if meta.path)
 RESTART = tuple(name for name, _, meta in schema(ServerConfig) if meta.restart)
+SERVER_ENGINE = tuple(name for name, _, meta in schema(ServerConfig) if meta.engine)
 PATHS = frozenset(n for c in (ServerConfig, ModelConfig) for n, _, m in schema(c) if m.path)
 
 
@@ -608,6 +623,11 @@ def _comment(text: str) -> list[str]:
     return textwrap.wrap(text, 92, initial_indent="# ", subsequent_indent="# ")
 
 
+def _tag(meta: KeyDoc, form: str) -> str:
+    """How the generated documentation marks what a reload does with a key (policy: no mark)."""
+    return "" if meta.applies == "policy" else " " + form.format(meta.applies)
+
+
 def example() -> str:
     """The annotated configuration: every key with its doc and default (the defaults of the
     example's own values where it sets them: a systemd deployment serving a checkpoint)."""
@@ -620,13 +640,15 @@ def example() -> str:
            "`stgcnd config",
            "# example` prints it). Every [server] key can be overridden by an environment",
            "# variable STGCND_<KEY> (e.g. STGCND_STATS_INTERVAL=5). Unknown keys, and unknown",
-           "# STGCND_* variables, are errors. Keys marked (engine) are what a model's engine is",
-           "# built from; a reload that changes only the others keeps its runners. Keys marked",
-           "# (restart) take effect at a restart only; a reload changes every other. A relative",
-           "# path (checkpoint, calibration, engines_dir) is relative to the file's directory.", "",
+           "# STGCND_* variables, are errors. Keys marked (engine) are what models are built",
+           "# and loaded from: a reload (SIGHUP) that changes one loads the model anew",
+           "# ([server]: every model). Keys marked (restart) take effect at a restart only (a",
+           "# reload that changes one logs reload_key_ignored). A reload applies every other key",
+           "# at once. A relative path (checkpoint, calibration, engines_dir) is relative to the",
+           "# file's directory.", "",
            "[server]"]
     for name, default, meta in schema(ServerConfig):
-        out += _comment(meta.description + (" (restart)" if meta.restart else ""))
+        out += _comment(meta.description + _tag(meta, "({})"))
         value = shown.get(name, default)
         if value is None:
             out.append(f"# {name} = ")
@@ -638,8 +660,7 @@ def example() -> str:
     for name, default, meta in schema(ModelConfig):
         if name == "events":
             continue  # its own table, below
-        tag = " (engine)" if meta.engine else ""
-        out += _comment(meta.description + tag)
+        out += _comment(meta.description + _tag(meta, "({})"))
         value = model.get(name, default)
         out.append(f"# {name} = " if value is None else f"{name} = {_toml_value(value)}")
     out += ["", "# Action events from this model's predictions (docs/protocol.md, Events): "
@@ -663,6 +684,6 @@ def key_table() -> str:
                          ("models.events", EventsConfig)):
         for name, default, meta in schema(cls):
             shown = "unset" if default is None else _toml_value(default)
-            tag = " *engine*" if meta.engine else " *restart*" if meta.restart else ""
+            tag = _tag(meta, "*{}*")
             rows.append(f"| `[{section}] {name}` | `{shown}` | {meta.description}{tag} |")
     return "\n".join(rows) + "\n"

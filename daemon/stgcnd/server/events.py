@@ -10,7 +10,7 @@ import collections
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AbstractSet, Dict, Mapping, Sequence
+from typing import Dict, Mapping, Sequence
 
 import msgpack
 import zmq
@@ -160,9 +160,6 @@ class Events:
                 tracks[i] = Track(rules[i])
         self._configs = dict(models)
         return ended
-
-    def cameras(self) -> set[str]:
-        return {camera for camera, _ in self._tracks}
 
     def watches(self, model: str) -> bool:
         return model in self._configs
@@ -394,11 +391,6 @@ class EventFeed:
 
     def forget(self, camera: str, reason: str) -> None:
         self.emit(self.events.forget(camera, time.monotonic(), time.time(), reason))
-
-    def forget_all_but(self, cameras: AbstractSet[str], reason: str) -> None:
-        """The cameras no longer in the table (evicted): their open events end."""
-        for camera in self.events.cameras() - cameras:
-            self.forget(camera, reason)
 
     def close(self) -> None:
         """End every open event (reason: shutdown), then close the socket."""

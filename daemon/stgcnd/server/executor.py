@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from stgcnd.runtimes.base import Runner, Runtime
 from stgcnd.runtimes.cuda import CudaError
 from stgcnd.server.compute_estimate import ComputeEstimate
 from stgcnd.server.scheduler import Job, Scheduler
-from stgcnd_client.protocol import ErrorCode, ProtocolError, Reason, encode_reply
+from stgcnd_client.protocol import ErrorCode, ProtocolError, Reason
 
 log = get_logger(__name__)
 
@@ -37,18 +38,21 @@ BLOCKED_RETRY_S = 1e-3   # the runner cannot launch right now (another thread ca
 
 @dataclass
 class Reply:
+    """A finished job's answer: its result, or the error its client gets. The request path
+    (server/requests.py), which decoded the request, encodes it."""
+
     job: Job
-    frames: list[bytes]
     outcome: str                # "ok", "error", "expired", "shutting-down"
+    result: dict[str, Any] | None = None   # ok: the prediction (probs, label, timings...)
+    error: ProtocolError | None = None
     timings: dict[str, float] = field(default_factory=dict)
-    probs: list[float] | None = None  # a prediction's class probabilities (server/events.py)
 
 
 def error_reply(job: Job, code: ErrorCode, message: str, outcome: str) -> Reply:
     # A push job's frame is in its camera's window already: only the prediction failed.
     reason = Reason.STOPPING if code == ErrorCode.SHUTTING_DOWN else None
-    return Reply(job, encode_reply(job.req_id, error=ProtocolError(
-        code, message, reason=reason, appended=True if job.op == "push" else None)), outcome)
+    return Reply(job, outcome, error=ProtocolError(
+        code, message, reason=reason, appended=True if job.op == "push" else None))
 
 
 def replies_for(jobs: Sequence[Job], logits: np.ndarray, labels: Sequence[str], model: str,
@@ -78,7 +82,7 @@ def replies_for(jobs: Sequence[Job], logits: np.ndarray, labels: Sequence[str], 
         result = {**job.extra, "model": model, "logits": row,
                   "probs": [e / total for e in exps], "label": label,
                   "label_name": labels[label], "timings": t}
-        out.append(Reply(job, encode_reply(job.req_id, result), "ok", t, result["probs"]))
+        out.append(Reply(job, "ok", result, timings=t))
     return out
 
 

@@ -18,11 +18,12 @@ import zmq
 
 from stgcnd import __version__
 from stgcnd.log import debug_enabled, get_logger
-from stgcnd.server.admission import admit, check_queue, model_for
+from stgcnd.server.admission import admit, model_for
 from stgcnd.server.cameras import CameraState, CameraTable, PushRecord
 from stgcnd.server.connections import Connections
 from stgcnd.server.curve import ClientKey, Curve
 from stgcnd.server.errorlog import ClientErrorLog
+from stgcnd.server.events import EventFeed
 from stgcnd.server.executor import Reply
 from stgcnd.server.models import ServedModel
 from stgcnd.server.receive import BAN_ABOVE_FRAMES, Incoming, Receiver
@@ -49,19 +50,19 @@ LATENCY_STAGES = ("queue_ms", "compute_ms")  # a reply's timings kept per camera
 
 class RequestPath:
     def __init__(self, router: zmq.Socket[bytes], connections: Connections, cameras: CameraTable,
-                 limits: Limits, queue_size: int, stats: Callable[[], dict[str, Any]],
-                 quality: SkeletonQuality) -> None:
+                 limits: Limits, stats: Callable[[], dict[str, Any]],
+                 quality: SkeletonQuality, events: EventFeed | None = None) -> None:
         self.router = router
         self.receiver = Receiver(router, loopback=connections.loopback)
         self.connections = connections
         self.cameras = cameras
         self.limits = limits
-        self.queue_size = queue_size
         self.models: dict[str, ServedModel] = {}   # the server swaps it on reload
         self.stats = stats
         self.errors = ClientErrorLog()
         self.latency = LatencyAggregator()
         self.quality = quality
+        self.events = events  # told of every prediction and of a camera evicted
         self.counters = {"requests": 0, "errors": 0, "busy": 0, "expired": 0,
                          "replies_dropped": 0}
         self.trim_due = False  # abuse left memory behind: give it back at the stats tick
@@ -209,29 +210,39 @@ class RequestPath:
                 cam.reset(names)
             self.send(identity, encode_reply(req.id, {"reset": names}))
             return
-        admitted = admit(req, peer, received, self.models, self.cameras, self.queue_size)
+        admitted = admit(req, peer, received, self.models, self.cameras)
         cam, model = admitted.camera, admitted.model
         if admitted.evicted is not None:
             ev = admitted.evicted
             self.errors.report("camera-evicted", event="camera_evicted", camera=ev.camera,
                                peer=ev.peer, idle_s=ev.idle_s, rule=ev.rule, by=req.camera)
+            if self.events is not None:  # its open events end with it, now
+                self.events.forget(ev.camera, "camera-evicted")
         cam.requests += 1
-        self.quality.add(cam.name, req.arrays[0])
         deadline = None if req.timeout_ms is None else received + req.timeout_ms / 1e3
         if op == "infer":
             self._submit(identity, req, cam, model, req.arrays[0], {}, received, deadline)
+            self.quality.add(cam.name, req.arrays[0])  # a window refused busy is no frame seen
         else:
+            self.quality.add(cam.name, req.arrays[0])  # the frame is kept even when busy
             self._push(identity, req, cam, model, received, deadline)
 
     def _submit(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
                 window: Any, extra: dict[str, Any], received: float,
                 deadline: float | None) -> None:
+        """Queue the prediction, or refuse it: the one place a camera's queue limit is met
+        (for a push, once its frame made one due; the frame is kept either way)."""
         job = Job(identity, req.id, cam.name, model.name, req.op, window, cam.lane, received,
                   deadline, extra)
-        if not model.submit(job):  # closed: a reload replaces the model (the daemon's own
-            # stop refuses requests before they are read: refuse_all)
-            raise ProtocolError(ErrorCode.SHUTTING_DOWN, "this model is being replaced; "
-                                "retry in a moment", req.id, Reason.MODEL_REPLACED)
+        scheduler = model.scheduler
+        if not scheduler.submit(job):
+            if scheduler.closed:  # a reload replaces the model (the daemon's own stop
+                # refuses requests before they are read: refuse_all)
+                raise ProtocolError(ErrorCode.SHUTTING_DOWN, "this model is being replaced; "
+                                    "retry in a moment", req.id, Reason.MODEL_REPLACED)
+            raise ProtocolError(ErrorCode.BUSY, (
+                f"camera {cam.name!r} already has {scheduler.queue_size} requests queued; "
+                "slow down or raise [server] queue_size"), req.id, Reason.QUEUE_FULL)
         cam.in_flight += 1
 
     def _push(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
@@ -253,7 +264,6 @@ class RequestPath:
             if rec.reply is not None:
                 self.send(identity, rec.reply)
             elif rec.window is not None:
-                check_queue(req, model, cam.name, self.queue_size)
                 self._submit(identity, req, cam, model, rec.window, rec.extra, received,
                              deadline)
             return
@@ -268,13 +278,15 @@ class RequestPath:
             return
         window = ring.window()  # a copy: later frames do not change this prediction
         cam.pushes[model.name] = PushRecord(req.id, extra, window=window)
-        check_queue(req, model, cam.name, self.queue_size)  # busy keeps the frame: resend
+        # Busy keeps the frame (appended above): a resend runs this window.
         self._submit(identity, req, cam, model, window, extra, received, deadline)
 
     # -- replies ---------------------------------------------------------------------------
-    def complete(self, reply: Reply) -> None:
-        """Settle a finished job's bookkeeping and send its reply."""
+    def complete(self, reply: Reply, now: float) -> None:
+        """Settle a finished job's bookkeeping, encode and send its reply, and hand its
+        prediction to the events."""
         job = reply.job
+        frames = encode_reply(job.req_id, reply.result, error=reply.error)
         cam = self.cameras.cameras.get(job.camera)
         if cam is not None:
             cam.in_flight -= 1
@@ -284,9 +296,11 @@ class RequestPath:
                 if job.op == "push":
                     rec = cam.pushes.get(job.model)
                     if rec is not None and rec.req_id == job.req_id:
-                        rec.reply = reply.frames
+                        rec.reply = frames
         self._record(job, reply)
-        self.send(job.identity, reply.frames)
+        self.send(job.identity, frames)
+        if reply.result is not None and self.events is not None:
+            self.events.observe(job.camera, job.model, reply.result["probs"], now)
 
     def _record(self, job: Job, reply: Reply) -> None:
         outcome = reply.outcome

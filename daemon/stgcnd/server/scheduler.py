@@ -64,6 +64,10 @@ class Scheduler:
     def pending(self) -> int:
         return self._pending
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         """Refuse new work; queued work is still handed out until none is left."""
         self._closed = True

@@ -15,15 +15,17 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
+import msgspec
 import zmq
 
 from stgcnd import __version__, cpupower
 from stgcnd.log import configure_logging, debug_enabled, get_logger, logging_config
 from stgcnd.server.cameras import CameraTable
-from stgcnd.server.config import RESTART, Config, load_config
+from stgcnd.server.config import RESTART, SERVER_ENGINE, Config, load_config
 from stgcnd.server.config_checks import check_config
 from stgcnd.server.connections import (
     CLOSE_IDLE_S,
@@ -69,12 +71,40 @@ GROWTH_SPARES_NEW_S = 0.02
 # 5 ms; 0.5 ms bounds that hand-over at a cost of a few hundred extra switches per second.
 GIL_SWITCH_INTERVAL_S = 0.0005
 
+T = TypeVar("T")
+
+
+class Reloaded(NamedTuple):
+    """What a reload made off the loop: the configuration to apply, and its models (the kept
+    ones among them), every runner warmed."""
+
+    config: Config
+    models: dict[str, ServedModel]
+
+
+def in_thread(name: str, work: Callable[[], T]) -> Future[T]:
+    """Run `work` on a thread of its own; its Future. A daemon thread: a stop abandons a
+    build in progress (load_models' cancel) without waiting for it at exit."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        future.set_running_or_notify_cancel()
+        try:
+            future.set_result(work())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
+
 
 class Server:
-    def __init__(self, config: Config, config_path: Path | None = None,
+    def __init__(self, config: Config, reread: Callable[[], Config] | None = None,
                  notifier: Notifier | None = None, follow_log_level: bool = True) -> None:
+        """`reread`: the configuration as a reload reads it (the file, the environment, and
+        the flags serve was started with); default: the default file and the environment."""
         self.config = config
-        self.config_path = config_path
+        self._reread = reread or (lambda: load_config(None))
         # A reload applies [server] log_level, unless --log-level set the level.
         self._follow_log_level = follow_log_level
         self.notifier = notifier or Notifier()
@@ -86,16 +116,13 @@ class Server:
         self.limits = Limits(max_message_bytes=config.server.max_message_bytes)
         self._stop = threading.Event()
         self._reload_requested = threading.Event()
-        self._reload_thread: threading.Thread | None = None
-        self._reload_result: dict[str, ServedModel] | BaseException | None = None
-        self._pending_config: Config = config
+        self._reload: Future[Reloaded] | None = None  # done: it wakes the loop (self._pipe)
         self._fatal: BaseException | None = None
         self._ctx = zmq.Context()
         self._timer = WakeTimer()  # polled runners' next look (poll wakes on it)
         self._pipe = SelfPipe()    # signals and worker threads wake the loop through it
         self._router: zmq.Socket[bytes] | None = None
         self.curve: Curve | None = None  # CURVE's keys and ZAP handler (server/curve.py)
-        self.refusals = Refusals("handshake_failed", "failed")  # replaced at start-up
         self._ipc_path: Path | None = None
         self.connections: Connections | None = None
         self.requests: RequestPath | None = None
@@ -131,7 +158,9 @@ class Server:
         try:
             # SIGTERM/SIGINT (self._stop) abandons a first-start build: BuildCancelled,
             # nothing partial kept.
-            self.models = load_models(self.config, self.generation, start=self._start_model,
+            config = self.config
+            self.models = load_models(config, self.generation,
+                                      start=lambda model: self._start_model(model, config),
                                       cancel=self._stop)
         finally:
             keepalive.set()
@@ -140,23 +169,26 @@ class Server:
         requests_cap, events_cap = self._connection_budget()
         # Refused handshakes: the client never hears why, so the log says it
         # (server/handshakes.py); with CURVE, as curve_denied with the ZAP handler's.
-        self.refusals = self.curve.refusals if self.curve is not None else \
+        refusals = self.curve.refusals if self.curve is not None else \
             Refusals("handshake_failed", "failed")
+        report_handshakes = monitor_reporter(refusals, curve=self.curve is not None)
         self.events = EventFeed(self._ctx, self.config, self.curve, events_cap)
         if self.events.connections is not None:
-            self.events.connections.on_handshake_failed = self._report_handshakes()
+            self.events.connections.on_handshake_failed = report_handshakes
         self.events.configure(self.models)
         self._router = make_router(self._ctx, self.config)
         if self.curve is not None:
             self.curve.secure(self._router)
-        self._watch_connections(requests_cap)  # before the bind: none accepted unseen
+        self._watch_connections(requests_cap, report_handshakes)  # before the bind: none
+        # accepted unseen
         self._ipc_path = bind_router(self._router, self.config)
         assert self.connections is not None
         self.connections.gate_listeners()
         self.requests = RequestPath(self._router, self.connections, self.cameras, self.limits,
-                                    self.config.server.queue_size, self.stats,
+                                    self.stats,
                                     SkeletonQuality(self.config.server.visibility_threshold,
-                                                    self.config.server.quality_floor))
+                                                    self.config.server.quality_floor),
+                                    self.events)
         self.requests.models = self.models
         if self.curve is not None:
             self.requests.use_curve(self.curve)
@@ -186,22 +218,20 @@ class Server:
                  max_connections=cap, requests=requests_cap, events=events_cap)
         return requests_cap, events_cap
 
-    def _watch_connections(self, cap: int) -> None:
+    def _watch_connections(self, cap: int,
+                           report_handshakes: Callable[[int, int, str], None]) -> None:
         """Count connections against the fd budget (server/connections.py), and watch the
         memory a peer can make libzmq hold (server/heap.py)."""
         assert self._router is not None
         self.connections = Connections(self._ctx, self._router, cap)
-        self.connections.on_handshake_failed = self._report_handshakes()
+        self.connections.on_handshake_failed = report_handshakes
         self._rss = RssWatch(self.config.server.max_rss_mb)
         log.info("memory_limit", rss_mb=round(self._rss.rss() / 2**20, 1),
                  limit_mb=round(self._rss.limit / 2**20, 1),
                  action="over it, connections that send nothing are closed")
 
-    def _report_handshakes(self) -> Callable[[int, int, str], None]:
-        return monitor_reporter(self.refusals, curve=self.curve is not None)
-
-    def _start_model(self, model: ServedModel) -> None:
-        s = self.config.server
+    def _start_model(self, model: ServedModel, config: Config) -> None:
+        s = config.server
         lanes = s.max_cameras if model.config.client_streams else 0
         model.start(s.queue_size, lanes, s.warmup_runs, self._pipe.wake, self._on_fatal)
 
@@ -232,8 +262,7 @@ class Server:
         if timer.fd is not None:
             poller.register(timer.fd, zmq.POLLIN)
         timeout = LOOP_TICK_MS
-        interval = self.config.server.stats_interval
-        next_stats = time.monotonic() + interval
+        next_stats = time.monotonic() + self.config.server.stats_interval
         next_memory_check = time.monotonic()
         wd_interval = self.notifier.watchdog_interval
         next_watchdog = time.monotonic()
@@ -258,12 +287,13 @@ class Server:
             if self._reload_requested.is_set():
                 self._reload_requested.clear()
                 self._begin_reload()
-            self._finish_reload()
+            if self._reload is not None and self._reload.done():
+                self._finish_reload(self._reload)
             if now >= next_memory_check:
                 next_memory_check = now + CHECK_EVERY_S
                 self._check_memory(now)
             if now >= next_stats:
-                next_stats = now + interval
+                next_stats = now + self.config.server.stats_interval  # a reload may change it
                 self._tick(now)
             if wd_interval and now >= next_watchdog:
                 stalled = self.stalled_executors(now)
@@ -302,10 +332,7 @@ class Server:
                         e.alive for e in model.executors) else []
                     replies, look = ex.abandon(exc, queued), None
                 for reply in replies:
-                    requests.complete(reply)
-                    if reply.probs is not None and self.events is not None:
-                        self.events.observe(reply.job.camera, reply.job.model, reply.probs,
-                                            now)
+                    requests.complete(reply, now)
                 if look is not None and (next_look is None or look < next_look):
                     next_look = look
         timer = self._timer
@@ -336,8 +363,7 @@ class Server:
             log.info("camera_reclaimed", camera=camera, idle_s=round(idle))
             if self.events is not None:
                 self.events.forget(camera, "camera-idle")
-        if self.events is not None:  # evicted for another camera: its events end too
-            self.events.forget_all_but(self.cameras.cameras.keys(), "camera-evicted")
+        if self.events is not None:
             self.events.tidy()
             if self.events.connections is not None:
                 self.events.connections.enforce(now)
@@ -359,7 +385,7 @@ class Server:
             watch.trim(now)
             over = watch.over()
         # A reload's new models grow the heap as fast as a peer's message: not a peer's.
-        grown = watch.growing() if not over and self._reload_thread is None else 0
+        grown = watch.growing() if not over and self._reload is None else 0
         if grown and not self._read_waiting(now):
             return  # still reading what is waiting: the next check decides
         if over or grown:
@@ -433,71 +459,64 @@ class Server:
 
     # -- reload ----------------------------------------------------------------------------
     def _begin_reload(self) -> None:
-        if self._reload_thread is not None:
+        if self._reload is not None:
             log.warning("reload_ignored", reason="a reload is already running")
             return
         self.notifier.reloading()
-        log.info("reload", phase="started", source=str(self.config_path or "defaults"))
+        log.info("reload", phase="started", source=self.config.source)
+        current, models, generation = self.config, self.models, self.generation + 1
+        self._reload = in_thread("reload", lambda: self._load(current, models, generation))
+        self._reload.add_done_callback(lambda _: self._pipe.wake())
 
-        def work() -> None:
-            try:
-                if self.curve is not None:  # revoked keys: their requests get `forbidden`
-                    self.curve.reload()
-                config = load_config(self.config_path)
-                check_config(config)  # what `config check` and a start check, as they do
-                for name in RESTART:  # the schema's (restart) keys: never silently ignored
-                    if getattr(config.server, name) != getattr(self.config.server, name):
-                        log.warning("reload_key_ignored", key=name,
-                                    value=getattr(config.server, name),
-                                    kept=getattr(self.config.server, name),
-                                    reason=f"[server] {name} takes effect at a restart "
-                                           "(systemctl restart stgcnd)")
-                # New and changed models get their runners, warmed here, while the current
-                # ones keep serving.
-                models = load_models(config, self.generation + 1, keep=self.models,
-                                     start=self._start_model, cancel=self._stop)
-                self._reload_result = models
-                self._pending_config = config
-            except BaseException as exc:
-                self._reload_result = exc
-            finally:
-                self._pipe.wake()
+    def _load(self, current: Config, models: dict[str, ServedModel],
+              generation: int) -> Reloaded:
+        """The reload's thread: reread the keys and the file, and load what changed; new and
+        changed models get their runners, warmed here, while the current ones keep serving."""
+        if self.curve is not None:  # revoked keys: their requests get `forbidden`
+            self.curve.reload()
+        config = self._reread()
+        check_config(config)  # what `config check` and a start check, as they do
+        config = keep_restart_keys(config, current)
+        engine_changed = [k for k in SERVER_ENGINE
+                          if getattr(config.server, k) != getattr(current.server, k)]
+        # A [server] engine key (engines_dir, memory plan, warm-up) is what every model is
+        # loaded with: every model is loaded anew. Otherwise a model whose own engine keys
+        # are unchanged is kept (its policy keys applied by _apply).
+        return Reloaded(config, load_models(
+            config, generation, keep=None if engine_changed else models,
+            start=lambda model: self._start_model(model, config), cancel=self._stop))
 
-        self._reload_thread = threading.Thread(target=work, name="reload", daemon=True)
-        self._reload_thread.start()
-
-    def _finish_reload(self) -> None:
-        if self._reload_thread is None or self._reload_thread.is_alive():
-            return
-        self._reload_thread = None
-        result, self._reload_result = self._reload_result, None
-        if isinstance(result, BaseException):
-            log.error("reload", phase="failed", error=str(result),
-                      action="still serving the previous configuration")
-            note = f"reload failed: {result}"
-        else:
-            if result is not None:
-                self._swap_models(result)
+    def _finish_reload(self, reload: Future[Reloaded]) -> None:
+        self._reload = None
+        try:
+            self._apply(reload.result())
             note = "reloaded"
+        except Exception as exc:  # BuildCancelled too: a stop during the reload's build
+            log.error("reload", phase="failed", error=str(exc),
+                      action="still serving the previous configuration")
+            note = f"reload failed: {exc}"
         if self.events is not None:  # the keys were reread first, whatever else failed
             self.events.drop_revoked()
         self.notifier.ready(f"serving {', '.join(self.models)} ({note})")
 
-    def _swap_models(self, models: dict[str, ServedModel]) -> None:
-        """Serve the reloaded models; replaced ones finish their queued work, then close."""
+    def _apply(self, reloaded: Reloaded) -> None:
+        """Serve the reloaded models and apply the policy keys; replaced models finish their
+        queued work, then close."""
         assert self.requests is not None
-        old = self.models
+        old, (config, models) = self.models, reloaded
         self.generation += 1
         self.models = self.requests.models = models
-        if self._follow_log_level and \
-                self._pending_config.server.log_level != self.config.server.log_level:
-            configure_logging(**{**logging_config(),
-                                 "level": self._pending_config.server.log_level})
+        if self._follow_log_level and config.server.log_level != self.config.server.log_level:
+            configure_logging(**{**logging_config(), "level": config.server.log_level})
             self.requests.log_requests = debug_enabled()
-        self.config = self._pending_config
+        self.config = config
+        server = config.server
         for name, model in models.items():
             if old.get(name) is model:
-                model.apply_policy(self.config.model(name) or model.config)
+                model.apply_policy(config.model(name) or model.config)
+            model.scheduler.queue_size = server.queue_size
+        if self._sampler is not None:
+            self._sampler.interval_s = server.stats_interval
         if self.events is not None:  # open events stay open under the new rules
             self.events.configure(models)
         for name, model in old.items():
@@ -506,7 +525,8 @@ class Server:
                 self.retiring.append(model)
         if self._rss is not None:
             self._rss.rebase()  # the new models' memory is theirs, not a peer's
-        log.info("reload", phase="done", models=list(models), generation=self.generation)
+        log.info("reload", phase="done", models=list(models), generation=self.generation,
+                 loaded=[n for n, m in models.items() if old.get(n) is not m])
 
     def _reap_retired(self) -> None:
         for model in list(self.retiring):
@@ -607,3 +627,18 @@ class Server:
         log.info("shutdown_complete", exit_code=0, phase="startup",
                  reason="signal during start-up; the engine build was abandoned")
         return 0
+
+
+def keep_restart_keys(config: Config, current: Config) -> Config:
+    """`config` with the running values of the keys only a restart applies; each one that
+    changed is logged (reload_key_ignored), never silently ignored."""
+    kept = {}
+    for name in RESTART:
+        value, running = getattr(config.server, name), getattr(current.server, name)
+        if value != running:
+            kept[name] = running
+            log.warning("reload_key_ignored", key=name, value=value, kept=running,
+                        reason=f"[server] {name} takes effect at a restart "
+                               "(systemctl restart stgcnd)")
+    return msgspec.structs.replace(
+        config, server=msgspec.structs.replace(config.server, **kept)) if kept else config
