@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Union
 
-from stgcnd.engines.builders.tensorrt import precision_plan
+from stgcnd.engines.builders import get_builder
 from stgcnd.engines.keys import key_digest
 from stgcnd.engines.options import BuildOptions
 from stgcnd.engines.store import Artifact, EngineStore
@@ -84,8 +84,8 @@ def serving_options(options: BuildOptions) -> BuildOptions:
     if options.precision != "fp16":
         return options
     trt = import_tensorrt()
-    try:
-        precision_plan(trt, "fp16")
+    try:  # the builder's own check (get_builder: TensorRT's modules load only for TensorRT)
+        get_builder("tensorrt").check(options)
     except UserError as exc:
         log.warning("precision_fallback", backend="tensorrt", asked="fp16", using="fp32",
                     tensorrt=str(getattr(trt, "__version__", "?")), reason=str(exc))

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stgcnd.engines.builders import BuildContext, Builder, get_builder
-from stgcnd.engines.calibration import calibration_windows, refuse_without_calibration
+from stgcnd.engines.builders import BuildContext, Builder, build_steps, get_builder
 from stgcnd.engines.child_build import BuildProcessDied, run_in_child
 from stgcnd.engines.device import device_identity, runtime_identity
 from stgcnd.engines.exported import (
@@ -36,9 +35,7 @@ from stgcnd.engines.exported import (
 from stgcnd.engines.keys import describe_key_change, key_digest, make_key_parts
 from stgcnd.engines.lock import READ_ONLY_ERRNOS, build_lock
 from stgcnd.engines.options import BACKENDS, BuildOptions
-from stgcnd.engines.quantize import quantize_qdq
 from stgcnd.engines.retry import BuildRetry, iso
-from stgcnd.engines.validate import validate_backend, validate_export
 from stgcnd.errors import (
     BackendUnavailable,
     BuildCancelled,
@@ -48,18 +45,10 @@ from stgcnd.errors import (
     UserError,
     ValidationError,
 )
-from stgcnd.export.demo_onnx import demo_onnx_bytes
 from stgcnd.runtimes.free_memory import device_memory
-from stgcnd.export.onnx_export import export_model
 from stgcnd.fsutil import atomic_write_bytes, atomic_write_json, file_sha256
 from stgcnd.log import get_logger
-from stgcnd.model.reference import (
-    export_module,
-    load_for_inference,
-    torch_installed,
-    torch_missing,
-)
-from stgcnd.runtimes import importable
+from stgcnd.model.reference import load_for_inference, torch_installed, torch_missing
 from stgcnd.versions import tool_versions
 
 log = get_logger(__name__)
@@ -523,7 +512,7 @@ class EngineStore:
             if not options.allow_synthetic_calibration:
                 # Also when a synthetically calibrated artefact is stored: reusing it must be
                 # asked for as explicitly as building it.
-                refuse_without_calibration()
+                build_steps().refuse_without_calibration()
             return options
         path = Path(options.calibration)
         if not path.is_file():
@@ -628,21 +617,10 @@ class EngineStore:
             if not writable:
                 raise self._read_only(f"{mdir.name}/{path.relative_to(mdir)}", reason)
             log.info("onnx_export_needed", path=str(path), reason=reason)
-            # Without onnxruntime (a TensorRT-only Jetson) the export is checked by onnx only;
-            # the built engine is validated against PyTorch anyway.
-            check = None
-            if importable("onnxruntime"):
-                def check(data: bytes) -> dict[str, Any]:
-                    return validate_export(model, data, dynamic_batch)
             try:
-                if model.spec.is_demo:
-                    res = export_model(model, path, dynamic_batch=dynamic_batch, validate=check,
-                                       variant=DEMO_EXPORT_VARIANT,
-                                       data=demo_onnx_bytes(model.spec, dynamic_batch))
-                else:
-                    res = export_model(model, path, dynamic_batch=dynamic_batch,
-                                       validate=check, module=export_module(model),
-                                       variant=EXPORT_VARIANT)
+                res = build_steps().export_onnx(
+                    model, path, dynamic_batch,
+                    DEMO_EXPORT_VARIANT if model.spec.is_demo else EXPORT_VARIANT)
                 sidecar = {**res.sidecar,
                            "store_export_key": export_key(model.spec, model.checkpoint_sha256,
                                                          dynamic_batch),
@@ -725,7 +703,8 @@ class EngineStore:
     def _ensure_qdq(self, model: Any, options: BuildOptions, onnx_path: Path
                     ) -> tuple[Path, Any, dict[str, Any]]:
         """The Q/DQ INT8 ONNX for this calibration data (made once, shared by backends)."""
-        windows, info = calibration_windows(options, model.spec)
+        steps = build_steps()
+        windows, info = steps.calibration_windows(options, model.spec)
         calib = options.extra.get("calibration_sha256") or "synthetic"
         source_sha = self._onnx_sha(onnx_path)
         tag = hashlib.sha256(f"{source_sha}:{calib}".encode()).hexdigest()[:12]
@@ -739,7 +718,7 @@ class EngineStore:
                 return path, windows, info
             tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.onnx")
             try:
-                q = quantize_qdq(onnx_path, tmp, windows, options.dynamic_batch)
+                q = steps.quantize_qdq(onnx_path, tmp, windows, options.dynamic_batch)
                 with open(tmp, "rb+") as f:
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
@@ -766,7 +745,7 @@ class EngineStore:
         if builder.needs_qdq(options):
             qdq_path, windows, calib_info = self._ensure_qdq(model, options, onnx_path)
         elif options.precision == "int8":
-            windows, calib_info = calibration_windows(options, model.spec)
+            windows, calib_info = build_steps().calibration_windows(options, model.spec)
         ctx = BuildContext(model, options, onnx_path, qdq_path, mdir, self.root, windows,
                            calib_info)
         final = mdir / f"{stem}{builder.suffix}" if builder.suffix else None
@@ -869,7 +848,7 @@ class EngineStore:
                 f"load ({_first_line(str(exc))}); it is not kept. Try another precision or "
                 "backend, or report this with `stgcnd doctor` output") from None
         try:
-            result = validate_backend(ctx.model, backend)
+            result = build_steps().validate_backend(ctx.model, backend)
         except BackendUnavailable as exc:  # no reference here (no torch, no onnxruntime)
             log.warning("engine_validation_skipped", backend=builder.name, reason=str(exc))
             return {"skipped": str(exc)}

@@ -14,7 +14,6 @@ from typing import Any
 
 from stgcnd.engines.builders.base import BuildContext, Builder
 from stgcnd.engines.options import BuildOptions
-from stgcnd.engines.quantize import quantize_for_cpu
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.runtimes import import_onnxruntime, runtime_module
 
@@ -63,6 +62,10 @@ class OnnxRuntimeBuilder(Builder):
         ort = import_onnxruntime()
         if ctx.options.precision == "int8" and ctx.options.device == "cpu":
             assert ctx.calibration is not None
+            # Here, not at the top: the daemon loads this builder to check a stored
+            # artefact's key, and quantizes nothing then.
+            from stgcnd.engines.quantize import quantize_for_cpu
+
             q = quantize_for_cpu(ctx.onnx_path, out, ctx.calibration, ctx.options.dynamic_batch)
             return {"graph": "qdq-int8-cpu", "quantization": q,
                     "providers": self._providers(ctx.options)}
