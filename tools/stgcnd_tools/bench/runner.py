@@ -33,7 +33,6 @@ from stgcnd.runtimes import available, runtime_module
 from stgcnd.runtimes.base import Runtime
 from stgcnd.runtimes.timing import time_round_robin
 from stgcnd.server.config import engines_root
-from stgcnd_tools.bench.stats import latency_stats
 from stgcnd_tools.profiling import (
     RunOptions,
     find_trtexec,
@@ -41,6 +40,7 @@ from stgcnd_tools.profiling import (
     run_trtexec,
     summarize_times,
 )
+from stgcnd_tools.stats import latency_stats
 
 log = get_logger(__name__)
 

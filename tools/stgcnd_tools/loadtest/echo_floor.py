@@ -20,7 +20,7 @@ import numpy as np
 import zmq
 
 from stgcnd.errors import UserError
-from stgcnd_tools.loadtest.stats import distribution
+from stgcnd_tools.stats import distribution
 
 REQUEST = [b"h" * 90, np.zeros((3, 150, 33, 1), np.float32).tobytes()]
 REPLY = b"r" * 60

@@ -11,7 +11,7 @@ import numpy as np
 from stgcnd_tools.loadtest.camera import LOST, CameraResult, ModelTarget
 from stgcnd_tools.loadtest.daemon_cpu import per_request
 from stgcnd_tools.loadtest.plan import LoadPlan
-from stgcnd_tools.loadtest.stats import count_codes, distribution, merge, rate, select
+from stgcnd_tools.stats import count_codes, distribution, merge, rate, select
 
 # An open-loop send starting later than this after its due time counts as late.
 LATE_MS = 1.0

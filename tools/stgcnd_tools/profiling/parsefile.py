@@ -14,7 +14,6 @@ from stgcnd_tools.profiling.detect import detect_kind, scan_dir
 from stgcnd_tools.profiling.layerinfo import load_layer_info
 from stgcnd_tools.profiling.logparse import TrtexecLog, from_trex_metadata, load_log
 from stgcnd_tools.profiling.profile import load_profile
-from stgcnd_tools.profiling.stats import STAT_KEYS
 from stgcnd_tools.profiling.times import (
     SERIES,
     SERIES_LABELS,
@@ -22,6 +21,7 @@ from stgcnd_tools.profiling.times import (
     summarize_times,
     write_times_outputs,
 )
+from stgcnd_tools.stats import TRTEXEC_KEYS
 
 
 def _load_logish(path: Path, kind: str) -> TrtexecLog:
@@ -110,11 +110,11 @@ def _render_entry(entry: dict[str, Any]) -> list[str]:
         lines.append(f"  {s['iterations']} iterations, batch {s['batch']}: "
                      f"{_f(thr['qps'])} qps, {_f(thr['windows_per_s'])} windows/s, "
                      f"GPU-bound {_f(thr['gpu_bound_qps'])} qps")
-        lines.append("  " + f"{'ms':<28}" + "".join(f"{k:>10}" for k in STAT_KEYS))
+        lines.append("  " + f"{'ms':<28}" + "".join(f"{k:>10}" for k in TRTEXEC_KEYS))
         for name in SERIES:
             if name in s:
                 lines.append("  " + f"{SERIES_LABELS[name]:<28}" +
-                             "".join(f"{_f(s[name][k]):>10}" for k in STAT_KEYS))
+                             "".join(f"{_f(s[name][k]):>10}" for k in TRTEXEC_KEYS))
     if "profile" in entry:
         p = entry["profile"]
         lines.append(f"  {p['layers']} layers, {p['count'] or '?'} profiled iterations, summed "

@@ -21,7 +21,6 @@ from stgcnd_tools.profiling.detect import find_artefacts
 from stgcnd_tools.profiling.layerinfo import LayerInfo, load_layer_info
 from stgcnd_tools.profiling.logparse import TrtexecLog, from_trex_metadata, load_log
 from stgcnd_tools.profiling.profile import LayerProfile, load_profile
-from stgcnd_tools.profiling.stats import STAT_KEYS
 from stgcnd_tools.profiling.times import (
     SERIES,
     SERIES_LABELS,
@@ -30,6 +29,7 @@ from stgcnd_tools.profiling.times import (
     summarize_times,
     write_times_outputs,
 )
+from stgcnd_tools.stats import TRTEXEC_KEYS
 
 log = get_logger(__name__)
 
@@ -297,9 +297,9 @@ def _run_markdown(run: dict[str, Any], plots: dict[str, str], single: bool) -> l
                f"windows/s over {_fmt(thr['walltime_s'])} s of trace; GPU-bound "
                f"{_fmt(thr['gpu_bound_qps'])} qps. Jitter (GPU compute p99 − median): "
                f"{_fmt(timing['jitter_ms']['gpu_compute'].get('p99_minus_median'))} ms.", ""]
-        rows = [[SERIES_LABELS[name], *(timing[name][k] for k in STAT_KEYS)]
+        rows = [[SERIES_LABELS[name], *(timing[name][k] for k in TRTEXEC_KEYS)]
                 for name in SERIES if name in timing]
-        md += _table(["ms", *STAT_KEYS], rows)
+        md += _table(["ms", *TRTEXEC_KEYS], rows)
         for stem, alt in (("latency_histogram", "latency histogram"),
                           ("latency_series", "latency per iteration")):
             if stem in plots:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from stgcnd.errors import UserError
-from stgcnd_tools.profiling.stats import STAT_KEYS, describe
+from stgcnd_tools.stats import TRTEXEC_KEYS, distribution
 
 # Series in the order they appear in tables and CSVs; values are TimingRecord attributes.
 SERIES = ("gpu_compute_ms", "latency_ms", "enqueue_ms", "h2d_ms", "d2h_ms")
@@ -129,9 +129,9 @@ def summarize_times(records: Iterable[TimingRecord | Mapping[str, Any]],
         raise UserError(f"batch must be >= 1, got {batch}")
     out: dict[str, Any] = {"iterations": len(recs), "batch": batch}
     for name in SERIES:
-        stats = describe(series(recs, name))
-        if stats:
-            out[name] = stats
+        values = series(recs, name)
+        if values.size:
+            out[name] = distribution(values, TRTEXEC_KEYS)
     walltime_ms = max(r.end_ms for r in recs) - min(r.start_ms for r in recs)
     qps = len(recs) / (walltime_ms / 1000.0) if walltime_ms > 0 else None
     mean_compute = out["gpu_compute_ms"]["mean"]
@@ -170,10 +170,10 @@ def write_times_outputs(records: Sequence[TimingRecord], out_dir: str | Path,
     paths["summary.json"].write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     with paths["summary.csv"].open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["metric", *STAT_KEYS])
+        writer.writerow(["metric", *TRTEXEC_KEYS])
         for name in SERIES:
             if name in summary:
-                writer.writerow([name, *(summary[name][k] for k in STAT_KEYS)])
+                writer.writerow([name, *(summary[name][k] for k in TRTEXEC_KEYS)])
     t0 = min(r.start_ms for r in records)
     with paths["latency_series.csv"].open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
