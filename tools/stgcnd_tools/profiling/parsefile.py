@@ -22,6 +22,7 @@ from stgcnd_tools.profiling.times import (
     write_times_outputs,
 )
 from stgcnd_tools.stats import TRTEXEC_KEYS
+from stgcnd_tools.table import table
 
 
 def _load_logish(path: Path, kind: str) -> TrtexecLog:
@@ -110,11 +111,9 @@ def _render_entry(entry: dict[str, Any]) -> list[str]:
         lines.append(f"  {s['iterations']} iterations, batch {s['batch']}: "
                      f"{_f(thr['qps'])} qps, {_f(thr['windows_per_s'])} windows/s, "
                      f"GPU-bound {_f(thr['gpu_bound_qps'])} qps")
-        lines.append("  " + f"{'ms':<28}" + "".join(f"{k:>10}" for k in TRTEXEC_KEYS))
-        for name in SERIES:
-            if name in s:
-                lines.append("  " + f"{SERIES_LABELS[name]:<28}" +
-                             "".join(f"{_f(s[name][k]):>10}" for k in TRTEXEC_KEYS))
+        lines += table(("ms", *TRTEXEC_KEYS), [(SERIES_LABELS[n], *(_f(s[n][k]) for k in
+                                                                 TRTEXEC_KEYS))
+                                              for n in SERIES if n in s], indent="  ", rule=False)
     if "profile" in entry:
         p = entry["profile"]
         lines.append(f"  {p['layers']} layers, {p['count'] or '?'} profiled iterations, summed "

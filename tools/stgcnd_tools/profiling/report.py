@@ -30,6 +30,7 @@ from stgcnd_tools.profiling.times import (
     write_times_outputs,
 )
 from stgcnd_tools.stats import TRTEXEC_KEYS
+from stgcnd_tools.table import markdown
 
 log = get_logger(__name__)
 
@@ -208,20 +209,8 @@ def compare_sections(sections: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}"
-    return str(value)
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    def esc(cell: Any) -> str:
-        return _fmt(cell).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
-    return [*lines, ""]
+    return "–" if value is None else f"{value:.{digits}g}" if isinstance(value, float) \
+        else str(value)
 
 
 def _markdown(report: dict[str, Any]) -> str:
@@ -242,7 +231,7 @@ def _markdown(report: dict[str, Any]) -> str:
         rows = [[m["label"], *m["values"], *(_fmt(x, 3) + "×" if x is not None else None
                                             for x in m["ratios"][1:])]
                 for m in report["comparison"]["metrics"]]
-        md += _table(header, rows)
+        md += markdown(header, rows)
         if "comparison" in plots:
             md += [f"![runs compared]({plots['comparison']})", ""]
         if "percentile_curve" in plots:
@@ -252,7 +241,7 @@ def _markdown(report: dict[str, Any]) -> str:
             rows = [[t["type"], *t["average_ms"], *(_fmt(x, 3) + "×" if x is not None else None
                                                    for x in t["ratios"][1:])]
                     for t in report["comparison"]["layer_types"]]
-            md += _table(["Layer type", *(r["name"] for r in runs),
+            md += markdown(["Layer type", *(r["name"] for r in runs),
                           *(f"{r['name']} / {base['name']}" for r in runs[1:])], rows)
     for i, run in enumerate(runs):
         md += _run_markdown(run, plots if i == 0 else {}, single=len(runs) == 1)
@@ -287,7 +276,7 @@ def _run_markdown(run: dict[str, Any], plots: dict[str, str], single: bool) -> l
         facts += [("Model file", engine["path"]),
                   ("Size", f"{engine['size_bytes'] / 2**20:.2f} MiB"),
                   ("sha256", f"`{engine['sha256'][:16]}…`"), ("Modified", engine["mtime"])]
-    md += _table(["", ""], [(k, v) for k, v in facts if v])
+    md += markdown(["", ""], [(k, v) for k, v in facts if v])
     timing = run["timing"]
     if timing:
         thr = timing["throughput"]
@@ -299,7 +288,7 @@ def _run_markdown(run: dict[str, Any], plots: dict[str, str], single: bool) -> l
                f"{_fmt(timing['jitter_ms']['gpu_compute'].get('p99_minus_median'))} ms.", ""]
         rows = [[SERIES_LABELS[name], *(timing[name][k] for k in TRTEXEC_KEYS)]
                 for name in SERIES if name in timing]
-        md += _table(["ms", *TRTEXEC_KEYS], rows)
+        md += markdown(["ms", *TRTEXEC_KEYS], rows)
         for stem, alt in (("latency_histogram", "latency histogram"),
                           ("latency_series", "latency per iteration")):
             if stem in plots:
@@ -313,7 +302,7 @@ def _run_markdown(run: dict[str, Any], plots: dict[str, str], single: bool) -> l
             md += [f"Throughput {_fmt(summary['throughput_qps'])} qps.", ""]
         metrics = summary.get("metrics_ms", {})
         keys = sorted({k for m in metrics.values() for k in m}, key=_stat_order)
-        md += _table(["ms", *keys], [[name.replace("_", " "), *(m.get(k) for k in keys)]
+        md += markdown(["ms", *keys], [[name.replace("_", " "), *(m.get(k) for k in keys)]
                                      for name, m in metrics.items()])
     if run.get("top_layers"):
         prof = run["profile"]
@@ -325,7 +314,7 @@ def _run_markdown(run: dict[str, Any], plots: dict[str, str], single: bool) -> l
         rows = [[r["rank"], f"`{_middle_cut(r['name'])}`", r["type"], r["average_ms"],
                  r["median_ms"],
                  f"{r['share_percent']:.1f}%"] for r in run["top_layers"]]
-        md += _table(["#", "Layer", "Type", "Avg ms", "Median ms", "Share"], rows)
+        md += markdown(["#", "Layer", "Type", "Avg ms", "Median ms", "Share"], rows)
         if "top_layers" in plots:
             md += [f"![slowest layers]({plots['top_layers']})", ""]
         md += ["### Time by layer type", ""]
@@ -334,7 +323,7 @@ def _run_markdown(run: dict[str, Any], plots: dict[str, str], single: bool) -> l
                    "`--exportLayerInfo` from an engine built with "
                    "`--profilingVerbosity=detailed`).", ""]
         else:
-            md += _table(["Type", "Layers", "Avg ms", "Share"],
+            md += markdown(["Type", "Layers", "Avg ms", "Share"],
                          [[r["type"], r["count"], r["average_ms"],
                            f"{r['share_percent']:.1f}%"] for r in run["layer_type_share"]])
         if "layer_type_share" in plots:
@@ -357,7 +346,7 @@ def _run_markdown(run: dict[str, Any], plots: dict[str, str], single: bool) -> l
     build = run["build"]
     if build:
         md += ["### Build and memory (from the log)", ""]
-        md += _table(["", ""], sorted(build.items()))
+        md += markdown(["", ""], sorted(build.items()))
     if run["warnings"]:
         md += ["### Warnings in the log", ""] + [f"- {w}" for w in run["warnings"][:20]] + [""]
     return md
