@@ -22,6 +22,7 @@ import zmq
 
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd_client import Client, ClientError, Expired, Result, ServerError, Timeout
+from stgcnd_tools.stats import distribution
 from stgcnd_tools.table import table
 
 HELLO_TIMEOUT_S = 5.0  # how long a camera waits for the daemon to answer its hello
@@ -50,13 +51,13 @@ class CameraStats:
 
     def row(self) -> dict[str, object]:
         """The table's row; None where there is no data yet (shown as '-')."""
-        lat = np.array(self.latencies_ms)
         elapsed = max(time.monotonic() - self.started, 1e-9)
-        p50, p99 = (float(v) for v in np.percentile(lat, [50, 99])) if lat.size else (None, None)
-        compute = float(np.median(self.compute_ms)) if self.compute_ms else None
+        lat = distribution(self.latencies_ms, ("p50", "p99"))
         return {"camera": self.camera, "replies": self.replies, "predictions": self.predictions,
-                "rate_hz": self.replies / elapsed if self.replies else None, "p50_ms": p50,
-                "p99_ms": p99, "compute_ms": compute, "errors": self.errors,
+                "rate_hz": self.replies / elapsed if self.replies else None,
+                "p50_ms": lat["p50"], "p99_ms": lat["p99"],
+                "compute_ms": distribution(self.compute_ms, ("median",))["median"],
+                "errors": self.errors,
                 "expired": self.expired, "timed_out": self.timed_out,
                 "label": self.last_label or "-", "error_causes": dict(self.causes)}
 

@@ -5,6 +5,7 @@ What is read is listed above `decode_banner_version`; `load_log(path)` returns a
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -285,3 +286,22 @@ def from_trex_metadata(data: dict[str, Any]) -> TrtexecLog:
     if isinstance(data.get("tensorrt_version"), str):
         parsed.tensorrt_version = data["tensorrt_version"]
     return parsed
+
+
+def load_logish(paths: list[Path], log: bool) -> TrtexecLog:
+    """A trtexec log (`log`), or TREx's build and profile metadata files merged."""
+    if log:
+        return load_log(paths[0])
+    merged: dict[str, Any] = {}
+    for path in paths:
+        merged.update(json.loads(path.read_text(encoding="utf-8")))
+    return from_trex_metadata(merged)
+
+
+def write_metadata(parsed: TrtexecLog, out: Path) -> list[Path]:
+    """build.metadata.json and profile.metadata.json (TREx's names) into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in (("build.metadata.json", parsed.build_metadata()),
+                       ("profile.metadata.json", parsed.profile_metadata())):
+        (out / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return [out / "build.metadata.json", out / "profile.metadata.json"]

@@ -19,7 +19,7 @@ from stgcnd.log import get_logger
 from stgcnd_tools.profiling import plots
 from stgcnd_tools.profiling.detect import find_artefacts
 from stgcnd_tools.profiling.layerinfo import LayerInfo, load_layer_info
-from stgcnd_tools.profiling.logparse import TrtexecLog, from_trex_metadata, load_log
+from stgcnd_tools.profiling.logparse import TrtexecLog, load_logish, write_metadata
 from stgcnd_tools.profiling.profile import LayerProfile, load_profile
 from stgcnd_tools.profiling.times import (
     SERIES,
@@ -86,14 +86,9 @@ def load_run(path: str | Path, name: str | None = None) -> RunData:
         run.profile = load_profile(sources["profile"])
     if "layer_info" in sources:
         run.layer_info = load_layer_info(sources["layer_info"])
-    if "log" in sources:
-        run.log = load_log(sources["log"])
-    elif "trex_profile_metadata" in sources or "trex_build_metadata" in sources:
-        merged: dict[str, Any] = {}
-        for kind in ("trex_build_metadata", "trex_profile_metadata"):
-            if kind in sources:
-                merged.update(json.loads(sources[kind].read_text(encoding="utf-8")))
-        run.log = from_trex_metadata(merged)
+    trex = [sources[k] for k in ("trex_build_metadata", "trex_profile_metadata") if k in sources]
+    if "log" in sources or trex:
+        run.log = load_logish([sources["log"]] if "log" in sources else trex, "log" in sources)
     for kind, attr in (("run_config", "run_config"), ("engine_metadata", "engine_metadata")):
         if kind in sources:
             setattr(run, attr, json.loads(sources[kind].read_text(encoding="utf-8")))
@@ -383,10 +378,7 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
     if runs[0].times:
         result.files += write_times_outputs(runs[0].times, out, batch).values()
     if runs[0].log:
-        for name, data in (("build.metadata.json", runs[0].log.build_metadata()),
-                           ("profile.metadata.json", runs[0].log.profile_metadata())):
-            (out / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-            result.files.append(out / name)
+        result.files += write_metadata(runs[0].log, out)
     report["plots_skipped"] = _draw_plots(runs, sections, out, top_k, report) if plots \
         else "disabled with --no-plots"
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
