@@ -45,7 +45,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     if args.cameras < 1 or args.fps <= 0 or args.duration <= 0 or args.stride < 1:
         raise UserError("--cameras and --stride must be >= 1, --fps and --duration > 0")
     check_timeout(args.timeout)

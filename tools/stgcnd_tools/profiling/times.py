@@ -1,6 +1,5 @@
-"""Per-iteration timings from `trtexec --exportTimes` (TensorRT 7-11) and their summary; the
-format and the summary's fields are described above `TimingRecord`.
-"""
+"""Per-iteration timings from `trtexec --exportTimes` (TensorRT 7-11) and their summary
+(docs/trtexec.md, "What each parser reads"); timestamps are ms since trtexec started."""
 
 from __future__ import annotations
 
@@ -28,17 +27,6 @@ SERIES_LABELS = {
 REPORT_PERCENTILES = (*range(0, 100), 99.5, 99.9, 100)
 
 
-# The file is a JSON array with one object per timed inference. TensorRT 8.x-11.x write
-# `startEnqMs, endEnqMs, startH2dMs, endH2dMs, startComputeMs, endComputeMs, startD2hMs, endD2hMs,
-# h2dMs, computeMs, d2hMs, latencyMs`; TensorRT 7 wrote `startInMs/endInMs/inMs` and
-# `startOutMs/endOutMs/outMs` instead of the H2D/D2H names and had no enqueue times. Timestamps
-# are milliseconds since trtexec started. Since 8.5 the warm-up iterations are left out.
-#
-# `summarize_times` returns, for `gpu_compute_ms`, `latency_ms` (H2D + compute + D2H, trtexec's
-# "Latency"), `enqueue_ms`, `h2d_ms` and `d2h_ms`, a dict with min/mean/median/p90/p95/p99/max/std
-# in milliseconds (numpy linear-interpolation percentiles), plus `throughput` (qps = records /
-# the trace's walltime, from the earliest start of any stage to the latest end of any stage;
-# windows/s = qps x batch; GPU-bound qps = 1000 / mean compute) and `jitter_ms`.
 @dataclass(frozen=True)
 class TimingRecord:
     """One timed inference; durations in ms, `None` where this TensorRT version has no field."""
