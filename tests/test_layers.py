@@ -85,9 +85,9 @@ MAX_DAEMON_LINES = 14450
 MAX_PACKAGE_LINES = 25800
 MAX_DAEMON_PACKAGE_LINES = 16520
 # The tools (#33): 6,324 lines when they became a package; one stats module, one table formatter
-# and one way to run a daemon, the trtexec parsers pointing at docs/trtexec.md: 6,138. The goal
+# and one way to run a daemon, the trtexec parsers pointing at docs/trtexec.md: 6,136. The goal
 # is 4,000.
-MAX_TOOLS_LINES = 6140
+MAX_TOOLS_LINES = 6136
 
 
 def modules() -> dict[str, Path]:

@@ -126,16 +126,13 @@ class Daemon:
         self.proc: subprocess.Popen | None = None
         self.start_args: list[str] = []  # global stgcnd flags, e.g. ["--log-level", "debug"]
         self.fd_limit: int | None = None  # RLIMIT_NOFILE (soft and hard) for the daemon
-        # Python run before the CLI in the daemon's process (a simulated board: torch blocked,
-        # TensorRT stubs, a Jetson's facts); empty: `python -m stgcnd`.
-        self.prelude = ""
 
     def start(self, wait_ready: bool = True) -> Daemon:
         models = _models_text(self.config_path) if self.reuse_engines else None
         if models in _BUILT_STORES and not self.engines.exists():
             shutil.copytree(_BUILT_STORES[models], self.engines)
         self.proc = DaemonProcess(self.config_path, self.log_path, args=self.start_args,
-                                  env=self.env, cwd=REPO, prelude=self.prelude,
+                                  env=self.env, cwd=REPO,
                                   fd_limit=self.fd_limit).start().proc
         if wait_ready:
             try:

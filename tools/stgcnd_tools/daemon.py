@@ -33,25 +33,23 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT_S) -> int:
 
 
 class DaemonProcess:
-    """`prelude`: Python run before the CLI in the child (the tests' simulated boards);
-    `args`: global stgcnd flags; `prefix`: an argv in front of the interpreter."""
+    """`args`: global stgcnd flags; `prefix`: an argv in front of the interpreter (a test's
+    read-only mount); `fd_limit`: the child's RLIMIT_NOFILE."""
 
     def __init__(self, config: Path, log_path: Path, *, endpoint: str | None = None,
                  engines: Path | None = None, args: Sequence[str] = (),
                  env: Mapping[str, str] | None = None, cwd: Path | None = None,
-                 prelude: str = "", prefix: Sequence[str] = (),
+                 prefix: Sequence[str] = (),
                  fd_limit: int | None = None) -> None:
         self.config, self.log_path, self.endpoint = config, log_path, endpoint
         self.engines, self.args, self.cwd = engines, list(args), cwd
         self.env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
-        self.prelude, self.prefix, self.fd_limit = prelude, list(prefix), fd_limit
+        self.prefix, self.fd_limit = list(prefix), fd_limit
         self.proc: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
 
     def command(self) -> list[str]:
-        entry = (["-c", self.prelude + "\nimport sys\nfrom stgcnd.cli import main\n"
-                  "sys.exit(main(sys.argv[1:]))"] if self.prelude else ["-m", "stgcnd"])
-        cmd = [*self.prefix, sys.executable, *entry, "--log-format", "json", *self.args,
+        cmd = [*self.prefix, sys.executable, "-m", "stgcnd", "--log-format", "json", *self.args,
                "serve", "--config", str(self.config)]
         cmd += ["--endpoint", self.endpoint] if self.endpoint else []
         return cmd + (["--engines", str(self.engines)] if self.engines else [])
