@@ -96,7 +96,10 @@ MAX_SERVING_LINES = 11210
 MAX_DAEMON_LINES = 14400
 MAX_PACKAGE_LINES = 25800
 MAX_DAEMON_PACKAGE_LINES = 16610
-MAX_TOOLS_LINES = 6330
+# The tools (#33): 6,324 lines when they became a package; one stats module, one table formatter
+# and one way to run a daemon, the trtexec parsers pointing at docs/trtexec.md: 6,136. The goal
+# is 4,000.
+MAX_TOOLS_LINES = 6140
 
 
 def modules() -> dict[str, Path]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -121,27 +120,15 @@ def _env(tmp_path: Path) -> dict[str, str]:
 def _daemon(tmp_path: Path, config_text: str) -> Iterator[str]:
     """A real `stgcnd serve` on `config_text`, ready; yields its endpoint; stopped after,
     and must have exited 0."""
-    from stgcnd_tools.commands.demo import wait_ready
+    from stgcnd_tools.daemon import DaemonProcess
 
     config = tmp_path / "daemon.toml"
     config.write_text(config_text)
     endpoint = f"ipc://{tmp_path / 'stgcnd.sock'}"
-    log = open(tmp_path / "daemon.log", "wb")  # noqa: SIM115 - closed in finally
-    daemon = subprocess.Popen(
-        [sys.executable, "-m", "stgcnd", "--log-format", "json", "serve", "--config",
-         str(config), "--endpoint", endpoint, "--engines", str(tmp_path / "engines")],
-        stdout=log, stderr=subprocess.STDOUT, env=_env(tmp_path), cwd=tmp_path)
-    try:
-        wait_ready(endpoint, daemon, timeout=300)
+    with DaemonProcess(config, tmp_path / "daemon.log", endpoint=endpoint,
+                       engines=tmp_path / "engines", env=_env(tmp_path), cwd=tmp_path) as daemon:
+        daemon.wait_ready(300)
         yield endpoint
-    finally:
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-        log.close()
     assert daemon.returncode == 0
 
 

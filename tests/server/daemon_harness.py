@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import atexit
 import os
-import resource
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from stgcnd_tools.daemon import DaemonProcess, stop
 from tests.conftest import REPO
 
 FRAMES = 30
@@ -129,22 +127,15 @@ class Daemon:
         self.start_args: list[str] = []  # global stgcnd flags, e.g. ["--log-level", "debug"]
         self.serve_args: list[str] = []  # serve's own flags, e.g. ["--engines", "DIR"]
         self.fd_limit: int | None = None  # RLIMIT_NOFILE (soft and hard) for the daemon
-        # Python run before the CLI in the daemon's process (a simulated board: torch blocked,
-        # TensorRT stubs, a Jetson's facts); empty: `python -m stgcnd`.
-        self.prelude = ""
 
     def start(self, wait_ready: bool = True) -> Daemon:
         models = _models_text(self.config_path) if self.reuse_engines else None
         if models in _BUILT_STORES and not self.engines.exists():
             shutil.copytree(_BUILT_STORES[models], self.engines)
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the daemon
-        entry = (["-c", self.prelude + "\nimport sys\nfrom stgcnd.cli import main\n"
-                  "sys.exit(main(sys.argv[1:]))"] if self.prelude else ["-m", "stgcnd"])
-        self.proc = subprocess.Popen(
-            [sys.executable, *entry, "--log-format", "json", *self.start_args, "serve",
-             "--config", str(self.config_path), *self.serve_args],
-            stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
-            preexec_fn=self._limit_fds if self.fd_limit else None)
+        self.proc = DaemonProcess(self.config_path, self.log_path, args=self.start_args,
+                                  serve_args=self.serve_args,
+                                  env=self.env, cwd=REPO,
+                                  fd_limit=self.fd_limit).start().proc
         if wait_ready:
             try:
                 self.notify.wait_for("READY", timeout=180, alive=self.running)
@@ -159,25 +150,12 @@ class Daemon:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def _limit_fds(self) -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (self.fd_limit, self.fd_limit))
-
     def signal(self, sig: int) -> None:
         assert self.proc is not None
         self.proc.send_signal(sig)
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.proc is None:
-            return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+        return 0 if self.proc is None else stop(self.proc, timeout)
 
     def log_events(self) -> list[dict]:
         import json
@@ -206,15 +184,8 @@ def process_stats(pid: int) -> dict[str, int]:
 def stop_by_pid(daemon: Daemon, term_timeout: float = 15.0) -> int | None:
     """Teardown for tests that may leave the daemon wedged: SIGTERM, then SIGKILL after
     `term_timeout` s, by the pid this test started. Returns the exit code (None: never ran)."""
-    proc = daemon.proc
-    if proc is None:
+    if daemon.proc is None:
         return None
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=term_timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+    code = stop(daemon.proc, term_timeout)
     daemon.close()
-    return proc.returncode
+    return code

@@ -10,8 +10,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from stgcnd.engines.store import EngineStore
 from stgcnd.fsutil import file_sha256
 from stgcnd.model.spec import ModelSpec
 from stgcnd_client import Client
+from stgcnd_tools.daemon import DaemonProcess
 from tests.conftest import REPO
 from tests.engines.readonly import read_only
 from tests.engines.test_load_failure import break_but_keep_manifest
@@ -43,11 +42,8 @@ class PrefixedDaemon(Daemon):
         self.prefix = prefix
 
     def start(self, wait_ready: bool = True) -> Daemon:
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the daemon
-        self.proc = subprocess.Popen(
-            [*self.prefix, sys.executable, "-m", "stgcnd", "--log-format", "json", "serve",
-             "--config", str(self.config_path)],
-            stdout=self._log, stderr=subprocess.STDOUT, env=self.env, cwd=REPO)
+        self.proc = DaemonProcess(self.config_path, self.log_path, prefix=self.prefix,
+                                  env=self.env, cwd=REPO).start().proc
         if wait_ready:
             self.notify.wait_for("READY", timeout=180)
         return self

@@ -245,5 +245,5 @@ def test_skeleton_quality_is_a_table_per_camera_weighted_by_frames():
     assert cam2["blocked"] == 1 and cam2["no_person"] is None
     text = render_text(summarize(scan(lines)))
     assert "== skeleton quality" in text
-    assert "cam1             400      0.25    0.90   0.10    0.00         0.00      1       0" \
+    assert "cam1       400    0.25    0.90  0.10     0.00          0.00       1        0" \
         in text

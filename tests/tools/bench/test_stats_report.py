@@ -8,7 +8,7 @@ import json
 import pytest
 
 from stgcnd_tools.bench.report import COLUMNS, format_table, write_csv, write_json
-from stgcnd_tools.bench.stats import latency_stats
+from stgcnd_tools.stats import latency_stats
 
 
 def test_latency_stats_by_hand():

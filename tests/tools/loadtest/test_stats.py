@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from stgcnd_tools.loadtest.stats import count_codes, distribution, merge, rate, select
+from stgcnd_tools.stats import count_codes, distribution, merge, rate, select
 
 
 def closest_ranks(values: list[float], q: float) -> float:

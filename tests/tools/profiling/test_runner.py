@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 
 from stgcnd.errors import UserError
-from stgcnd_tools.profiling.locate import find_trtexec, require_trtexec
-from stgcnd_tools.profiling.runner import RunOptions, TrtexecFailed, build_command, run_trtexec
+from stgcnd_tools.profiling.runner import (
+    RunOptions,
+    TrtexecFailed,
+    build_command,
+    find_trtexec,
+    require_trtexec,
+    run_trtexec,
+)
 from tests.tools.profiling.conftest import DATA, FAKE_TRTEXEC
 
 

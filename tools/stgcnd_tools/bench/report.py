@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from stgcnd.fsutil import atomic_write_bytes, atomic_write_json
+from stgcnd_tools.table import cell, table
 
 COLUMNS = ("backend", "precision", "device", "persons", "frames", "batch", "sessions",
            "mean_ms", "median_ms", "p90_ms", "p95_ms", "p99_ms", "min_ms", "max_ms",
@@ -16,14 +17,6 @@ COLUMNS = ("backend", "precision", "device", "persons", "frames", "batch", "sess
            "max_abs_diff", "top1_agreement", "margin_change_median", "margin_change_max",
            "p99_worst_session_ms", "h2d_ms", "compute_ms", "d2h_ms",
            "trtexec_gpu_compute_median_ms", "trtexec_gpu_compute_p99_ms", "iterations", "note")
-
-
-def _fmt(v: Any, digits: int = 2) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}"
-    return str(v)
 
 
 def _margin(r: dict[str, Any]) -> str:
@@ -38,25 +31,18 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     head = ("backend", "prec", "M", "B", "N", "min ms", "median ms", "p99 ms", "windows/s",
             "speedup (min)", "speedup (median)", "GFLOP/s", "of peak", "max|diff|",
             "margin change med/max")
-    lines = [head]
+    rows_out = []
     for r in rows:
         diff, share = r.get("max_abs_diff"), r.get("peak_share")
-        lines.append((r["backend"], r["precision"], str(r["persons"]), str(r["batch"]),
-                      str(r.get("sessions", 1)), _fmt(r["min_ms"]), _fmt(r["median_ms"]),
-                      _fmt(r["p99_ms"]), _fmt(r["windows_per_s"], 1),
-                      "-" if r.get("speedup_min") is None else f"{r['speedup_min']:.2f}x",
-                      "-" if r.get("speedup") is None else f"{r['speedup']:.2f}x",
-                      _fmt(r.get("gflops"), 0),
-                      "-" if share is None else f"{100 * share:.1f} %",
-                      "-" if diff is None else f"{diff:.1e}",
-                      _margin(r)))
-    widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
-    out = []
-    for n, row in enumerate(lines):
-        out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(row, widths))))
-        if n == 0:
-            out.append("  ".join("-" * w for w in widths))
+        rows_out.append((r["backend"], r["precision"], r["persons"], r["batch"],
+                         r.get("sessions", 1), cell(r["min_ms"], 2), cell(r["median_ms"], 2),
+                         cell(r["p99_ms"], 2), r["windows_per_s"],
+                         "-" if r.get("speedup_min") is None else f"{r['speedup_min']:.2f}x",
+                         "-" if r.get("speedup") is None else f"{r['speedup']:.2f}x",
+                         cell(r.get("gflops"), 0),
+                         "-" if share is None else f"{100 * share:.1f} %",
+                         "-" if diff is None else f"{diff:.1e}", _margin(r)))
+    out = table(head, rows_out, left=2)
     loads = [r["load_avg"] for r in rows if r.get("load_avg") is not None]
     if loads:
         out.append(f"load average (1 min) while timing: {min(loads):.2f}-{max(loads):.2f} on "

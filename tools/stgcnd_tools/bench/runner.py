@@ -1,9 +1,4 @@
-"""The benchmark engine behind `stgcnd bench`.
-
-Every backend x precision runs through the runner the daemon serves with, on the same windows
-as the PyTorch eager fp32 baseline, timed round-robin in one process so that a busy stretch of
-a shared machine falls on all of them alike.
-"""
+"""The benchmark engine behind `stgcnd bench` (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -33,7 +28,6 @@ from stgcnd.runtimes import available, runtime_module
 from stgcnd.runtimes.base import Runtime
 from stgcnd.runtimes.timing import time_round_robin
 from stgcnd.server.config import engines_root
-from stgcnd_tools.bench.stats import latency_stats
 from stgcnd_tools.profiling import (
     RunOptions,
     find_trtexec,
@@ -41,6 +35,7 @@ from stgcnd_tools.profiling import (
     run_trtexec,
     summarize_times,
 )
+from stgcnd_tools.stats import latency_stats
 
 log = get_logger(__name__)
 
@@ -64,21 +59,11 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-# For each persons count M and batch size B: the baseline is PyTorch eager fp32 of the plain
-# network (by default written with the original einsum graph step, as users trained it): a host
-# numpy batch in, host logits out, synchronized. Every asked backend x precision runs through a
-# runner (`Runner.run`: the runner the daemon serves with, logits back on the host) on the same
-# windows, and its outputs are compared with the baseline's.
-#
-# The baseline and the variants are timed round-robin in one process: each round calls every
-# runner once, in an order rotated by one each round, so that a busy stretch of a shared machine
-# falls on all of them alike instead of on whichever ran then. Rows give the minimum (the
-# machine's best, the fairest ratio on a noisy host) and the median, the speedup by both, the
-# load average while it ran, and GFLOP/s with the share of the device's peak where it is known.
-#
-# With several session counts N > 1, N threads each drive their own runner (own CUDA streams)
-# at once: the row reports the aggregate windows/s and latency percentiles over all calls, plus
-# the worst runner's p99.
+# Per persons count M and batch B: the baseline (PyTorch eager fp32 of the plain network, host
+# numpy in, host logits out) and every backend x precision through the runner the daemon serves
+# with, on the same windows, timed round-robin in one process (rotated each round) so that a busy
+# stretch of a shared machine falls on all alike; outputs compared with the baseline's. Sessions
+# N > 1: N threads, each its own runner, at once (aggregate windows/s, the worst runner's p99).
 @dataclass
 class BenchConfig:
     checkpoint: Path | None = None

@@ -11,7 +11,6 @@ from stgcnd_tools.bench.runner import BENCH_BACKENDS, BenchConfig, run_bench
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-
     p = sub.add_parser(
         "bench", help="benchmark backends against PyTorch eager fp32",
         description="Time every backend and precision on this machine against the baseline, "
@@ -63,7 +62,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     cfg = BenchConfig(checkpoint=args.checkpoint, layout=args.layout, motion=args.motion,
                       frames=args.frames, persons=tuple(args.persons), device=args.device,
                       backends=tuple(args.backends) if args.backends else None,

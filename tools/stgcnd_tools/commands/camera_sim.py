@@ -30,7 +30,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-
     parse_endpoint(args.endpoint, listening=False)  # a malformed endpoint: one line, exit 2
     if args.cameras < 1 or args.fps <= 0 or args.duration <= 0:
         raise UserError("--cameras must be >= 1, --fps and --duration > 0")

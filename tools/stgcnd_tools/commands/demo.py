@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import ctypes
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -16,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from stgcnd.errors import UserError
-from stgcnd_client import Client, ClientError
 from stgcnd_tools.commands._camera_args import add_camera_args, check_timeout
+from stgcnd_tools.daemon import DaemonProcess
 from stgcnd_tools.demo.camera_sim import simulate
 from stgcnd_tools.demo.event_printer import EventPrinter
 from stgcnd_tools.demo.progress import LogFollower, describe
@@ -48,47 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def wait_ready(endpoint: str, proc: subprocess.Popen, timeout: float,
-               log_path: Path | None = None, t0: float | None = None) -> None:
-    """Wait for the daemon to answer; meanwhile print each start-up step from its log."""
-
-    t0 = time.monotonic() if t0 is None else t0
-    follower = LogFollower(log_path) if log_path is not None else None
-
-    def show_progress() -> None:
-        for event in follower.events() if follower else []:
-            line = describe(event)
-            if line:
-                print(f"[{time.monotonic() - t0:5.1f} s] {line}", file=sys.stderr, flush=True)
-
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        show_progress()
-        if proc.poll() is not None:
-            show_progress()
-            raise UserError(f"the daemon exited during start-up (code {proc.returncode}); "
-                            f"see its log{f' {log_path}' if log_path else ''}")
-        try:
-            with Client(endpoint, camera_id="demo-probe", timeout=0.5, retries=0) as c:
-                c.ping()
-                show_progress()
-                return
-        except ClientError:
-            time.sleep(0.2)
-    raise UserError(f"the daemon did not answer within {timeout:.0f} s")
-
-
-def _die_with_parent() -> None:
-    """In the daemon child: get SIGTERM if `stgcnd demo` dies, so no daemon is left behind."""
-    try:
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass  # not Linux: the demo's own finally-block still stops the daemon
-
-
 def run(args: argparse.Namespace) -> int:
-
     if args.cameras < 1 or args.fps <= 0 or args.duration <= 0 or args.stride < 1:
         raise UserError("--cameras and --stride must be >= 1, --fps and --duration > 0")
     check_timeout(args.timeout)
@@ -101,23 +57,24 @@ def run(args: argparse.Namespace) -> int:
     events_endpoint = f"ipc://{tmp / 'events.sock'}"
     config.write_text(demo_config(args.stride, events_endpoint))
     printer = EventPrinter(events_endpoint, _say)
-    cmd = [sys.executable, "-m", "stgcnd", "--log-format", "json", "serve", "--config",
-           str(config), "--endpoint", endpoint]
-    if args.engines:
-        cmd += ["--engines", str(args.engines)]
+    log_path.write_bytes(b"")  # the start-up steps shown are this run's
+    daemon = DaemonProcess(config, log_path, endpoint=endpoint, engines=args.engines)
     _say("demo model: random weights, its predictions mean nothing")
     _say(f"starting the daemon on {endpoint} (the first start exports, builds and validates "
         "the model: up to a minute on a small CPU; later starts reuse it)")
-    _say(f"  command: {' '.join(cmd)}\n  log: {log_path}")
+    _say(f"  command: {' '.join(daemon.command())}\n  log: {log_path}")
     t0 = time.monotonic()
+    follower = LogFollower(log_path)
+
+    def progress() -> None:  # each start-up step from the daemon's log, as it happens
+        for line in filter(None, map(describe, follower.events())):
+            print(f"[{time.monotonic() - t0:5.1f} s] {line}", file=sys.stderr, flush=True)
+
     rows: list[dict[str, object]] = []
     timing: dict[str, float] = {}
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    with daemon:
         try:
-            wait_ready(endpoint, proc, timeout=300.0, log_path=log_path, t0=t0)
+            daemon.wait_ready(300.0, progress)
             timing["startup"] = time.monotonic() - t0
             _say(f"start-up took {timing['startup']:.1f} s. Clients connect to {endpoint}; "
                  f"events are published on {events_endpoint}")
@@ -133,13 +90,7 @@ def run(args: argparse.Namespace) -> int:
             timing["cameras"] = time.monotonic() - t1
         finally:
             t2 = time.monotonic()
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            daemon.stop()
             timing["shutdown"] = time.monotonic() - t2
             if printer.is_alive():
                 printer.finish()
@@ -154,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         for line in _rate_lines(rows, args):
             _say(line)
-    _say(f"daemon stopped (exit code {proc.returncode}); log: {log_path}")
+    _say(f"daemon stopped (exit code {daemon.returncode}); log: {log_path}")
     _say(events_line(printer.started_events, printer.ended_reasons, outcome.predictions))
     _say("took " + ", ".join(f"{k} {v:.1f} s" for k, v in timing.items())
         + f"; summarize the log: stgcnd logs summarize {log_path}")
@@ -162,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         _say(f"{overload} request(s) expired or were refused as busy in the daemon's queue: "
              "the CPU was saturated at times (counted in `errors`); every camera still got "
              "predictions")
-    return 0 if proc.returncode == 0 and errors == 0 and verdict is None else 1
+    return 0 if daemon.returncode == 0 and errors == 0 and verdict is None else 1
 
 
 def _outcome(rows: list[dict[str, Any]]) -> Outcome:

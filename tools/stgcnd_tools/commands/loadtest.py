@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"starting daemon ({opts.backend if opts.config is None else opts.config}); "
               f"log: {daemon.log_path}", file=sys.stderr, flush=True)
         with daemon:
-            plan = _plan(args, daemon.endpoint)
+            plan = _plan(args, str(daemon.endpoint))
             report = run_load(plan, served_pid=daemon.pid, served=daemon.describe(),
                               floor=floor_measure(scenario, plan))
         report["served"] = daemon.describe()  # now with the daemon's exit code

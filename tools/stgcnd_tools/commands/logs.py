@@ -50,7 +50,6 @@ def _time(value: str | None, flag: str) -> Any:
 
 
 def run_summarize(args: argparse.Namespace) -> int:
-
     since = _time(args.since, "--since")
     until = _time(args.until, "--until")
     if since and until and since > until:

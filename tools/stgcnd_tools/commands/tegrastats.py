@@ -28,7 +28,6 @@ def register(subparsers: Any) -> None:
 
 
 def run_parse(args: argparse.Namespace) -> int:
-
     log = get_logger(__name__)
     stream = _open(args.file)
     lines = unparsed = 0

@@ -132,7 +132,6 @@ def _register_report(sub: Any) -> None:
 
 
 def run_run(args: argparse.Namespace) -> int:
-
     extra = list(args.extra)
     if extra and extra[0] == "--":
         extra = extra[1:]
@@ -164,7 +163,6 @@ def run_run(args: argparse.Namespace) -> int:
 
 
 def run_parse(args: argparse.Namespace) -> int:
-
     count_types = [t.strip() for t in (args.count_types or "").split(",") if t.strip()]
     parsed = parse_path(args.path, batch=args.batch, top=max(args.top, 0),
                         count_types=count_types)
@@ -181,7 +179,6 @@ def run_parse(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-
     result = write_report([args.run_dir, *args.compare], args.out, batch=args.batch,
                           top_k=args.top, plots=args.plots)
     print(f"report: {result.out_dir / 'report.md'}")

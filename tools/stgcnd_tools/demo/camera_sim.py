@@ -22,6 +22,8 @@ import zmq
 
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd_client import Client, ClientError, Expired, Result, ServerError, Timeout
+from stgcnd_tools.stats import distribution
+from stgcnd_tools.table import table
 
 HELLO_TIMEOUT_S = 5.0  # how long a camera waits for the daemon to answer its hello
 
@@ -49,13 +51,13 @@ class CameraStats:
 
     def row(self) -> dict[str, object]:
         """The table's row; None where there is no data yet (shown as '-')."""
-        lat = np.array(self.latencies_ms)
         elapsed = max(time.monotonic() - self.started, 1e-9)
-        p50, p99 = (float(v) for v in np.percentile(lat, [50, 99])) if lat.size else (None, None)
-        compute = float(np.median(self.compute_ms)) if self.compute_ms else None
+        lat = distribution(self.latencies_ms, ("p50", "p99"))
         return {"camera": self.camera, "replies": self.replies, "predictions": self.predictions,
-                "rate_hz": self.replies / elapsed if self.replies else None, "p50_ms": p50,
-                "p99_ms": p99, "compute_ms": compute, "errors": self.errors,
+                "rate_hz": self.replies / elapsed if self.replies else None,
+                "p50_ms": lat["p50"], "p99_ms": lat["p99"],
+                "compute_ms": distribution(self.compute_ms, ("median",))["median"],
+                "errors": self.errors,
                 "expired": self.expired, "timed_out": self.timed_out,
                 "label": self.last_label or "-", "error_causes": dict(self.causes)}
 
@@ -132,13 +134,6 @@ def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: floa
                 next_at = time.monotonic()  # fell behind: do not burst to catch up
 
 
-def _num(value: object, width: int, digits: int) -> str:
-    """A right-aligned number, or '-' while there is none (no `nan` in the table)."""
-    if value is None:
-        return f"{'-':>{width}}"
-    return f"{value:>{width}.{digits}f}"
-
-
 def no_daemon_cause(endpoint: str, timeout: float) -> str:
     """Why a camera could not even say hello, with what to check."""
     where = ""
@@ -172,15 +167,11 @@ def failure_lines(rows: list[dict[str, object]]) -> list[str]:
 
 
 def format_table(rows: list[dict[str, object]]) -> str:
-    head = f"{'camera':<10} {'replies':>8} {'preds':>7} {'rate Hz':>8} {'p50 ms':>8} " \
-           f"{'p99 ms':>8} {'compute ms':>10} {'errors':>7}  label"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['camera']!s:<10} {r['replies']:>8} {r['predictions']:>7} "
-                     f"{_num(r['rate_hz'], 8, 1)} {_num(r['p50_ms'], 8, 1)} "
-                     f"{_num(r['p99_ms'], 8, 1)} {_num(r.get('compute_ms'), 10, 1)} "
-                     f"{r['errors']:>7}  {r['label']}")
-    return "\n".join(lines)
+    return "\n".join(table(
+        ("camera", "replies", "preds", "rate Hz", "p50 ms", "p99 ms", "compute ms", "errors",
+         "label"),
+        [(r["camera"], r["replies"], r["predictions"], r["rate_hz"], r["p50_ms"], r["p99_ms"],
+          r.get("compute_ms"), r["errors"], r["label"]) for r in rows]))
 
 
 def simulate(endpoint: str, cameras: int = 4, fps: float = 25.0, mode: str = "push",

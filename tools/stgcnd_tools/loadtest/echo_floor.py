@@ -20,7 +20,7 @@ import numpy as np
 import zmq
 
 from stgcnd.errors import UserError
-from stgcnd_tools.loadtest.stats import distribution
+from stgcnd_tools.stats import distribution
 
 REQUEST = [b"h" * 90, np.zeros((3, 150, 33, 1), np.float32).tobytes()]
 REPLY = b"r" * 60
@@ -219,10 +219,10 @@ def open_loop(endpoint: str, cameras: int, rate_hz: float, seconds: float, offse
 def _camera_process(endpoint: str, cameras: int, rate_hz: float, seconds: float,
                     offset: float, warmup_s: float, results: Any, go: Any,
                     start_wall: Any) -> None:
-    results.put(("ready", None))
+    results.put(("ready", offset))
     go.wait()
     start = time.monotonic() + (start_wall.value - time.time())
-    results.put(("done", open_loop(endpoint, cameras, rate_hz, seconds, offset, start,
+    results.put(("done", offset, open_loop(endpoint, cameras, rate_hz, seconds, offset, start,
                                    warmup_s)))
 
 
@@ -264,17 +264,14 @@ def measure(processes: int, cameras: int, rate_hz: float, seconds: float,
         for p in procs:
             p.start()
         try:
-            _collect(results, procs, "ready", SPAWN_TIMEOUT_S)
+            collect(results, procs, "ready", SPAWN_TIMEOUT_S)
             start_wall.value = time.time() + START_DELAY_S
             go.set()
-            trips = [t for got in _collect(results, procs, "done", seconds + 30.0) for t in got]
+            trips = [t for msg in collect(results, procs, "done", seconds + 30.0)
+                     for t in msg[2]]
         finally:
             go.set()
-            for p in procs:
-                p.join(5.0)
-                if p.is_alive():  # our own children, by their handles
-                    p.terminate()
-                    p.join(5.0)
+            join(procs)
         cpu = echo.stop()
     return Floor(transport=transport, processes=processes, cameras=cameras, rate_hz=rate_hz,
                  seconds=seconds, warmup_s=warmup_s,
@@ -282,21 +279,34 @@ def measure(processes: int, cameras: int, rate_hz: float, seconds: float,
                  echo_cpu_us_per_request=cpu.us_per_request, echo_requests=cpu.requests)
 
 
-def _collect(results: Any, procs: list[Any], kind: str, timeout: float) -> list[Any]:
-    got: list[Any] = []
+def collect(results: Any, procs: list[Any], kind: str, timeout: float) -> list[tuple]:
+    """One `kind` message (kind, process, ...) from every process we spawned; a "failed"
+    message or a dead process is an error."""
+    got: list[tuple] = []
     end = time.monotonic() + timeout
     while len(got) < len(procs):
         try:
-            what, value = results.get(timeout=0.5)
+            msg = results.get(timeout=0.5)
         except queue.Empty:
             dead = [p for p in procs if p.exitcode not in (None, 0)]
             if dead:
-                raise UserError(f"the floor's camera process {dead[0].name} died (exit code "
-                                f"{dead[0].exitcode})") from None
+                raise UserError(f"process {dead[0].name} died (exit code {dead[0].exitcode})"
+                                ) from None
             if time.monotonic() > end:
-                raise UserError(f"the floor's camera processes were not {kind} within "
-                                f"{timeout:.0f} s (a very busy machine?)") from None
+                raise UserError(f"processes {procs[0].name}... not {kind} within {timeout:.0f} "
+                                "s (a very busy machine?)") from None
             continue
-        if what == kind:
-            got.append(value)
+        if msg[0] == "failed":
+            # A traceback's last line says what failed; a plain message is one line anyway.
+            raise UserError(f"process {msg[1]} failed: {msg[2].strip().splitlines()[-1]}")
+        if msg[0] == kind:
+            got.append(msg)
     return got
+
+
+def join(procs: list[Any]) -> None:
+    for p in procs:
+        p.join(10.0)
+        if p.is_alive():  # only our own children, by their handles
+            p.terminate()
+            p.join(5.0)

@@ -11,7 +11,8 @@ import numpy as np
 from stgcnd_tools.loadtest.camera import LOST, CameraResult, ModelTarget
 from stgcnd_tools.loadtest.daemon_cpu import per_request
 from stgcnd_tools.loadtest.plan import LoadPlan
-from stgcnd_tools.loadtest.stats import count_codes, distribution, merge, rate, select
+from stgcnd_tools.stats import count_codes, distribution, merge, rate, select
+from stgcnd_tools.table import table
 
 # An open-loop send starting later than this after its due time counts as late.
 LATE_MS = 1.0
@@ -148,11 +149,6 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}" if value < 10 else f"{value:.1f}"
 
 
-def _dist_line(name: str, d: dict[str, Any]) -> str:
-    return (f"  {name:<22}" + "".join(f"{_ms(d[k]):>10}" for k in ("p50", "p90", "p99", "max"))
-            + f"{d['count']:>10}")
-
-
 def _codes(errors: dict[str, int], lost: int) -> str:
     parts = [f"{code} {n}" for code, n in errors.items()]
     if lost:
@@ -172,16 +168,17 @@ def format_table(r: dict[str, Any]) -> str:
         f"  windows/s {r['windows_per_s']:.1f}   requests/s {r['requests_per_s']:.1f}   "
         f"replies {r['replies']}   predictions {r['predictions']}",
         f"  errors: {_codes(r['errors'], r['lost_replies'])}",
-        f"  {'ms':<22}" + "".join(f"{h:>10}" for h in ("p50", "p90", "p99", "max", "count")),
-        _dist_line("round trip", r["round_trip_ms"]),
     ]
+    dists = [("round trip", r["round_trip_ms"])]
     if not cfg["closed_loop"]:
-        lines.append(_dist_line("round trip from send", r["round_trip_from_send_ms"]))
+        dists.append(("round trip from send", r["round_trip_from_send_ms"]))
     if cfg["mode"] == "push":
-        lines.append(_dist_line("round trip, predictions", r["prediction_round_trip_ms"]))
-    for name, d in r["server_ms"].items():
-        lines.append(_dist_line(f"server {name}", d))
-    lines.append(_dist_line("overhead (rt - compute)", r["overhead_ms"]))
+        dists.append(("round trip, predictions", r["prediction_round_trip_ms"]))
+    dists += [(f"server {name}", d) for name, d in r["server_ms"].items()]
+    dists.append(("overhead (rt - compute)", r["overhead_ms"]))
+    lines += table(("ms", "p50", "p90", "p99", "max", "count"),
+                   [(name, *(_ms(d[k]) for k in ("p50", "p90", "p99", "max")), d["count"])
+                    for name, d in dists], indent="  ", rule=False)
     lines += _cpu_lines(r["daemon_cpu"])
     load = r["load_cpu"]
     if load["us_per_request"] is not None:

@@ -5,7 +5,6 @@ collect every camera's records and hand them to the report.
 from __future__ import annotations
 
 import multiprocessing
-import queue
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,12 +13,11 @@ from stgcnd.errors import UserError
 from stgcnd_client import Client, ClientError
 from stgcnd_tools.loadtest import daemon_cpu
 from stgcnd_tools.loadtest.camera import CameraResult, ModelTarget
+from stgcnd_tools.loadtest.echo_floor import START_DELAY_S, collect, join
 from stgcnd_tools.loadtest.plan import LoadPlan
 from stgcnd_tools.loadtest.report import build_report
 from stgcnd_tools.loadtest.worker import READY_TIMEOUT_S, process_main
 
-# Between "everyone is ready" and t = 0: time for the go signal to reach every process.
-START_DELAY_S = 0.3
 # Spawned processes import numpy and pyzmq and build their data before they are ready.
 SPAWN_TIMEOUT_S = 120.0
 # The parent's hello and stats calls: at least this long, even with a short --timeout-ms.
@@ -100,7 +98,7 @@ def _run_processes(plan: LoadPlan, target: ModelTarget, control: _Control
     for p in procs:
         p.start()
     try:
-        _collect(results, procs, "ready", SPAWN_TIMEOUT_S + READY_TIMEOUT_S)
+        collect(results, procs, "ready", SPAWN_TIMEOUT_S + READY_TIMEOUT_S)
         start_wall.value = time.time() + START_DELAY_S
         t0 = time.monotonic() + START_DELAY_S
         go.set()
@@ -108,44 +106,17 @@ def _run_processes(plan: LoadPlan, target: ModelTarget, control: _Control
         first_at, first = control.sample()
         _sleep_until(t0 + plan.end)
         last_at, last = control.sample()
-        done = _collect(results, procs, "done", plan.timeout_ms / 1e3 + 60.0)
+        done = collect(results, procs, "done", plan.timeout_ms / 1e3 + 60.0)
     except BaseException:
         stop.set()
         go.set()
         raise
     finally:
-        for p in procs:
-            p.join(10.0)
-            if p.is_alive():  # only our own children, by their handle
-                p.terminate()
-                p.join(5.0)
+        join(procs)
     cameras = [c for msg in sorted(done, key=lambda m: m[1]) for c in msg[2]]
     samples = {"first": first, "last": last, "first_at_s": first_at - t0,
                "last_at_s": last_at - t0, "load_cpu_s": sum(msg[3] for msg in done)}
     return cameras, samples
-
-
-def _collect(results: Any, procs: list[Any], kind: str, timeout: float) -> list[tuple]:
-    """One `kind` message from every process; a failure or a dead process is an error."""
-    got: list[tuple] = []
-    end = time.monotonic() + timeout
-    while len(got) < len(procs):
-        try:
-            msg = results.get(timeout=0.5)
-        except queue.Empty:
-            dead = [p for p in procs if p.exitcode is not None and p.exitcode != 0]
-            if dead:
-                raise UserError(f"load process {dead[0].name} died (exit code "
-                                f"{dead[0].exitcode})") from None
-            if time.monotonic() > end:
-                raise UserError(f"load processes not {kind} within {timeout:.0f} s") from None
-            continue
-        if msg[0] == "failed":
-            # A traceback's last line says what failed; a plain message is one line anyway.
-            raise UserError(f"load process {msg[1]} failed: {msg[2].strip().splitlines()[-1]}")
-        if msg[0] == kind:
-            got.append(msg)
-    return got
 
 
 def _sleep_until(t: float) -> None:

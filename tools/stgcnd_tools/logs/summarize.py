@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from stgcnd_tools.table import cell, table
+
 SYSTEM_RANGE_FIELDS = ("gpu_load_pct", "gpu_freq_mhz", "gpu_temp_c", "temp_max_c",
                        "power_total_mw", "emc_freq_mhz", "cpu_pct", "ram_used_mb", "rss_mb")
 INTERVAL_SYSTEM_FIELDS = ("gpu_load_pct", "gpu_freq_mhz", "gpu_temp_c", "power_total_mw")
@@ -308,14 +310,6 @@ def _stream_summary(camera: str, model: str, intervals: list[dict[str, Any]],
     }
 
 
-def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
 def _fmt_range(r: dict[str, float] | None, unit: str = "", scale: float = 1.0) -> str:
     if not r:
         return "-"
@@ -343,38 +337,31 @@ def render_text(summary: dict[str, Any]) -> str:
             f" expired {s['expired']} {_pct(s['expired_rate'])}) over {s['intervals']} intervals")
         lat = s["latency"]
         approx = "" if lat["method"].startswith("exact") else "~"
-        parts = [f"{approx}p{p} {_fmt(lat.get(f'p{p}_ms'), 2)}" for p in SPAN_PERCENTILES]
+        parts = [f"{approx}p{p} {cell(lat.get(f'p{p}_ms'), 2)}" for p in SPAN_PERCENTILES]
         if "worst_interval_p99_ms" in lat:
-            parts.append(f"worst-interval p99 {_fmt(lat['worst_interval_p99_ms'], 2)}")
-        parts.append(f"max {_fmt(lat.get('max_ms'), 2)}")
+            parts.append(f"worst-interval p99 {cell(lat['worst_interval_p99_ms'], 2)}")
+        parts.append(f"max {cell(lat.get('max_ms'), 2)}")
         lines.append("latency ms, whole span: " + ", ".join(parts) + f"  [{lat['method']}]")
         if s["per_interval"]:
-            header = (f"{'time (UTC)':<24}{'n':>6}{'Hz':>7}{'p50':>8}{'p90':>8}{'p99':>8}"
-                      f"{'max':>8}{'err':>5}{'busy':>5}{'exp':>5}{'gpu%':>6}{'MHz':>6}"
-                      f"{'degC':>6}{'W':>6}")
-            lines.append(header)
-            for row in s["per_interval"]:
-                power = row["power_total_mw"]
-                lines.append(
-                    f"{(row['timestamp'] or '-')[:23]:<24}{_fmt(row['count']):>6}"
-                    f"{_fmt(row['rate_hz']):>7}{_fmt(row['p50_ms']):>8}{_fmt(row['p90_ms']):>8}"
-                    f"{_fmt(row['p99_ms']):>8}{_fmt(row['max_ms']):>8}{_fmt(row['errors']):>5}"
-                    f"{_fmt(row['busy']):>5}{_fmt(row['expired']):>5}"
-                    f"{_fmt(row['gpu_load_pct'], 0):>6}{_fmt(row['gpu_freq_mhz'], 0):>6}"
-                    f"{_fmt(row['gpu_temp_c'], 0):>6}"
-                    f"{_fmt(power / 1000 if power is not None else None):>6}")
+            lines += table(
+                ("time (UTC)", "n", "Hz", "p50", "p90", "p99", "max", "err", "busy", "exp",
+                 "gpu%", "MHz", "degC", "W"),
+                [((row["timestamp"] or "-")[:23], *(row[k] for k in (
+                    "count", "rate_hz", "p50_ms", "p90_ms", "p99_ms", "max_ms", "errors",
+                    "busy", "expired")), *(cell(row[k], 0) for k in (
+                        "gpu_load_pct", "gpu_freq_mhz", "gpu_temp_c")),
+                  None if row["power_total_mw"] is None else row["power_total_mw"] / 1000)
+                 for row in s["per_interval"]])
     if summary["skeleton_quality"]:
         lines.append("")
         lines.append("== skeleton quality (shares of frames, or of the present persons' "
                      "joints)")
-        lines.append(f"{'camera':<12}{'frames':>8}{'nobody':>10}{'visib.':>8}"
-                     f"{'lost':>7}{'outside':>8}{'worst-usable':>13}{'silent':>7}"
-                     f"{'blocked':>8}")
-        for q in summary["skeleton_quality"]:
-            lines.append(f"{q['camera']:<12}{q['frames']:>8}{_fmt(q['no_person'], 2):>10}"
-                         f"{_fmt(q['visibility'], 2):>8}{_fmt(q['low_visibility'], 2):>7}"
-                         f"{_fmt(q['out_of_frame'], 2):>8}{_fmt(q['worst_usable'], 2):>13}"
-                         f"{q['silent']:>7}{q['blocked']:>8}")
+        lines += table(("camera", "frames", "nobody", "visib.", "lost", "outside",
+                        "worst-usable", "silent", "blocked"),
+                       [(q["camera"], q["frames"], *(cell(q[k], 2) for k in (
+                           "no_person", "visibility", "low_visibility", "out_of_frame",
+                           "worst_usable")), q["silent"], q["blocked"])
+                        for q in summary["skeleton_quality"]])
     if summary["action_events"]:
         lines.append("")
         lines.append("== action events (UTC)")
@@ -383,7 +370,7 @@ def render_text(summary: dict[str, Any]) -> str:
             took = (f"{a['ended'] - a['started']:.1f} s" if a["ended"] is not None
                     and a["started"] is not None else "open")
             lines.append(f"{a['camera']:<12} {start} - {end:<8} {took:>9}  {a['class']}  "
-                         f"peak {_fmt(a['peak'], 2)}  {a['reason'] or 'still open'}")
+                         f"peak {cell(a['peak'], 2)}  {a['reason'] or 'still open'}")
     sysd = summary["system"]
     lines.append("")
     lines.append(f"== system ({sysd['samples']} samples, source: "

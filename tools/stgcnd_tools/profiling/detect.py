@@ -10,8 +10,6 @@ from pathlib import Path
 
 from stgcnd.errors import UserError
 
-KINDS = ("times", "profile", "layer_info", "log", "trex_profile_metadata",
-         "trex_build_metadata", "run_config", "engine_metadata", "unknown")
 # Preferred file names (what `stgcnd trtexec run` writes) when a folder holds several candidates.
 CANONICAL_NAMES = {
     "times": "times.json", "profile": "profile.json", "layer_info": "layers.json",

@@ -1,6 +1,5 @@
-"""Engine layer information from `trtexec --exportLayerInfo` (IEngineInspector JSON), in its
-names-only and detailed forms, TensorRT 8.x-11.x; the forms are listed above `precision_of`.
-"""
+"""Engine layer information from `trtexec --exportLayerInfo` (IEngineInspector JSON), names
+only or detailed, TensorRT 8.x-11.x (docs/trtexec.md, "What each parser reads")."""
 
 from __future__ import annotations
 
@@ -30,13 +29,6 @@ _PRECISION_PATTERNS = (
 )
 
 
-# Forms understood:
-# * names only (default `--profilingVerbosity=layer_names_only`): `"Layers"` is a list of strings;
-#   types, precisions and tactics are then unknown.
-# * detailed (`--profilingVerbosity=detailed`): each layer is an object with `Name`, `LayerType`,
-#   `Inputs`/`Outputs` (`Format/Datatype` in 8.x-10.x; separate `Format` and `DataType` in 11.x),
-#   `TacticName`, `Origin`, ...; TensorRT 10 adds `StreamId` and `Metadata` (ONNX node names).
-# * I/O tensors: `"Bindings"` (list of names, 8.x-10.x) or `"I/O Tensors"` (objects, 11.x).
 def precision_of(format_or_type: str | None) -> str | None:
     """Normalised data type (FP32, FP16, INT8, ...) of an inspector format/type string."""
     if not format_or_type:

@@ -1,10 +1,10 @@
-"""trtexec console logs (TensorRT 7-11): options, device, performance summary, build facts.
-
-What is read is listed above `decode_banner_version`; `load_log(path)` returns a TrtexecLog.
+"""trtexec console logs (TensorRT 7-11): options, device, performance summary, build facts
+(docs/trtexec.md, "What each parser reads"); a line's `[MM/DD/YYYY-HH:MM:SS] [I] ` is dropped.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,21 +47,6 @@ _OPTION_SECTIONS = {
 }
 
 
-# What is read (every line may carry a `[MM/DD/YYYY-HH:MM:SS] [I] ` prefix, which is stripped):
-# * `&&&& RUNNING|PASSED|FAILED TensorRT.trtexec [TensorRT v8205] # <command>`: status, command,
-#   version (v8205 = 8.2.5, v100300 = 10.3.0); `TensorRT version: X.Y.Z` wins when present.
-# * `=== Model Options ===`, `=== Build Options ===`, `=== System Options ===`,
-#   `=== Inference Options ===`, `=== Reporting Options ===`, `=== Device Information ===`:
-#   `Key: value` lines until the next blank line or section.
-# * `=== Performance summary ===`: `Throughput: N qps`; every `<Metric>: min = a ms, max = b ms,
-#   mean = .., median = .., percentile(90%) = .., ...` line (Latency, End-to-End Host Latency
-#   (8.2), Enqueue Time, H2D Latency, GPU Compute Time, D2H Latency); `Total Host Walltime: s`,
-#   `Total GPU Compute Time: s`; the `[W] *` hints that follow.
-# * build facts: `Engine built in S sec.`, `Engine generation completed in S seconds.`, `Created
-#   engine with size: X MiB`, `Loaded engine size: X MiB`, `Engine deserialized in S sec.`,
-#   `Total <X> Memory: N [bytes]`, warm-up and trace counts, and each
-#   `[MemUsageChange] <stage>: CPU +a, GPU +b, now: CPU c, GPU d (MiB)`.
-# * all `[W]`/`[E]` lines.
 def decode_banner_version(code: str) -> str:
     """`8205` -> 8.2.5, `8601` -> 8.6.1, `100300` -> 10.3.0 (trtexec banner version codes)."""
     n = int(code)
@@ -285,3 +270,22 @@ def from_trex_metadata(data: dict[str, Any]) -> TrtexecLog:
     if isinstance(data.get("tensorrt_version"), str):
         parsed.tensorrt_version = data["tensorrt_version"]
     return parsed
+
+
+def load_logish(paths: list[Path], log: bool) -> TrtexecLog:
+    """A trtexec log (`log`), or TREx's build and profile metadata files merged."""
+    if log:
+        return load_log(paths[0])
+    merged: dict[str, Any] = {}
+    for path in paths:
+        merged.update(json.loads(path.read_text(encoding="utf-8")))
+    return from_trex_metadata(merged)
+
+
+def write_metadata(parsed: TrtexecLog, out: Path) -> list[Path]:
+    """build.metadata.json and profile.metadata.json (TREx's names) into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in (("build.metadata.json", parsed.build_metadata()),
+                       ("profile.metadata.json", parsed.profile_metadata())):
+        (out / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return [out / "build.metadata.json", out / "profile.metadata.json"]

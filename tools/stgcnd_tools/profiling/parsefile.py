@@ -12,9 +12,8 @@ from typing import Any
 from stgcnd.errors import UserError
 from stgcnd_tools.profiling.detect import detect_kind, scan_dir
 from stgcnd_tools.profiling.layerinfo import load_layer_info
-from stgcnd_tools.profiling.logparse import TrtexecLog, from_trex_metadata, load_log
+from stgcnd_tools.profiling.logparse import load_logish, write_metadata
 from stgcnd_tools.profiling.profile import load_profile
-from stgcnd_tools.profiling.stats import STAT_KEYS
 from stgcnd_tools.profiling.times import (
     SERIES,
     SERIES_LABELS,
@@ -22,12 +21,8 @@ from stgcnd_tools.profiling.times import (
     summarize_times,
     write_times_outputs,
 )
-
-
-def _load_logish(path: Path, kind: str) -> TrtexecLog:
-    if kind == "log":
-        return load_log(path)
-    return from_trex_metadata(json.loads(path.read_text(encoding="utf-8")))
+from stgcnd_tools.stats import TRTEXEC_KEYS
+from stgcnd_tools.table import table
 
 
 def parse_file(path: Path, *, kind: str | None = None, batch: int = 1, top: int = 10,
@@ -48,7 +43,7 @@ def parse_file(path: Path, *, kind: str | None = None, batch: int = 1, top: int 
             data["requested_type_counts"] = info.count_types(count_types)
         entry["layer_info"] = data
     elif kind in ("log", "trex_profile_metadata", "trex_build_metadata"):
-        parsed = _load_logish(path, kind)
+        parsed = load_logish([path], kind == "log")
         entry["log"] = parsed.to_dict() if kind == "log" else {
             "build_metadata": parsed.build_metadata(),
             "profile_metadata": parsed.profile_metadata()}
@@ -89,12 +84,7 @@ def write_derived(path: str | Path, out_dir: str | Path, batch: int = 1) -> list
             if kind == "times":
                 written += write_times_outputs(load_times(file), target, batch).values()
                 continue
-            parsed = _load_logish(file, kind)
-            target.mkdir(parents=True, exist_ok=True)
-            for name, data in (("build.metadata.json", parsed.build_metadata()),
-                               ("profile.metadata.json", parsed.profile_metadata())):
-                (target / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-                written.append(target / name)
+            written += write_metadata(load_logish([file], kind == "log"), target)
     return written
 
 
@@ -110,11 +100,9 @@ def _render_entry(entry: dict[str, Any]) -> list[str]:
         lines.append(f"  {s['iterations']} iterations, batch {s['batch']}: "
                      f"{_f(thr['qps'])} qps, {_f(thr['windows_per_s'])} windows/s, "
                      f"GPU-bound {_f(thr['gpu_bound_qps'])} qps")
-        lines.append("  " + f"{'ms':<28}" + "".join(f"{k:>10}" for k in STAT_KEYS))
-        for name in SERIES:
-            if name in s:
-                lines.append("  " + f"{SERIES_LABELS[name]:<28}" +
-                             "".join(f"{_f(s[name][k]):>10}" for k in STAT_KEYS))
+        lines += table(("ms", *TRTEXEC_KEYS), [(SERIES_LABELS[n], *(_f(s[n][k]) for k in
+                                                                 TRTEXEC_KEYS))
+                                              for n in SERIES if n in s], indent="  ", rule=False)
     if "profile" in entry:
         p = entry["profile"]
         lines.append(f"  {p['layers']} layers, {p['count'] or '?'} profiled iterations, summed "

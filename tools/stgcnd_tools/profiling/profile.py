@@ -1,6 +1,5 @@
-"""Per-layer times from `trtexec --exportProfile`; the format and its quirks are described
-above `LayerTime`.
-"""
+"""Per-layer times from `trtexec --exportProfile` (docs/trtexec.md, "What each parser
+reads"): trtexec writes layer names unescaped, so invalid JSON is re-read field by field."""
 
 from __future__ import annotations
 
@@ -20,11 +19,6 @@ _NUMBER_FIELD = re.compile(r'"(timeMs|averageMs|medianMs|percentage)"\s*:\s*'
 _COUNT = re.compile(r'\{\s*"count"\s*:\s*(\d+)\s*\}')
 
 
-# The file is a JSON array: `{ "count" : <iterations> }` first (absent in some old versions),
-# then one `{ "name", "timeMs", "averageMs", "medianMs", "percentage" }` object per engine layer.
-# `medianMs` appears in TensorRT 8.4; 8.2 files lack it (median_ms is then None). trtexec writes
-# layer names without escaping them, so a name with `"` or `\` makes the file invalid JSON; when
-# strict parsing fails, the records are re-read field by field and the names re-escaped.
 @dataclass(frozen=True)
 class LayerTime:
     name: str

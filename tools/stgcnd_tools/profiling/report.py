@@ -19,9 +19,8 @@ from stgcnd.log import get_logger
 from stgcnd_tools.profiling import plots
 from stgcnd_tools.profiling.detect import find_artefacts
 from stgcnd_tools.profiling.layerinfo import LayerInfo, load_layer_info
-from stgcnd_tools.profiling.logparse import TrtexecLog, from_trex_metadata, load_log
+from stgcnd_tools.profiling.logparse import TrtexecLog, load_logish, write_metadata
 from stgcnd_tools.profiling.profile import LayerProfile, load_profile
-from stgcnd_tools.profiling.stats import STAT_KEYS
 from stgcnd_tools.profiling.times import (
     SERIES,
     SERIES_LABELS,
@@ -30,6 +29,8 @@ from stgcnd_tools.profiling.times import (
     summarize_times,
     write_times_outputs,
 )
+from stgcnd_tools.stats import TRTEXEC_KEYS
+from stgcnd_tools.table import markdown
 
 log = get_logger(__name__)
 
@@ -85,14 +86,9 @@ def load_run(path: str | Path, name: str | None = None) -> RunData:
         run.profile = load_profile(sources["profile"])
     if "layer_info" in sources:
         run.layer_info = load_layer_info(sources["layer_info"])
-    if "log" in sources:
-        run.log = load_log(sources["log"])
-    elif "trex_profile_metadata" in sources or "trex_build_metadata" in sources:
-        merged: dict[str, Any] = {}
-        for kind in ("trex_build_metadata", "trex_profile_metadata"):
-            if kind in sources:
-                merged.update(json.loads(sources[kind].read_text(encoding="utf-8")))
-        run.log = from_trex_metadata(merged)
+    trex = [sources[k] for k in ("trex_build_metadata", "trex_profile_metadata") if k in sources]
+    if "log" in sources or trex:
+        run.log = load_logish([sources["log"]] if "log" in sources else trex, "log" in sources)
     for kind, attr in (("run_config", "run_config"), ("engine_metadata", "engine_metadata")):
         if kind in sources:
             setattr(run, attr, json.loads(sources[kind].read_text(encoding="utf-8")))
@@ -208,20 +204,8 @@ def compare_sections(sections: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _fmt(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}"
-    return str(value)
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    def esc(cell: Any) -> str:
-        return _fmt(cell).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
-    return [*lines, ""]
+    return "–" if value is None else f"{value:.{digits}g}" if isinstance(value, float) \
+        else str(value)
 
 
 def _markdown(report: dict[str, Any]) -> str:
@@ -242,7 +226,7 @@ def _markdown(report: dict[str, Any]) -> str:
         rows = [[m["label"], *m["values"], *(_fmt(x, 3) + "×" if x is not None else None
                                             for x in m["ratios"][1:])]
                 for m in report["comparison"]["metrics"]]
-        md += _table(header, rows)
+        md += markdown(header, rows)
         if "comparison" in plots:
             md += [f"![runs compared]({plots['comparison']})", ""]
         if "percentile_curve" in plots:
@@ -252,7 +236,7 @@ def _markdown(report: dict[str, Any]) -> str:
             rows = [[t["type"], *t["average_ms"], *(_fmt(x, 3) + "×" if x is not None else None
                                                    for x in t["ratios"][1:])]
                     for t in report["comparison"]["layer_types"]]
-            md += _table(["Layer type", *(r["name"] for r in runs),
+            md += markdown(["Layer type", *(r["name"] for r in runs),
                           *(f"{r['name']} / {base['name']}" for r in runs[1:])], rows)
     for i, run in enumerate(runs):
         md += _run_markdown(run, plots if i == 0 else {}, single=len(runs) == 1)
@@ -287,7 +271,7 @@ def _run_markdown(run: dict[str, Any], plots: dict[str, str], single: bool) -> l
         facts += [("Model file", engine["path"]),
                   ("Size", f"{engine['size_bytes'] / 2**20:.2f} MiB"),
                   ("sha256", f"`{engine['sha256'][:16]}…`"), ("Modified", engine["mtime"])]
-    md += _table(["", ""], [(k, v) for k, v in facts if v])
+    md += markdown(["", ""], [(k, v) for k, v in facts if v])
     timing = run["timing"]
     if timing:
         thr = timing["throughput"]
@@ -297,9 +281,9 @@ def _run_markdown(run: dict[str, Any], plots: dict[str, str], single: bool) -> l
                f"windows/s over {_fmt(thr['walltime_s'])} s of trace; GPU-bound "
                f"{_fmt(thr['gpu_bound_qps'])} qps. Jitter (GPU compute p99 − median): "
                f"{_fmt(timing['jitter_ms']['gpu_compute'].get('p99_minus_median'))} ms.", ""]
-        rows = [[SERIES_LABELS[name], *(timing[name][k] for k in STAT_KEYS)]
+        rows = [[SERIES_LABELS[name], *(timing[name][k] for k in TRTEXEC_KEYS)]
                 for name in SERIES if name in timing]
-        md += _table(["ms", *STAT_KEYS], rows)
+        md += markdown(["ms", *TRTEXEC_KEYS], rows)
         for stem, alt in (("latency_histogram", "latency histogram"),
                           ("latency_series", "latency per iteration")):
             if stem in plots:
@@ -313,7 +297,7 @@ def _run_markdown(run: dict[str, Any], plots: dict[str, str], single: bool) -> l
             md += [f"Throughput {_fmt(summary['throughput_qps'])} qps.", ""]
         metrics = summary.get("metrics_ms", {})
         keys = sorted({k for m in metrics.values() for k in m}, key=_stat_order)
-        md += _table(["ms", *keys], [[name.replace("_", " "), *(m.get(k) for k in keys)]
+        md += markdown(["ms", *keys], [[name.replace("_", " "), *(m.get(k) for k in keys)]
                                      for name, m in metrics.items()])
     if run.get("top_layers"):
         prof = run["profile"]
@@ -325,7 +309,7 @@ def _run_markdown(run: dict[str, Any], plots: dict[str, str], single: bool) -> l
         rows = [[r["rank"], f"`{_middle_cut(r['name'])}`", r["type"], r["average_ms"],
                  r["median_ms"],
                  f"{r['share_percent']:.1f}%"] for r in run["top_layers"]]
-        md += _table(["#", "Layer", "Type", "Avg ms", "Median ms", "Share"], rows)
+        md += markdown(["#", "Layer", "Type", "Avg ms", "Median ms", "Share"], rows)
         if "top_layers" in plots:
             md += [f"![slowest layers]({plots['top_layers']})", ""]
         md += ["### Time by layer type", ""]
@@ -334,7 +318,7 @@ def _run_markdown(run: dict[str, Any], plots: dict[str, str], single: bool) -> l
                    "`--exportLayerInfo` from an engine built with "
                    "`--profilingVerbosity=detailed`).", ""]
         else:
-            md += _table(["Type", "Layers", "Avg ms", "Share"],
+            md += markdown(["Type", "Layers", "Avg ms", "Share"],
                          [[r["type"], r["count"], r["average_ms"],
                            f"{r['share_percent']:.1f}%"] for r in run["layer_type_share"]])
         if "layer_type_share" in plots:
@@ -357,7 +341,7 @@ def _run_markdown(run: dict[str, Any], plots: dict[str, str], single: bool) -> l
     build = run["build"]
     if build:
         md += ["### Build and memory (from the log)", ""]
-        md += _table(["", ""], sorted(build.items()))
+        md += markdown(["", ""], sorted(build.items()))
     if run["warnings"]:
         md += ["### Warnings in the log", ""] + [f"- {w}" for w in run["warnings"][:20]] + [""]
     return md
@@ -394,10 +378,7 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
     if runs[0].times:
         result.files += write_times_outputs(runs[0].times, out, batch).values()
     if runs[0].log:
-        for name, data in (("build.metadata.json", runs[0].log.build_metadata()),
-                           ("profile.metadata.json", runs[0].log.profile_metadata())):
-            (out / name).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-            result.files.append(out / name)
+        result.files += write_metadata(runs[0].log, out)
     report["plots_skipped"] = _draw_plots(runs, sections, out, top_k, report) if plots \
         else "disabled with --no-plots"
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

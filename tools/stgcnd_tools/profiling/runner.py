@@ -1,8 +1,8 @@
 """Run trtexec on an engine or ONNX model and keep everything it produces in one folder:
 times.json, profile.json, layers.json, trtexec.log, run_config.json, engine_metadata.json.
 
-Not verified against a real trtexec in CI: the command line follows trtexec's documented
-flags, and the tests run a stand-in executable.
+trtexec is found on PATH, then at JetPack's /usr/src/tensorrt/bin and NGC's /opt/tensorrt/bin.
+Not verified against a real trtexec in CI: the tests run a stand-in executable.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,7 +26,6 @@ from typing import Any, TextIO
 from stgcnd import __version__
 from stgcnd.errors import UserError
 from stgcnd.log import get_logger
-from stgcnd_tools.profiling.locate import require_trtexec
 from stgcnd_tools.profiling.logparse import load_log
 
 log = get_logger(__name__)
@@ -33,6 +34,46 @@ ARTEFACT_NAMES = {"times": "times.json", "profile": "profile.json", "layer_info"
                   "log": "trtexec.log"}
 PRECISION_FLAGS = ("fp16", "bf16", "int8", "fp8", "int4", "best", "stronglyTyped")
 LOG_TAIL_LINES = 15
+
+
+JETPACK_TRTEXEC = Path("/usr/src/tensorrt/bin/trtexec")
+DEFAULT_LOCATIONS: tuple[Path, ...] = (JETPACK_TRTEXEC, Path("/opt/tensorrt/bin/trtexec"))
+
+
+def _is_executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def find_trtexec(explicit: str | Path | None = None, *, search_path: str | None = None,
+                 locations: Sequence[Path] = DEFAULT_LOCATIONS) -> Path | None:
+    """The trtexec to run: `explicit` (which must exist), else on `search_path` ($PATH), else
+    in `locations` (JetPack's, NGC's); None when there is none."""
+    if explicit is not None:
+        path = Path(explicit).expanduser()
+        if not _is_executable(path):
+            raise UserError(f"--trtexec {path}: not an executable file; point it at the trtexec "
+                            f"binary, e.g. {JETPACK_TRTEXEC}")
+        return path.resolve()
+    on_path = shutil.which("trtexec", path=search_path)
+    if on_path:
+        return Path(on_path).resolve()
+    for candidate in locations:
+        if _is_executable(candidate):
+            return candidate
+    return None
+
+
+def require_trtexec(explicit: str | Path | None = None, *, search_path: str | None = None,
+                    locations: Sequence[Path] = DEFAULT_LOCATIONS) -> Path:
+    found = find_trtexec(explicit, search_path=search_path, locations=locations)
+    if found is None:
+        tried = ", ".join(str(p) for p in locations)
+        raise UserError(
+            f"trtexec not found on PATH nor at {tried}. It ships with TensorRT: on Jetson it "
+            f"comes with JetPack (apt install nvidia-jetpack, or tensorrt) as {JETPACK_TRTEXEC}; "
+            f"put it on PATH (export PATH=$PATH:{JETPACK_TRTEXEC.parent}) or pass "
+            "--trtexec PATH")
+    return found
 
 
 class TrtexecFailed(UserError):

@@ -1,6 +1,5 @@
-"""Per-iteration timings from `trtexec --exportTimes` (TensorRT 7-11) and their summary; the
-format and the summary's fields are described above `TimingRecord`.
-"""
+"""Per-iteration timings from `trtexec --exportTimes` (TensorRT 7-11) and their summary
+(docs/trtexec.md, "What each parser reads"); timestamps are ms since trtexec started."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from stgcnd.errors import UserError
-from stgcnd_tools.profiling.stats import STAT_KEYS, describe
+from stgcnd_tools.stats import TRTEXEC_KEYS, distribution
 
 # Series in the order they appear in tables and CSVs; values are TimingRecord attributes.
 SERIES = ("gpu_compute_ms", "latency_ms", "enqueue_ms", "h2d_ms", "d2h_ms")
@@ -28,17 +27,6 @@ SERIES_LABELS = {
 REPORT_PERCENTILES = (*range(0, 100), 99.5, 99.9, 100)
 
 
-# The file is a JSON array with one object per timed inference. TensorRT 8.x-11.x write
-# `startEnqMs, endEnqMs, startH2dMs, endH2dMs, startComputeMs, endComputeMs, startD2hMs, endD2hMs,
-# h2dMs, computeMs, d2hMs, latencyMs`; TensorRT 7 wrote `startInMs/endInMs/inMs` and
-# `startOutMs/endOutMs/outMs` instead of the H2D/D2H names and had no enqueue times. Timestamps
-# are milliseconds since trtexec started. Since 8.5 the warm-up iterations are left out.
-#
-# `summarize_times` returns, for `gpu_compute_ms`, `latency_ms` (H2D + compute + D2H, trtexec's
-# "Latency"), `enqueue_ms`, `h2d_ms` and `d2h_ms`, a dict with min/mean/median/p90/p95/p99/max/std
-# in milliseconds (numpy linear-interpolation percentiles), plus `throughput` (qps = records /
-# the trace's walltime, from the earliest start of any stage to the latest end of any stage;
-# windows/s = qps x batch; GPU-bound qps = 1000 / mean compute) and `jitter_ms`.
 @dataclass(frozen=True)
 class TimingRecord:
     """One timed inference; durations in ms, `None` where this TensorRT version has no field."""
@@ -129,9 +117,9 @@ def summarize_times(records: Iterable[TimingRecord | Mapping[str, Any]],
         raise UserError(f"batch must be >= 1, got {batch}")
     out: dict[str, Any] = {"iterations": len(recs), "batch": batch}
     for name in SERIES:
-        stats = describe(series(recs, name))
-        if stats:
-            out[name] = stats
+        values = series(recs, name)
+        if values.size:
+            out[name] = distribution(values, TRTEXEC_KEYS)
     walltime_ms = max(r.end_ms for r in recs) - min(r.start_ms for r in recs)
     qps = len(recs) / (walltime_ms / 1000.0) if walltime_ms > 0 else None
     mean_compute = out["gpu_compute_ms"]["mean"]
@@ -170,10 +158,10 @@ def write_times_outputs(records: Sequence[TimingRecord], out_dir: str | Path,
     paths["summary.json"].write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     with paths["summary.csv"].open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["metric", *STAT_KEYS])
+        writer.writerow(["metric", *TRTEXEC_KEYS])
         for name in SERIES:
             if name in summary:
-                writer.writerow([name, *(summary[name][k] for k in STAT_KEYS)])
+                writer.writerow([name, *(summary[name][k] for k in TRTEXEC_KEYS)])
     t0 = min(r.start_ms for r in records)
     with paths["latency_series.csv"].open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
