@@ -11,7 +11,7 @@ from stgcnd.engines.store import BUILT_HERE, Artifact, EngineStore
 from stgcnd.errors import UserError
 from stgcnd.model.reference import load_for_inference
 from stgcnd.model.spec import ModelSpec
-from stgcnd.provision import ModelLike, named_options, resolve_auto
+from stgcnd.provision import ModelLike, resolve_auto
 from stgcnd.server.config import engines_root, load_config
 from stgcnd.server.serving_plan import PLATFORMS, Target, serving_plan
 
@@ -131,8 +131,6 @@ def jobs_from_config(path: Path, args: argparse.Namespace
             print(f"note: model {mc.name!r} has backend noop: nothing to build")
             continue
         spec, options = serving_plan(mc, target)
-        if mc.backend != "auto":
-            options = named_options(mc.backend, options)
         jobs.append((spec, mc.backend, options))
     return jobs, EngineStore(args.engines or config.engines_dir), target
 

@@ -18,7 +18,6 @@ from stgcnd.provision import (
     auto_chain,
     fallback,
     load_runtime,
-    named_options,
     no_runtime_left,
 )
 from stgcnd.runtimes.base import Runtime
@@ -238,7 +237,7 @@ def _first_that_serves(mc: ModelConfig, store: EngineStore, generation: int,
     spec, options = serving_plan(mc)
     named = mc.backend != "auto"
     choices: Iterable[Choice] = (
-        [Choice(mc.backend, named_options(mc.backend, options), "named in the configuration")]
+        [Choice(mc.backend, options, "named in the configuration")]
         if named else auto_chain(spec, options, store))
     failures: list[str] = []
     try:
