@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar, Union
 
+from stgcnd.engines.builders import get_builder
 from stgcnd.engines.builders.tensorrt import precision_plan
 from stgcnd.engines.keys import key_digest
 from stgcnd.engines.options import BuildOptions
@@ -103,21 +104,6 @@ def _first_line(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
-def _runtime_from(backend: str, artifact: Artifact, options: BuildOptions) -> Runtime:
-    m = artifact.manifest
-    shape, classes = tuple(m["input_shape"]), int(m["num_class"])
-    max_batch = int(m.get("max_batch", 1))
-    if backend == "tensorrt":
-        if artifact.path is None:
-            raise UserError("the TensorRT artefact has no engine file; rebuild it with "
-                            "`stgcnd build --backend tensorrt --rebuild`")
-        return runtime_module("tensorrt").TensorRTRuntime(
-            artifact.path, shape, classes, max_batch, artifact.precision, options.cuda_graph)
-    path = artifact.path if artifact.path is not None else artifact.onnx_path
-    return runtime_module("onnxruntime").OnnxRuntimeRuntime(
-        path, shape, classes, max_batch, artifact.precision, options.threads, options.device)
-
-
 def _load_artifact(model: ModelLike, backend: str, options: BuildOptions,
                    store: EngineStore, before_load: Callable[[], None]
                    ) -> Runtime:
@@ -136,7 +122,7 @@ def _load_artifact(model: ModelLike, backend: str, options: BuildOptions,
     try:
         with at_step("load"):
             before_load()
-            return _runtime_from(backend, artifact, options)
+            return get_builder(backend).open(artifact, options, model, store.root)
     except BackendUnavailable:
         raise  # the runtime is missing or lacks the device: a rebuild cannot help
     except Exception as exc:
@@ -150,7 +136,7 @@ def _load_artifact(model: ModelLike, backend: str, options: BuildOptions,
     with at_step("load"):
         try:
             before_load()
-            return _runtime_from(backend, artifact, options)
+            return get_builder(backend).open(artifact, options, model, store.root)
         except BackendUnavailable:
             raise
         except Exception as exc:
@@ -199,13 +185,10 @@ def load_runtime(model: ModelLike, backend: str, options: BuildOptions,
                 raise BackendUnavailable(
                     "the torch backend runs the PyTorch checkpoint; this model is known by its "
                     "exported ONNX only (serve it with tensorrt or onnxruntime)")
-            store.prepare(model, backend, options)  # manifest: key + validation record
+            artifact = store.prepare(model, backend, options)  # key + validation record
         with at_step("load"):
             before_load()
-            return runtime_module("torch").TorchRuntime(
-                model, options.precision, options.device, cuda_graph=options.cuda_graph,
-                max_batch=options.max_batch, threads=options.threads,
-                compile_mode=options.compile, compile_cache=store.root)
+            return get_builder(backend).open(artifact, options, model, store.root)
     raise UserError(f"unknown backend {backend!r}; choose auto, {', '.join(NAMES)}")
 
 

@@ -67,7 +67,10 @@ def options_from_args(args: argparse.Namespace) -> BuildOptions:
                         calibration=args.calibration,
                         allow_synthetic_calibration=args.allow_synthetic_calibration,
                         device=device, threads=args.threads, layer_info=args.layer_info,
-                        int8_mode=args.int8_mode)
+                        int8_mode=args.int8_mode,
+                        # The runners `serve` makes by default ([[models]] cuda_graph, compile;
+                        # used on CUDA only): `validate` and the store's check run what serves.
+                        cuda_graph=True, compile="auto")
 
 
 def store_from_args(args: argparse.Namespace) -> EngineStore:

@@ -100,7 +100,8 @@ def serving_plan(mc: ModelConfig, target: Target | None = None
     options = BuildOptions(precision=mc.precision, max_batch=max_batch, device=device,
                            dynamic_batch=max_batch > 1, calibration=mc.calibration,
                            allow_synthetic_calibration=mc.allow_synthetic_calibration,
-                           cuda_graph=mc.cuda_graph and device != "cpu", threads=mc.threads,
+                           # On CUDA only (the runtimes' rule); auto's device is not known yet.
+                           cuda_graph=mc.cuda_graph, threads=mc.threads,
                            compile=mc.compile, instances=mc.instances,
                            workspace_mb=JETSON_WORKSPACE_MB if target.jetson else WORKSPACE_MB)
     if mc.backend != "auto":

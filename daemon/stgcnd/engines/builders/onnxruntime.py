@@ -17,6 +17,7 @@ from stgcnd.engines.options import BuildOptions
 from stgcnd.engines.quantize import quantize_for_cpu
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.runtimes import import_onnxruntime, runtime_module
+from stgcnd.runtimes.base import Runtime
 
 
 def _probe_space(path: Path, nbytes: int) -> None:
@@ -75,9 +76,9 @@ class OnnxRuntimeBuilder(Builder):
             raise OSError(f"onnxruntime wrote no optimized model to {out}")
         return {"graph": "ort-extended", "providers": self._providers(ctx.options)}
 
-    def open_for_validation(self, ctx: BuildContext, artifact: Any) -> Any:
+    def open(self, artifact: Any, options: BuildOptions, model: Any, cache: Path) -> Runtime:
         m = artifact.manifest
         path = artifact.path if artifact.path is not None else artifact.onnx_path
         return runtime_module("onnxruntime").OnnxRuntimeRuntime(
             path, tuple(m["input_shape"]), int(m["num_class"]), int(m.get("max_batch", 1)),
-            artifact.precision, ctx.options.threads, ctx.options.device)
+            artifact.precision, options.threads, options.device)
