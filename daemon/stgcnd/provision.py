@@ -1,9 +1,11 @@
 """Provisioning a served model: which runtime runs it, its artefact built or reused, loaded.
 
-`open_runtime(spec, backend, options, store)` is what the daemon, `build`, `validate` and
-`bench` call. "auto" is TensorRT where it imports and a GPU answers, else torch on CUDA, else
-the faster CPU runtime, timed and remembered in the store. The TensorRT path never imports
-torch when its engine is built.
+`first_that_serves(spec, backend, options, store, use)` is the one walk of the choices, made
+by the daemon, `build` and `validate` (`open_runtime`: it, for a loaded runtime); `bench`
+loads each named runtime with `load_runtime`. "auto" is TensorRT where it imports and a GPU
+answers, else torch on CUDA, else the faster CPU runtime, timed and remembered in the store
+(the winner, as timed, is the one served). The TensorRT path never imports torch when its
+engine is built.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import platform
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 from stgcnd.engines.builders import get_builder
 from stgcnd.engines.keys import key_digest
@@ -47,6 +49,7 @@ AUTO_ROUNDS = 5   # interleaved rounds of the CPU choice; each runtime's fastest
 
 # A model as the caller has it: a ModelSpec, or a loaded model (torch or the numpy demo).
 ModelLike = Union[ModelSpec, Any]
+T = TypeVar("T")
 
 
 def _is_loaded(model: ModelLike) -> bool:
@@ -100,21 +103,6 @@ def _first_line(text: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
-def _runtime_from(backend: str, artifact: Artifact, options: BuildOptions) -> Runtime:
-    m = artifact.manifest
-    shape, classes = tuple(m["input_shape"]), int(m["num_class"])
-    max_batch = int(m.get("max_batch", 1))
-    if backend == "tensorrt":
-        if artifact.path is None:
-            raise UserError("the TensorRT artefact has no engine file; rebuild it with "
-                            "`stgcnd build --backend tensorrt --rebuild`")
-        return runtime_module("tensorrt").TensorRTRuntime(
-            artifact.path, shape, classes, max_batch, artifact.precision, options.cuda_graph)
-    path = artifact.path if artifact.path is not None else artifact.onnx_path
-    return runtime_module("onnxruntime").OnnxRuntimeRuntime(
-        path, shape, classes, max_batch, artifact.precision, options.threads, options.device)
-
-
 def _load_artifact(model: ModelLike, backend: str, options: BuildOptions,
                    store: EngineStore, before_load: Callable[[], None]
                    ) -> Runtime:
@@ -133,7 +121,7 @@ def _load_artifact(model: ModelLike, backend: str, options: BuildOptions,
     try:
         with at_step("load"):
             before_load()
-            return _runtime_from(backend, artifact, options)
+            return get_builder(backend).open(artifact, options, model, store.root)
     except BackendUnavailable:
         raise  # the runtime is missing or lacks the device: a rebuild cannot help
     except Exception as exc:
@@ -147,7 +135,7 @@ def _load_artifact(model: ModelLike, backend: str, options: BuildOptions,
     with at_step("load"):
         try:
             before_load()
-            return _runtime_from(backend, artifact, options)
+            return get_builder(backend).open(artifact, options, model, store.root)
         except BackendUnavailable:
             raise
         except Exception as exc:
@@ -196,13 +184,10 @@ def load_runtime(model: ModelLike, backend: str, options: BuildOptions,
                 raise BackendUnavailable(
                     "the torch backend runs the PyTorch checkpoint; this model is known by its "
                     "exported ONNX only (serve it with tensorrt or onnxruntime)")
-            store.prepare(model, backend, options)  # manifest: key + validation record
+            artifact = store.prepare(model, backend, options)  # key + validation record
         with at_step("load"):
             before_load()
-            return runtime_module("torch").TorchRuntime(
-                model, options.precision, options.device, cuda_graph=options.cuda_graph,
-                max_batch=options.max_batch, threads=options.threads,
-                compile_mode=options.compile, compile_cache=store.root)
+            return get_builder(backend).open(artifact, options, model, store.root)
     raise UserError(f"unknown backend {backend!r}; choose auto, {', '.join(NAMES)}")
 
 
@@ -220,23 +205,41 @@ def named_options(backend: str, options: BuildOptions) -> BuildOptions:
 def open_runtime(model: ModelLike, backend: str, options: BuildOptions,
                  store: EngineStore, noop_compute_us: int = 0) -> Runtime:
     """Prepare (export/build or reuse) the artefact and load it; runners come from it. For
-    "auto", the first runtime of the chain that loads (the daemon goes further: its
-    fallback also covers making and warming the runners, server/models.py)."""
+    "auto", the first runtime of the chain that loads (first_that_serves)."""
+    return first_that_serves(model, backend, options, store,
+                             lambda choice: choice.load(model, store, noop_compute_us))[0]
+
+
+def first_that_serves(model: ModelLike, backend: str, options: BuildOptions,
+                      store: EngineStore, use: Callable[[Choice], T]) -> tuple[T, Choice]:
+    """`use` of the first choice it succeeds on, and that choice: the one walk of the auto
+    chain, for the daemon (its `use` also makes and warms the runners), `build` and
+    `validate`. A named backend is its only choice and its failure is raised as it is; with
+    "auto" each failure is logged (`backend_fallback`) and the next choice tried, and a
+    chain that runs out raises one UserError that lists them. A runtime opened while choosing
+    and not taken by `use` (Choice.load) is closed."""
     if backend != "auto":
-        return load_runtime(model, backend, named_options(backend, options), store,
-                            noop_compute_us)
+        choice = Choice(backend, named_options(backend, options), "named")
+        return use(choice), choice
     failures = []
-    for choice in auto_chain(model, options, store):
-        try:
-            runtime = load_runtime(model, choice.backend, choice.options, store)
-        except (BuildCancelled, KeyboardInterrupt):
+    try:
+        for choice in auto_chain(model, options, store):
+            try:
+                used = use(choice)
+            except (BuildCancelled, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                failures.append(fallback(choice, exc))
+                continue
+            finally:
+                choice.close()
+            log.info("auto_backend", backend=choice.backend, device=choice.options.device,
+                     precision=choice.options.precision, why=choice.why)
+            return used, choice
+    except UserError as exc:  # the chain itself failed: e.g. no CPU runtime loads the model
+        if "stgcnd_step" in exc.__dict__:
             raise
-        except Exception as exc:
-            failures.append(fallback(choice, exc))
-            continue
-        log.info("auto_backend", backend=choice.backend, device=choice.options.device,
-                 precision=choice.options.precision, why=choice.why)
-        return runtime
+        failures.append(str(exc))
     raise no_runtime_left(failures)
 
 
@@ -289,9 +292,11 @@ _CPU_CANDIDATES["int8"] = (*_CPU_CANDIDATES["bf16"], ("onnxruntime", "int8"))
 
 
 def fastest_cpu_runtime(model: Any, options: BuildOptions, store: EngineStore
-                        ) -> tuple[str, str, str]:
-    """(runtime, precision, why): the fastest here of the CPU runtimes and precisions that
-    `options.precision` allows; measured once, cached in the store."""
+                        ) -> tuple[str, str, str, Runtime | None]:
+    """(runtime, precision, why, loaded): the fastest here of the CPU runtimes and precisions
+    that `options.precision` allows; measured once, cached in the store. `loaded` is the
+    winner as it was measured (left open, so that it is not loaded twice), None when the
+    choice came from the cache."""
     cache_path = store.root / AUTO_CACHE_NAME
     # int8's candidate loads or not by its calibration: a new file (or synthetic calibration
     # allowed) measures again.
@@ -309,8 +314,10 @@ def fastest_cpu_runtime(model: Any, options: BuildOptions, store: EngineStore
         entry = cache[key]
         log.info("auto_backend_cached", backend=entry["backend"], precision=entry["precision"],
                  key=key[:12])
-        return str(entry["backend"]), str(entry["precision"]), _faster(entry["fastest_ms"])
+        return (str(entry["backend"]), str(entry["precision"]), _faster(entry["fastest_ms"]),
+                None)
     candidates: dict[str, Runtime] = {}
+    winner: Runtime | None = None
     unavailable = available()
     bf16 = cpu_bf16()
     try:
@@ -331,10 +338,11 @@ def fastest_cpu_runtime(model: Any, options: BuildOptions, store: EngineStore
         if not candidates:
             raise BackendUnavailable("no CPU runtime can run here; pip install onnxruntime")
         timings = _time_each_that_runs(candidates)
+        best = min(timings, key=timings.__getitem__)
+        winner = candidates.pop(best)
     finally:
         for runtime in candidates.values():
             runtime.close()
-    best = min(timings, key=timings.__getitem__)
     backend, precision = best.split()
     cache[key] = {"backend": backend, "precision": precision, "allowed": options.precision,
                   "fastest_ms": timings, "machine": machine_key(), "model": model_key(model),
@@ -346,7 +354,7 @@ def fastest_cpu_runtime(model: Any, options: BuildOptions, store: EngineStore
     log.info("auto_backend_measured", backend=backend, precision=precision,
              allowed=options.precision, cpu_bf16=bf16, rounds=AUTO_ROUNDS,
              **{f"{k.replace(' ', '_')}_ms": round(v, 2) for k, v in timings.items()})
-    return backend, precision, _faster(timings)
+    return backend, precision, _faster(timings), winner
 
 
 def _time_each_that_runs(candidates: dict[str, Runtime]) -> dict[str, float]:
@@ -378,13 +386,31 @@ def _faster(timings: dict[str, float]) -> str:
         "the only CPU runtime here"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Choice:
     """One runtime of the auto chain, the options it runs with, and why it is tried."""
 
     backend: str
     options: BuildOptions
     why: str
+    # Loaded while choosing (auto on a CPU measures its candidates): served, not loaded again.
+    opened: Runtime | None = dataclasses.field(default=None, repr=False)
+
+    def load(self, model: ModelLike, store: EngineStore, noop_compute_us: int = 0,
+             before_load: Callable[[], None] | None = None) -> Runtime:
+        """The runtime of this choice, the caller's to close: the one opened while choosing,
+        else load_runtime's."""
+        runtime, self.opened = self.opened, None
+        if runtime is not None:
+            return runtime
+        return load_runtime(model, self.backend, self.options, store, noop_compute_us,
+                            before_load)
+
+    def close(self) -> None:
+        """Close the runtime opened while choosing, if nobody took it."""
+        runtime, self.opened = self.opened, None
+        if runtime is not None:
+            runtime.close()
 
 
 def auto_chain(model: ModelLike, options: BuildOptions, store: EngineStore
@@ -415,12 +441,12 @@ def auto_chain(model: ModelLike, options: BuildOptions, store: EngineStore
         _skipped("torch (CUDA)", torch_skipped, gpu)
     cpu_options = dataclasses.replace(options, device="cpu", cuda_graph=False,
                                       compile="off")
-    first, precision, why = fastest_cpu_runtime(loaded(model, store, cpu_options),
-                                                cpu_options, store)
+    first, precision, why, opened = fastest_cpu_runtime(loaded(model, store, cpu_options),
+                                                        cpu_options, store)
     if precision != options.precision:
         log.warning("precision_fallback", backend=first, asked=options.precision,
                     using=precision, reason=f"on this CPU: {why}")
-    yield Choice(first, dataclasses.replace(cpu_options, precision=precision), why)
+    yield Choice(first, dataclasses.replace(cpu_options, precision=precision), why, opened)
     fp32 = dataclasses.replace(cpu_options, precision="fp32")
     for other in ("torch", "onnxruntime"):
         if unavailable[other] is None and (other, "fp32") != (first, precision):
@@ -445,11 +471,3 @@ def fallback(choice: Choice, exc: BaseException) -> str:
 def no_runtime_left(failures: list[str]) -> UserError:
     return UserError("no runtime could serve this model: " + "; ".join(failures) +
                      ". `stgcnd doctor` checks the installs")
-
-
-def resolve_auto(model: ModelLike, options: BuildOptions, store: EngineStore
-                 ) -> tuple[str, BuildOptions]:
-    """(runtime, options) of the first choice of the auto chain (what `stgcnd build` and
-    `bench` build for; the daemon walks the chain on failure)."""
-    choice = next(iter(auto_chain(model, options, store)))
-    return choice.backend, choice.options

@@ -192,10 +192,10 @@ def install(spec: dict[str, Any]) -> None:
 
     import stgcnd.engines.builders.tensorrt as builder
     import stgcnd.engines.device as device
+    import stgcnd.engines.store as store
     import stgcnd.runtimes as runtimes
     import stgcnd.runtimes.cuda as cuda
     import stgcnd.runtimes.tensorrt_runtime as trt_runtime
-    from stgcnd.errors import BackendUnavailable
     from stgcnd.runtimes.base import RuntimeInfo
     from stgcnd.runtimes.noop import NoopRunner
 
@@ -228,8 +228,12 @@ def install(spec: dict[str, Any]) -> None:
         out.write_bytes(b"simulated engine")
         return {"tensorrt": "8.5.2.2", "simulated": True}
 
-    def no_validation(self: Any, ctx: Any, artifact: Any) -> Any:
-        raise BackendUnavailable("simulated board: the engine cannot be run to validate it")
+    validate = store.EngineStore._validate
+
+    def no_validation(self: Any, builder: Any, ctx: Any, draft: Any) -> Any:
+        if builder.name != "tensorrt":
+            return validate(self, builder, ctx, draft)
+        return {"skipped": "simulated board: the engine cannot be run to validate it"}
 
     def load(self: Any, engine_path: Path, input_shape: tuple[int, ...], num_class: int,
              max_batch: int = 1, precision: str = "fp32", cuda_graph: bool = False) -> None:
@@ -272,7 +276,7 @@ def install(spec: dict[str, Any]) -> None:
 
     builder.TensorRTBuilder.check = check  # type: ignore[method-assign]
     builder.TensorRTBuilder.build = build  # type: ignore[method-assign]
-    builder.TensorRTBuilder.open_for_validation = no_validation  # type: ignore[method-assign]
+    store.EngineStore._validate = no_validation  # type: ignore[method-assign]
     trt_runtime.TensorRTRuntime.__init__ = load  # type: ignore[method-assign]
     trt_runtime.TensorRTRuntime._open_runner = open_runner  # type: ignore[method-assign]
     trt_runtime.TensorRTRuntime.runner_bytes = runner_bytes  # type: ignore[method-assign]

@@ -14,6 +14,7 @@ from stgcnd.cli import build_parser
 from stgcnd.commands import build
 from stgcnd.engines.store import EngineStore
 from stgcnd.errors import UserError
+from stgcnd.provision import first_that_serves
 from stgcnd.server.config import load_config
 from stgcnd.server.serving_plan import Target, serving_plan
 
@@ -85,3 +86,19 @@ def test_flags_that_would_build_something_else_are_refused_with_config(tmp_path)
                                             "--precision", "fp16"))
     with pytest.raises(UserError, match="--config"):
         build.run(args("--platform", "jetson"))
+
+
+@pytest.mark.slow
+def test_build_config_with_auto_prepares_what_the_auto_chain_serves(tmp_path, capsys):
+    """backend auto and automatic max_batch (the defaults): build --config walks the chain as
+    serve does, and serve's walk then finds its choice built (read from the auto cache)."""
+    pytest.importorskip("torch")
+    config = write(tmp_path, "", backend="auto")
+    assert build.run(args("--config", str(config), "--no-validate")) == 0
+    assert "built" in capsys.readouterr().out
+    (mc,) = load_config(config).models
+    spec, options = serving_plan(mc)
+    store = EngineStore(tmp_path / "engines")
+    _, choice = first_that_serves(spec, "auto", options, store, lambda choice: None)
+    assert choice.options.max_batch == options.max_batch >= 1
+    assert store.find(spec, choice.backend, choice.options) is not None

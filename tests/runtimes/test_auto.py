@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
 torch = pytest.importorskip("torch")  # an optional extra: pip install -e ".[torch]"
 
@@ -15,7 +16,13 @@ from stgcnd.engines.options import BuildOptions
 from stgcnd.engines.store import EngineStore
 from stgcnd.model import ModelSpec, load_model, reference_logits
 from stgcnd.model.synthetic import synthetic_windows
-from stgcnd.provision import AUTO_CACHE_NAME, open_runtime, resolve_auto, time_runtimes
+from stgcnd.provision import (
+    AUTO_CACHE_NAME,
+    Choice,
+    first_that_serves,
+    open_runtime,
+    time_runtimes,
+)
 from stgcnd.runtimes import available, cpu_bf16
 from stgcnd.runtimes.noop import NoopRuntime
 from stgcnd.runtimes.torch_runtime import TorchRuntime
@@ -25,11 +32,21 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available() or available()["tensorrt"]
                             reason="with a GPU, auto picks a GPU runtime")
 
 
+def chosen(model, options, store) -> Choice:
+    """The choice auto serves, its runtime closed (as `stgcnd build` takes it)."""
+    return first_that_serves(model, "auto", options, store, lambda choice: None)[1]
+
+
 @no_gpu
 def test_auto_measures_both_cpu_runtimes_and_remembers(tmp_path):
     model = load_model(ModelSpec(frames=30))
     store = EngineStore(tmp_path / "engines")
-    runtime = open_runtime(model, "auto", BuildOptions(), store)
+    with capture_logs() as logs:
+        runtime = open_runtime(model, "auto", BuildOptions(), store)
+    # The winner served is the one measured, not loaded again: it is loaded as often as the
+    # loser (once to validate its new artefact, once to be measured).
+    loads = [e["backend"] for e in logs if e["event"] == "backend_loaded"]
+    assert loads.count("torch") == loads.count("onnxruntime") >= 1, loads
     try:
         assert runtime.info.name in ("torch", "onnxruntime") and runtime.info.device == "cpu"
         x = synthetic_windows(2, 30, 1, seed=4)
@@ -58,7 +75,7 @@ def test_auto_measures_both_cpu_runtimes_and_remembers(tmp_path):
         again.close()
     # `stgcnd build --rebuild` measures again: the flipped choice is replaced by a new one.
     store.remeasure_auto = True
-    resolve_auto(model, BuildOptions(), store)
+    chosen(model, BuildOptions(), store)
     store.remeasure_auto = False
     (remeasured,) = json.loads(cache_path.read_text()).values()
     assert remeasured["fastest_ms"] != timings
@@ -70,8 +87,9 @@ def test_auto_measures_both_cpu_runtimes_and_remembers(tmp_path):
     # CUDA graphs are for GPUs.
     bf16 = {"torch bf16"} if cpu_bf16() else set()
     for allowed, extra in (("fp16", bf16), ("int8", bf16 | {"onnxruntime int8"})):
-        name, options = resolve_auto(model, BuildOptions(
+        choice = chosen(model, BuildOptions(
             precision=allowed, cuda_graph=True, allow_synthetic_calibration=True), store)
+        name, options = choice.backend, choice.options
         entry = next(e for e in json.loads(cache_path.read_text()).values()
                      if e["allowed"] == allowed)
         assert set(entry["fastest_ms"]) == {"torch fp32", "onnxruntime fp32"} | extra

@@ -105,7 +105,7 @@ def test_a_blocking_runner_is_opened_in_a_worker():
     runner = runtime.open_runner((1, 2, 4), lanes=4)
     try:
         assert isinstance(runner, InWorker) and isinstance(runner.inner, HostRunner)
-        assert runner.wakes_loop and not runner.blocking   # the loop never computes
+        assert runner.blocking   # the loop never computes: the worker wakes it
         assert runner.buckets == (1, 2, 3, 4) and runner.max_batch == 4
         est = runner.warm_up(runs=1)
         assert est == {1: 0.25, 2: 0.5, 3: 0.75, 4: 1.0} and runner.compute_ms == est

@@ -47,7 +47,7 @@ def test_batch_runner_for_the_daemons_executors():
     runtime = NoopRuntime((3, 8, 33, 1), num_class=3, max_batch=8)
     with opened(runtime, (1, 2, 4, 8), lanes=16) as runner:
         assert isinstance(runner, NoopRunner)
-        assert not runner.blocking and not runner.wakes_loop
+        assert not runner.blocking
         estimates = runner.warm_up(runs=2)
         assert sorted(estimates) == [1, 2, 4, 8] and all(v >= 0 for v in estimates.values())
         assert sorted(runner.wall_ms) == [1, 2, 4, 8]

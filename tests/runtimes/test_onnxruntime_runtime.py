@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from stgcnd.engines.builders import get_builder
 from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.export.onnx_export import onnx_bytes
@@ -116,14 +117,13 @@ def test_errors_say_how_to_fix(small_model, tmp_path, onnx_path):
 
 
 def test_loaded_from_a_stored_artefact_reads_the_manifest(small_model, windows, onnx_path):
-    from stgcnd.provision import _runtime_from
-
-    # The engine store's Artifact fields that provisioning reads.
+    # The engine store's Artifact fields that the loader reads.
     artifact = SimpleNamespace(
         backend="onnxruntime", precision="fp32", path=onnx_path, onnx_path=onnx_path,
         manifest={"input_shape": list(small_model.spec.input_shape),
                   "num_class": small_model.num_class, "max_batch": 4})
-    runtime = _runtime_from("onnxruntime", artifact, BuildOptions(threads=1))
+    runtime = get_builder("onnxruntime").open(artifact, BuildOptions(threads=1), None,
+                                              onnx_path.parent)
     try:
         assert isinstance(runtime, OnnxRuntimeRuntime)
         assert runtime.info.max_batch == 4

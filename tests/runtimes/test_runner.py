@@ -260,7 +260,7 @@ def test_cuda_runner_launch_only_enqueues_and_collects_the_same_answers(small_mo
         try:
             # Polled by the loop: no worker thread between it and the device.
             assert isinstance(runner, CudaGraphRunner)
-            assert not runner.blocking and not runner.wakes_loop
+            assert not runner.blocking
             runner.warm_up(1)
             assert set(runner.wall_ms) == {1, 2, 4, 8}
             runner.launch(list(batch), lane_ids)

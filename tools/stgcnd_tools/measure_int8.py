@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from stgcnd.engines.quantize import quantize_qdq
-from stgcnd.engines.validate import ort_session
 from stgcnd.export.onnx_export import export_model
 from stgcnd.log import configure_logging
 from stgcnd.model.reference import export_module, load_for_inference, reference_logits
 from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
+from stgcnd.runtimes.onnxruntime_runtime import ort_session
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from stgcnd.commands._model_args import add_model_arguments, spec_from_args
@@ -11,7 +12,7 @@ from stgcnd.engines.store import BUILT_HERE, Artifact, EngineStore
 from stgcnd.errors import UserError
 from stgcnd.model.reference import load_for_inference
 from stgcnd.model.spec import ModelSpec
-from stgcnd.provision import ModelLike, named_options, resolve_auto
+from stgcnd.provision import Choice, first_that_serves
 from stgcnd.server.config import engines_root, load_config
 from stgcnd.server.serving_plan import PLATFORMS, Target, serving_plan
 
@@ -66,19 +67,14 @@ def options_from_args(args: argparse.Namespace) -> BuildOptions:
                         calibration=args.calibration,
                         allow_synthetic_calibration=args.allow_synthetic_calibration,
                         device=device, threads=args.threads, layer_info=args.layer_info,
-                        int8_mode=args.int8_mode)
+                        int8_mode=args.int8_mode,
+                        # The runners `serve` makes by default ([[models]] cuda_graph, compile;
+                        # used on CUDA only): `validate` and the store's check run what serves.
+                        cuda_graph=True, compile="auto")
 
 
 def store_from_args(args: argparse.Namespace) -> EngineStore:
     return EngineStore(engines_root(args.engines))
-
-
-def resolve_backend(model: ModelLike, backend: str, options: BuildOptions,
-                    store: EngineStore) -> tuple[str, BuildOptions]:
-    """'auto' resolved as the daemon resolves it; explicit backends as given."""
-    if backend != "auto":
-        return backend, options
-    return resolve_auto(model, options, store)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -131,8 +127,6 @@ def jobs_from_config(path: Path, args: argparse.Namespace
             print(f"note: model {mc.name!r} has backend noop: nothing to build")
             continue
         spec, options = serving_plan(mc, target)
-        if mc.backend != "auto":
-            options = named_options(mc.backend, options)
         jobs.append((spec, mc.backend, options))
     return jobs, EngineStore(args.engines or config.engines_dir), target
 
@@ -157,6 +151,12 @@ def describe(artifact: Artifact) -> str:
     return head
 
 
+def _preparer(model: object, store: EngineStore, args: argparse.Namespace
+              ) -> Callable[[Choice], Artifact]:
+    return lambda c: store.prepare(model, c.backend, c.options, validate=not args.no_validate,
+                                   rebuild="asked (--rebuild)" if args.rebuild else None)
+
+
 def run(args: argparse.Namespace) -> int:
     target = Target.this_machine()
     if args.config:
@@ -179,16 +179,13 @@ def run(args: argparse.Namespace) -> int:
                   f"{options.batch_tag}); it builds its {backend_name} engine from it at "
                   "its first start")
             continue
-        backend, opts = resolve_backend(model, backend_name, options, store)
-        if opts.precision != options.precision and backend_name == "auto":
-            print(f"note: auto measured {backend} {opts.precision} the fastest here (precision "
-                  f"{options.precision} allows it); building {opts.precision}")
-        elif opts.precision != options.precision:  # e.g. fp16 asked on a CPU
-            print(f"note: {options.precision} is not offered by {backend} on "
-                  f"{opts.device}: building {opts.precision}")
-        artifact = store.prepare(model, backend, opts,
-                                 rebuild="asked (--rebuild)" if args.rebuild else None,
-                                 validate=not args.no_validate)
+        # Auto falls back along its chain as `serve` does: what is built is what serves.
+        artifact, choice = first_that_serves(model, backend_name, options, store,
+                                             _preparer(model, store, args))
+        if choice.options.precision != options.precision:
+            print(f"note: auto measured {choice.backend} {choice.options.precision} the "
+                  f"fastest here (precision {options.precision} allows it); built "
+                  f"{choice.options.precision}")
         for note in model.notes:
             print(f"note: {note}")
         print(describe(artifact))

@@ -9,18 +9,13 @@ from typing import Any
 import numpy as np
 
 from stgcnd.commands._model_args import add_model_arguments, require_files, spec_from_args
-from stgcnd.commands.build import (
-    add_build_arguments,
-    options_from_args,
-    resolve_backend,
-    store_from_args,
-)
+from stgcnd.commands.build import add_build_arguments, options_from_args, store_from_args
 from stgcnd.engines.calibration import load_windows
 from stgcnd.engines.validate import validate_backend
 from stgcnd.fsutil import atomic_write_json
 from stgcnd.model.reference import load_for_inference
 from stgcnd.model.synthetic import synthetic_windows
-from stgcnd.provision import open_runtime
+from stgcnd.provision import first_that_serves
 
 # Defaults per precision when --max-abs-diff / --min-top1 are not given. Logit differences
 # depend on the model's logit scale, so only fp32 gets an absolute bound by default; reduced
@@ -71,7 +66,6 @@ def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     model = load_for_inference(spec)
     store = store_from_args(args)
-    backend_name, options = resolve_backend(model, args.backend, options_from_args(args), store)
     if args.windows is not None:
         windows = load_windows(args.windows, spec.input_shape)
         source = str(args.windows)
@@ -79,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
         windows = synthetic_windows(args.count, spec.frames, spec.persons, spec.num_node,
                                     seed=7)
         source = f"synthetic ({args.count} generated skeleton windows)"
-    runtime = open_runtime(model, backend_name, options, store)
+    # The runtime `serve` would serve (auto: the first of its chain that loads).
+    runtime, choice = first_that_serves(model, args.backend, options_from_args(args), store,
+                                        lambda c: c.load(model, store))
+    options = choice.options
     try:
         result = validate_backend(model, runtime, np.ascontiguousarray(windows))
         info = runtime.info

@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from stgcnd.engines.validate import INPUT_NAME, OUTPUT_NAME, ort_session
+from stgcnd.engines.validate import INPUT_NAME, OUTPUT_NAME
 from stgcnd.errors import UserError
 from stgcnd.fsutil import file_sha256
 from stgcnd.model.spec import ModelSpec
+from stgcnd.runtimes.onnxruntime_runtime import ort_session
 
 ONNX_SUFFIX = ".onnx"
 

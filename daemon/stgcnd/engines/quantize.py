@@ -16,6 +16,7 @@ import numpy as np
 
 from stgcnd.errors import BackendUnavailable
 from stgcnd.log import get_logger
+from stgcnd.runtimes.onnxruntime_runtime import ort_session
 
 log = get_logger(__name__)
 
@@ -113,10 +114,8 @@ def quantize_for_cpu(onnx_path: Path, output: Path, windows: np.ndarray, dynamic
 
 def _cpu_refuses(model: Path, window: np.ndarray, input_name: str) -> str:
     """Why ONNX Runtime's CPU provider cannot run `model` on one window ('' if it can)."""
-    import onnxruntime as ort
-
     try:
-        session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+        session = ort_session(model)
         session.run(None, {input_name: np.ascontiguousarray(window, dtype=np.float32)})
     except Exception as exc:  # onnxruntime raises its own exception types
         return str(exc)

@@ -837,7 +837,7 @@ class EngineStore:
     def _validate(self, builder: Builder, ctx: BuildContext, draft: Artifact
                   ) -> dict[str, Any]:
         try:
-            backend = builder.open_for_validation(ctx, draft)
+            backend = builder.open(draft, ctx.options, ctx.model, ctx.store_root)
         except (BackendUnavailable, ImportError) as exc:
             log.warning("engine_validation_skipped", backend=builder.name, reason=str(exc))
             return {"skipped": str(exc)}

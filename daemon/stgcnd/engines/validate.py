@@ -16,7 +16,7 @@ from stgcnd.errors import ValidationError
 from stgcnd.log import get_logger
 from stgcnd.model.reference import reference_logits
 from stgcnd.model.synthetic import synthetic_windows
-from stgcnd.runtimes import import_onnxruntime
+from stgcnd.runtimes.onnxruntime_runtime import ort_session
 
 log = get_logger(__name__)
 
@@ -83,16 +83,6 @@ def validate_backend(model: Any, backend: Any, windows: np.ndarray | None = None
                   device=backend.info.device)
     log.info("engine_validated", **result)
     return result
-
-
-def ort_session(path_or_bytes: Path | bytes, threads: int = 0) -> Any:
-    """A CPU InferenceSession of an ONNX file or graph (for export checks and INT8 recipes)."""
-    ort = import_onnxruntime()
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.log_severity_level = 3
-    src = str(path_or_bytes) if isinstance(path_or_bytes, Path) else path_or_bytes
-    return ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
 
 
 def validate_export(model: Any, onnx_data: bytes, dynamic_batch: bool,

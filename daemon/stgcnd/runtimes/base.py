@@ -3,7 +3,8 @@
 A `Runtime` is a model loaded into one inference library; it makes `Runner`s, one executor's
 prepared buckets and per-client lanes, all warmed before READY. A runner whose compute blocks
 the calling thread says so (`blocking`) and is run by an `InWorker` thread that wakes the
-loop; a non-blocking one only enqueues device work and is polled.
+loop (an InWorker is blocking too: the executor reads the one flag); a non-blocking one only
+enqueues device work and is polled.
 """
 
 from __future__ import annotations
@@ -73,11 +74,10 @@ def warm_median(times: Sequence[float]) -> float:
 class Runner(ABC):
     """One executor's prepared resources for one model: buckets and client lanes."""
 
-    # True when `launch` computes on the calling thread (see the module docstring).
+    # True when a batch's compute holds a thread until it is done (see the module docstring):
+    # such a runner runs in an InWorker, which wakes the I/O loop once a batch is done
+    # (set_waker); else the loop polls `done` on its timer.
     blocking = False
-    # True when the runner wakes the I/O loop itself once a batch is done (set_waker);
-    # else the loop polls `done` on its timer.
-    wakes_loop = False
 
     def __init__(self, info: RuntimeInfo, buckets: Sequence[int], lanes: int) -> None:
         self.info = info
@@ -222,7 +222,7 @@ class InWorker(Runner):
     `launch` hands the batch to the worker and returns; the worker runs it, marks it done and
     wakes the I/O loop (the waker writes to the loop's self-pipe). `done` reads a flag."""
 
-    wakes_loop = True
+    blocking = True
 
     def __init__(self, inner: Runner, name: str = "") -> None:
         self.inner = inner

@@ -109,7 +109,6 @@ class Executor:
         self.buckets = runner.buckets
         self.estimate = ComputeEstimate(runner.buckets, runner.compute_ms)
         self.wall_s = {b: ms / 1e3 for b, ms in runner.wall_ms.items()}
-        self.polled = not runner.wakes_loop  # else the runner wakes the loop when done
         self.busy_since: float | None = None
         self.drain_deadline: float | None = None   # set at shutdown
         self.batches = 0
@@ -256,7 +255,7 @@ class Executor:
         self._started = now
         self._bucket = bucket = self.runner.bucket_for(len(jobs))
         self._looks = 0
-        self.next_look = now + self.wall_s.get(bucket, 0.0) if self.polled else None
+        self.next_look = now + self.wall_s.get(bucket, 0.0) if not self.runner.blocking else None
 
     def _finish_if_done(self, now: float, replies: list[Reply]) -> bool:
         jobs = self._jobs
@@ -276,7 +275,7 @@ class Executor:
         except Exception as exc:
             replies.extend(self._failed(jobs, exc))
         else:
-            if self.polled:
+            if not self.runner.blocking:  # else it wakes the loop when done
                 self._learn(now)
             replies.extend(self._finished(jobs, logits))
         self._jobs = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stgcnd.engines.retry import BuildRetry
@@ -13,14 +13,7 @@ from stgcnd.engines.store import EngineStore
 from stgcnd.errors import BuildCancelled, UserError, step_of
 from stgcnd.log import get_logger
 from stgcnd.model.spec import ModelSpec, default_labels
-from stgcnd.provision import (
-    Choice,
-    auto_chain,
-    fallback,
-    load_runtime,
-    named_options,
-    no_runtime_left,
-)
+from stgcnd.provision import Choice, first_that_serves
 from stgcnd.runtimes.base import Runtime
 from stgcnd.runtimes.free_memory import device_memory, reserve_mb
 from stgcnd.server.config import Config, ModelConfig, check_event_classes
@@ -236,26 +229,13 @@ def _first_that_serves(mc: ModelConfig, store: EngineStore, generation: int,
                        planner: Planner) -> ServedModel:
     # The same plan `stgcnd build --config` prepares the store with (server/serving_plan.py).
     spec, options = serving_plan(mc)
-    named = mc.backend != "auto"
-    choices: Iterable[Choice] = (
-        [Choice(mc.backend, named_options(mc.backend, options), "named in the configuration")]
-        if named else auto_chain(spec, options, store))
-    failures: list[str] = []
     try:
-        for choice in choices:
-            try:
-                return _serve_with(mc, choice, spec, store, generation, start, planner)
-            except (BuildCancelled, KeyboardInterrupt):
-                raise
-            except Exception as exc:
-                if named:
-                    raise _named_failed(mc, choice, exc) from None
-                failures.append(fallback(choice, exc))
-    except UserError as exc:  # e.g. the CPU choice itself could not load the model
-        if named or "stgcnd_step" in exc.__dict__:
-            raise
-        failures.append(str(exc))
-    raise UserError(f"model {mc.name!r}: {no_runtime_left(failures)}")
+        return first_that_serves(spec, mc.backend, options, store, lambda choice: _serve_with(
+            mc, choice, spec, store, generation, start, planner))[0]
+    except (BuildCancelled, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise _failed(mc, exc) from None
 
 
 def _serve_with(mc: ModelConfig, choice: Choice, spec: ModelSpec, store: EngineStore,
@@ -272,9 +252,8 @@ def _serve_with(mc: ModelConfig, choice: Choice, spec: ModelSpec, store: EngineS
             # Measured once the artefact exists: a first start's build (a child process whose
             # libraries fill the page cache) is not the model's cost.
             free_before[0] = plan.free_now()
-    runtime = load_runtime(spec, choice.backend, choice.options, store,
-                           noop_compute_us=mc.noop_compute_us,
-                           before_load=artefact_ready if plan is not None else None)
+    runtime = choice.load(spec, store, noop_compute_us=mc.noop_compute_us,
+                          before_load=artefact_ready if plan is not None else None)
     max_batch = min(choice.options.max_batch, int(runtime.info.max_batch))
     buckets = [b for b in mc.buckets if b <= max_batch] or [1]
     planned = 0
@@ -353,11 +332,11 @@ def _remake(plan: MemoryPlan, served: ServedModel, start: Callable[[ServedModel]
     plan.measured(max(runners_from - plan.free_now(), 0))
 
 
-def _named_failed(mc: ModelConfig, choice: Choice, exc: BaseException) -> UserError:
-    """One line for a named backend that failed: its own message when it is the user's to
-    fix, else the step and the error."""
+def _failed(mc: ModelConfig, exc: BaseException) -> UserError:
+    """One line for a model that no runtime serves: the error's own message when it is the
+    user's to fix (a named backend's, or the auto chain's list), else the step and the error."""
     if isinstance(exc, UserError):
         exc.args = (f"model {mc.name!r}: {exc}",)
         return exc
-    return UserError(f"model {mc.name!r}: the {choice.backend} runtime failed at "
+    return UserError(f"model {mc.name!r}: the {mc.backend} runtime failed at "
                      f"{step_of(exc)}: {type(exc).__name__}: {str(exc).strip()[:300]}")

@@ -13,7 +13,7 @@ from stgcnd.board import JETSON_MAX_BATCH, JETSON_WORKSPACE_MB, detect
 from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import UserError
 from stgcnd.model.spec import ModelSpec
-from stgcnd.provision import default_device
+from stgcnd.provision import default_device, named_options
 from stgcnd.runtimes import gpu_present
 from stgcnd.server.config import ModelConfig
 
@@ -87,7 +87,9 @@ def resolve_max_batch(mc: ModelConfig, device: str, target: Target) -> int:
 
 def serving_plan(mc: ModelConfig, target: Target | None = None
                  ) -> tuple[ModelSpec, BuildOptions]:
-    """The spec and options `serve` loads `mc` with on `target` (default: this machine).
+    """The spec and options `serve` loads `mc` with on `target` (default: this machine): the
+    one translation of a model's configuration, used by `serve`, `build --config` and any
+    tool that takes a [[models]] entry.
 
     For backend auto the options' device is cpu: the auto chain (provision.auto_chain) picks
     the device along with the runtime."""
@@ -98,7 +100,10 @@ def serving_plan(mc: ModelConfig, target: Target | None = None
     options = BuildOptions(precision=mc.precision, max_batch=max_batch, device=device,
                            dynamic_batch=max_batch > 1, calibration=mc.calibration,
                            allow_synthetic_calibration=mc.allow_synthetic_calibration,
-                           cuda_graph=mc.cuda_graph and device != "cpu", threads=mc.threads,
+                           # On CUDA only (the runtimes' rule); auto's device is not known yet.
+                           cuda_graph=mc.cuda_graph, threads=mc.threads,
                            compile=mc.compile, instances=mc.instances,
                            workspace_mb=JETSON_WORKSPACE_MB if target.jetson else WORKSPACE_MB)
+    if mc.backend != "auto":
+        options = named_options(mc.backend, options)
     return model_spec(mc), options

@@ -10,6 +10,7 @@ import numpy as np
 
 from stgcnd.engines.device import device_identity, runtime_identity
 from stgcnd.engines.options import BuildOptions
+from stgcnd.runtimes.base import Runtime
 
 
 @dataclass
@@ -54,6 +55,10 @@ class Builder:
         """Write the artefact to `out` (a temp path); return what to record in the manifest."""
         raise NotImplementedError
 
-    def open_for_validation(self, ctx: BuildContext, artifact: Any) -> Any:
-        """A Backend running `artifact`, for validation against the reference."""
+    def open(self, artifact: Any, options: BuildOptions, model: Any, cache: Path) -> Runtime:
+        """The runtime that serves `artifact` (an engines.store.Artifact) with `options`: the
+        one loader, used by the daemon (provision.load_runtime) and by the store's validation,
+        so that what is validated is what serves (TensorRT's CUDA graphs, torch's compiled
+        kernels). `model`: the loaded model (torch runs it; the others read the manifest);
+        `cache`: the store's root (torch.compile's cache)."""
         raise NotImplementedError

@@ -16,6 +16,7 @@ from stgcnd.engines.builders.base import BuildContext, Builder
 from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.runtimes import import_onnxruntime, runtime_module
+from stgcnd.runtimes.base import Runtime
 
 
 def _probe_space(path: Path, nbytes: int) -> None:
@@ -43,15 +44,10 @@ class OnnxRuntimeBuilder(Builder):
                             f"{options.precision} use the torch backend (bf16: on a CPU with "
                             "AVX512-BF16 or AMX) or tensorrt (fp16): --backend on the command "
                             "line, backend = \"...\" in a configuration")
-        if options.device == "cuda" and "CUDAExecutionProvider" not in \
-                import_onnxruntime().get_available_providers():
-            raise BackendUnavailable("onnxruntime has no CUDA execution provider here; "
-                                     "pip install onnxruntime-gpu, or use --device cpu")
+        runtime_module("onnxruntime").providers(options.device)  # CUDA's missing: unavailable
 
     def _providers(self, options: BuildOptions) -> list[str]:
-        if options.device == "cuda":
-            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
-        return ["CPUExecutionProvider"]
+        return list(runtime_module("onnxruntime").provider_names(options.device))
 
     def needs_qdq(self, options: BuildOptions) -> bool:
         """The TensorRT recipe's shared model only for the CUDA provider; the CPU recipe is
@@ -59,7 +55,6 @@ class OnnxRuntimeBuilder(Builder):
         return options.precision == "int8" and options.device == "cuda"
 
     def build(self, ctx: BuildContext, out: Path) -> dict[str, Any]:
-        ort = import_onnxruntime()
         if ctx.options.precision == "int8" and ctx.options.device == "cpu":
             assert ctx.calibration is not None
             # Here, not at the top: the daemon loads this builder to check a stored
@@ -73,12 +68,9 @@ class OnnxRuntimeBuilder(Builder):
             assert ctx.qdq_onnx_path is not None
             shutil.copyfile(ctx.qdq_onnx_path, out)
             return {"graph": "qdq-int8", "providers": self._providers(ctx.options)}
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        opts.optimized_model_filepath = str(out)
-        opts.log_severity_level = 3
         try:
-            ort.InferenceSession(str(ctx.onnx_path), opts, providers=self._providers(ctx.options))
+            runtime_module("onnxruntime").ort_session(
+                ctx.onnx_path, ctx.options.device, ctx.options.threads, optimized_to=out)
         except Exception as exc:
             # ORT reports a full disk as "Protobuf serialization failed": find the real cause.
             _probe_space(out, ctx.onnx_path.stat().st_size)
@@ -87,9 +79,9 @@ class OnnxRuntimeBuilder(Builder):
             raise OSError(f"onnxruntime wrote no optimized model to {out}")
         return {"graph": "ort-extended", "providers": self._providers(ctx.options)}
 
-    def open_for_validation(self, ctx: BuildContext, artifact: Any) -> Any:
+    def open(self, artifact: Any, options: BuildOptions, model: Any, cache: Path) -> Runtime:
         m = artifact.manifest
         path = artifact.path if artifact.path is not None else artifact.onnx_path
         return runtime_module("onnxruntime").OnnxRuntimeRuntime(
             path, tuple(m["input_shape"]), int(m["num_class"]), int(m.get("max_batch", 1)),
-            artifact.precision, ctx.options.threads, ctx.options.device)
+            artifact.precision, options.threads, options.device)

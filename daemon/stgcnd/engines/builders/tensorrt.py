@@ -25,6 +25,7 @@ from stgcnd.errors import UserError
 from stgcnd.fsutil import atomic_write_bytes, file_sha256
 from stgcnd.log import get_logger
 from stgcnd.runtimes import import_tensorrt, runtime_module
+from stgcnd.runtimes.base import Runtime
 from stgcnd.runtimes.cuda import DriverMemory, make_current
 from stgcnd.runtimes.tensorrt_runtime import tensorrt_logger
 
@@ -508,8 +509,11 @@ class TensorRTBuilder(Builder):
         atomic_write_bytes(path, info.encode())
         return os.path.relpath(path, ctx.model_dir)
 
-    def open_for_validation(self, ctx: BuildContext, artifact: Any) -> Any:
+    def open(self, artifact: Any, options: BuildOptions, model: Any, cache: Path) -> Runtime:
+        if artifact.path is None:
+            raise UserError("the TensorRT artefact has no engine file; rebuild it with "
+                            "`stgcnd build --backend tensorrt --rebuild`")
         m = artifact.manifest
         return runtime_module("tensorrt").TensorRTRuntime(
             artifact.path, tuple(m["input_shape"]), int(m["num_class"]),
-            int(m.get("max_batch", 1)), artifact.precision)
+            int(m.get("max_batch", 1)), artifact.precision, options.cuda_graph)

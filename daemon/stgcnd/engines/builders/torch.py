@@ -14,6 +14,7 @@ from stgcnd.engines.builders.base import BuildContext, Builder
 from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.runtimes import runtime_module
+from stgcnd.runtimes.base import Runtime
 from stgcnd.versions import module_version, torch_missing, torch_unusable
 
 
@@ -41,7 +42,8 @@ class TorchBuilder(Builder):
     def build(self, ctx: BuildContext, out: Path) -> dict[str, Any]:
         return {"graph": "bn-folded at load"}
 
-    def open_for_validation(self, ctx: BuildContext, artifact: Any) -> Any:
-        o = ctx.options
-        return runtime_module("torch").TorchRuntime(ctx.model, o.precision, o.device,
-                                                   max_batch=o.max_batch, threads=o.threads)
+    def open(self, artifact: Any, options: BuildOptions, model: Any, cache: Path) -> Runtime:
+        o = options
+        return runtime_module("torch").TorchRuntime(
+            model, o.precision, o.device, cuda_graph=o.cuda_graph, max_batch=o.max_batch,
+            threads=o.threads, compile_mode=o.compile, compile_cache=cache)
