@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 OUTCOMES = ("ok", "error", "busy", "expired")
 PERCENTILES = (50, 90, 95, 99)
 STAGE_PERCENTILES = (50, 99)
@@ -22,6 +24,10 @@ MIN_MS = 1e-3  # 1 us: anything faster is reported as 1 us
 MAX_MS = 1e7  # ~2.8 h: a request slower than that is a hang, not a latency
 # Stage names are caller-chosen; cap them so a bug upstream cannot grow memory without bound.
 MAX_STAGES_PER_KEY = 16
+# Values a histogram holds before it buckets them (LogHistogram.pending): about 8 KB of
+# Python floats. A camera at 25 Hz fills it in 10 s, so the stats interval's drain mostly
+# buckets them first.
+FOLD_AT = 256
 
 
 # Each (camera, model) keeps a log-bucketed histogram: a value x > 0 falls in bucket
@@ -37,7 +43,8 @@ MAX_STAGES_PER_KEY = 16
 class LogHistogram:
     """Bounded-memory quantile sketch with a guaranteed relative error."""
 
-    __slots__ = ("_buckets", "_log_gamma", "count", "gamma", "max", "min", "relative_error")
+    __slots__ = ("_buckets", "_count", "_log_gamma", "_max", "_min", "gamma", "pending",
+                 "relative_error")
 
     def __init__(self, relative_error: float = DEFAULT_RELATIVE_ERROR) -> None:
         if not 0 < relative_error < 1:
@@ -46,9 +53,12 @@ class LogHistogram:
         self.gamma = (1 + relative_error) / (1 - relative_error)
         self._log_gamma = math.log(self.gamma)
         self._buckets: dict[int, int] = {}
-        self.count = 0
-        self.max = -math.inf
-        self.min = math.inf
+        self._count = 0
+        self._max = -math.inf
+        self._min = math.inf
+        # Values not yet in a bucket: adding one is a list append (record does it on the I/O
+        # loop for every request), bucketing FOLD_AT of them is a handful of numpy calls.
+        self.pending: list[float] = []
 
     def bucket_limit(self) -> int:
         """Most buckets this histogram can ever hold."""
@@ -58,34 +68,57 @@ class LogHistogram:
         return math.ceil(math.log(value_ms) / self._log_gamma)
 
     def add(self, value_ms: float) -> None:
-        # Called for every request on the I/O loop: plain comparisons, no helper calls.
-        if MIN_MS <= value_ms <= MAX_MS:
-            index = math.ceil(math.log(value_ms) / self._log_gamma)
-        elif value_ms < MIN_MS:
-            index = self._index(MIN_MS)
-        elif value_ms > MAX_MS:
-            index = self._index(MAX_MS)
-        else:  # NaN
+        pending = self.pending
+        pending.append(value_ms)
+        if len(pending) >= FOLD_AT:
+            self.fold()
+
+    def fold(self) -> None:
+        """Put the pending values in their buckets (NaN is dropped; values beyond the range
+        go in its end buckets, and count for min and max as they are)."""
+        if not self.pending:
             return
+        values = np.array(self.pending, dtype=np.float64)
+        self.pending = []
+        values = values[~np.isnan(values)]
+        if not values.size:
+            return
+        self._count += int(values.size)
+        self._max = max(self._max, float(values.max()))
+        self._min = min(self._min, float(values.min()))
+        index = np.ceil(np.log(values.clip(MIN_MS, MAX_MS)) / self._log_gamma).astype(np.int64)
         buckets = self._buckets
-        buckets[index] = buckets.get(index, 0) + 1
-        self.count += 1
-        if value_ms > self.max:
-            self.max = value_ms
-        if value_ms < self.min:
-            self.min = value_ms
+        for i, n in zip(*(a.tolist() for a in np.unique(index, return_counts=True))):
+            buckets[i] = buckets.get(i, 0) + n
+
+    @property
+    def count(self) -> int:
+        self.fold()
+        return self._count
+
+    @property
+    def max(self) -> float:
+        self.fold()
+        return self._max
+
+    @property
+    def min(self) -> float:
+        self.fold()
+        return self._min
 
     @property
     def bucket_count(self) -> int:
+        self.fold()
         return len(self._buckets)
 
     def quantiles(self, percents: Iterable[float]) -> list[float | None]:
         """Percentiles (0-100) in one pass over the sorted buckets."""
+        self.fold()
         wanted = sorted((p, i) for i, p in enumerate(percents))
         out: list[float | None] = [None] * len(wanted)
-        if self.count == 0:
+        if self._count == 0:
             return out
-        ranks = [(math.floor(p / 100 * (self.count - 1)), i) for p, i in wanted]
+        ranks = [(math.floor(p / 100 * (self._count - 1)), i) for p, i in wanted]
         seen = 0
         pos = 0
         for index in sorted(self._buckets):
@@ -93,7 +126,7 @@ class LogHistogram:
             while pos < len(ranks) and ranks[pos][0] < seen:
                 value = 2 * self.gamma**index / (self.gamma + 1)
                 # The exact extremes are known; never report beyond them.
-                out[ranks[pos][1]] = min(max(value, self.min), self.max)
+                out[ranks[pos][1]] = min(max(value, self._min), self._max)
                 pos += 1
             if pos == len(ranks):
                 break
@@ -109,6 +142,11 @@ class _KeyStats:
 
     def __post_init__(self) -> None:
         self.total = LogHistogram(self.relative_error)
+
+    def fold(self) -> None:
+        self.total.fold()
+        for hist in self.stages.values():
+            hist.fold()
 
 
 class LatencyAggregator:
@@ -142,19 +180,23 @@ class LatencyAggregator:
             stats.outcomes[outcome] += 1
             if outcome != "ok":
                 return
-            stats.total.add(total_ms)
-            if not timings:
-                return
-            for name in stages if stages is not None else timings:
-                value = timings.get(name)
-                if value is None:
-                    continue
-                hist = stats.stages.get(name)
-                if hist is None:
-                    if len(stats.stages) >= MAX_STAGES_PER_KEY:
+            # Appends only (LogHistogram.pending); a stage has no more values than the total,
+            # so the total's length says when to bucket them all.
+            pending = stats.total.pending
+            pending.append(total_ms)
+            if timings:
+                for name in stages if stages is not None else timings:
+                    value = timings.get(name)
+                    if value is None:
                         continue
-                    hist = stats.stages[name] = LogHistogram(self.relative_error)
-                hist.add(value)
+                    hist = stats.stages.get(name)
+                    if hist is None:
+                        if len(stats.stages) >= MAX_STAGES_PER_KEY:
+                            continue
+                        hist = stats.stages[name] = LogHistogram(self.relative_error)
+                    hist.pending.append(value)
+            if len(pending) >= FOLD_AT:
+                stats.fold()
 
     def drain(self, interval_s: float) -> list[dict[str, Any]]:
         """One dict per active (camera, model), ready for ``log.info("latency", **record)``."""
