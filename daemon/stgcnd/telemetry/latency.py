@@ -30,16 +30,11 @@ MAX_STAGES_PER_KEY = 16
 FOLD_AT = 256
 
 
-# Each (camera, model) keeps a log-bucketed histogram: a value x > 0 falls in bucket
-# ``ceil(log(x) / log(gamma))`` with ``gamma = (1 + a) / (1 - a)``; the bucket is reported as
-# ``2 * gamma**i / (gamma + 1)``, which is within relative error ``a`` of every value in it. A
-# percentile is therefore within ``a`` (default 1%) of the sample at the same rank, whatever the
-# distribution, and the memory per histogram is bounded by the clamped range, not by the number of
-# requests: values are clamped to [MIN_MS, MAX_MS], so at most ``bucket_limit()`` buckets exist
-# (about 1,400 for a = 1%). ``max_ms`` is exact.
-#
-# Percentile rank: the p-th percentile of n samples is the sample of rank ``floor(p/100 * (n-1))``
-# (0-based) in sorted order, i.e. numpy's ``method="lower"``.
+# A value x > 0 falls in bucket ``ceil(log(x) / log(gamma))``, ``gamma = (1 + a) / (1 - a)``,
+# reported as ``2 * gamma**i / (gamma + 1)``: within ``a`` of every value in it, whatever the
+# distribution. Values are clamped to [MIN_MS, MAX_MS], so at most ``bucket_limit()`` buckets
+# exist (about 1,400 for a = 1%). The p-th percentile of n samples is the one of rank
+# ``floor(p/100 * (n-1))`` (0-based) in sorted order, numpy's ``method="lower"``.
 class LogHistogram:
     """Bounded-memory quantile sketch with a guaranteed relative error."""
 
@@ -56,26 +51,21 @@ class LogHistogram:
         self._count = 0
         self._max = -math.inf
         self._min = math.inf
-        # Values not yet in a bucket: adding one is a list append (record does it on the I/O
-        # loop for every request), bucketing FOLD_AT of them is a handful of numpy calls.
+        # Not bucketed yet: an append a request (record), a few numpy calls a FOLD_AT of them.
         self.pending: list[float] = []
 
     def bucket_limit(self) -> int:
         """Most buckets this histogram can ever hold."""
-        return self._index(MAX_MS) - self._index(MIN_MS) + 1
-
-    def _index(self, value_ms: float) -> int:
-        return math.ceil(math.log(value_ms) / self._log_gamma)
+        return math.ceil(math.log(MAX_MS) / self._log_gamma) - math.ceil(
+            math.log(MIN_MS) / self._log_gamma) + 1
 
     def add(self, value_ms: float) -> None:
-        pending = self.pending
-        pending.append(value_ms)
-        if len(pending) >= FOLD_AT:
+        self.pending.append(value_ms)
+        if len(self.pending) >= FOLD_AT:
             self.fold()
 
     def fold(self) -> None:
-        """Put the pending values in their buckets (NaN is dropped; values beyond the range
-        go in its end buckets, and count for min and max as they are)."""
+        """Bucket the pending values (NaN is dropped, values beyond the range clamped)."""
         if not self.pending:
             return
         values = np.array(self.pending, dtype=np.float64)
@@ -87,29 +77,17 @@ class LogHistogram:
         self._max = max(self._max, float(values.max()))
         self._min = min(self._min, float(values.min()))
         index = np.ceil(np.log(values.clip(MIN_MS, MAX_MS)) / self._log_gamma).astype(np.int64)
-        buckets = self._buckets
         for i, n in zip(*(a.tolist() for a in np.unique(index, return_counts=True))):
-            buckets[i] = buckets.get(i, 0) + n
+            self._buckets[i] = self._buckets.get(i, 0) + n
 
-    @property
-    def count(self) -> int:
+    def _folded(self) -> LogHistogram:  # for reading: pending values count too
         self.fold()
-        return self._count
+        return self
 
-    @property
-    def max(self) -> float:
-        self.fold()
-        return self._max
-
-    @property
-    def min(self) -> float:
-        self.fold()
-        return self._min
-
-    @property
-    def bucket_count(self) -> int:
-        self.fold()
-        return len(self._buckets)
+    count = property(lambda self: self._folded()._count)
+    max = property(lambda self: self._folded()._max)
+    min = property(lambda self: self._folded()._min)
+    bucket_count = property(lambda self: len(self._folded()._buckets))
 
     def quantiles(self, percents: Iterable[float]) -> list[float | None]:
         """Percentiles (0-100) in one pass over the sorted buckets."""
@@ -143,11 +121,6 @@ class _KeyStats:
     def __post_init__(self) -> None:
         self.total = LogHistogram(self.relative_error)
 
-    def fold(self) -> None:
-        self.total.fold()
-        for hist in self.stages.values():
-            hist.fold()
-
 
 class LatencyAggregator:
     """Thread-safe per-(camera, model) latency statistics, drained once per stats interval.
@@ -180,8 +153,7 @@ class LatencyAggregator:
             stats.outcomes[outcome] += 1
             if outcome != "ok":
                 return
-            # Appends only (LogHistogram.pending); a stage has no more values than the total,
-            # so the total's length says when to bucket them all.
+            # Appends only; a stage has no more values than the total, whose length says when.
             pending = stats.total.pending
             pending.append(total_ms)
             if timings:
@@ -196,7 +168,8 @@ class LatencyAggregator:
                         hist = stats.stages[name] = LogHistogram(self.relative_error)
                     hist.pending.append(value)
             if len(pending) >= FOLD_AT:
-                stats.fold()
+                for hist in (stats.total, *stats.stages.values()):
+                    hist.fold()
 
     def drain(self, interval_s: float) -> list[dict[str, Any]]:
         """One dict per active (camera, model), ready for ``log.info("latency", **record)``."""
@@ -221,20 +194,12 @@ def _to_record(camera: str, model: str, stats: _KeyStats, interval_s: float) -> 
     hist = stats.total
     p50, p90, p95, p99 = hist.quantiles(PERCENTILES)
     record: dict[str, Any] = {
-        "camera": camera,
-        "model": model,
-        "count": count,
-        "ok": stats.outcomes["ok"],
+        "camera": camera, "model": model, "count": count, "ok": stats.outcomes["ok"],
         "rate_hz": round(count / interval_s, 3) if interval_s > 0 else None,
-        "p50_ms": _round(p50),
-        "p90_ms": _round(p90),
-        "p95_ms": _round(p95),
-        "p99_ms": _round(p99),
-        "max_ms": _round(hist.max) if hist.count else None,
-        "errors": stats.outcomes["error"],
-        "busy": stats.outcomes["busy"],
-        "expired": stats.outcomes["expired"],
-        "interval_s": round(interval_s, 3),
+        "p50_ms": _round(p50), "p90_ms": _round(p90), "p95_ms": _round(p95),
+        "p99_ms": _round(p99), "max_ms": _round(hist.max) if hist.count else None,
+        "errors": stats.outcomes["error"], "busy": stats.outcomes["busy"],
+        "expired": stats.outcomes["expired"], "interval_s": round(interval_s, 3),
     }
     for name in sorted(stats.stages):
         s50, s99 = stats.stages[name].quantiles(STAGE_PERCENTILES)
