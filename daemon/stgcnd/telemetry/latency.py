@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 OUTCOMES = ("ok", "error", "busy", "expired")
 PERCENTILES = (50, 90, 95, 99)
 STAGE_PERCENTILES = (50, 99)
@@ -22,22 +24,22 @@ MIN_MS = 1e-3  # 1 us: anything faster is reported as 1 us
 MAX_MS = 1e7  # ~2.8 h: a request slower than that is a hang, not a latency
 # Stage names are caller-chosen; cap them so a bug upstream cannot grow memory without bound.
 MAX_STAGES_PER_KEY = 16
+# Values a histogram holds before it buckets them (LogHistogram.pending): about 8 KB of
+# Python floats. A camera at 25 Hz fills it in 10 s, so the stats interval's drain mostly
+# buckets them first.
+FOLD_AT = 256
 
 
-# Each (camera, model) keeps a log-bucketed histogram: a value x > 0 falls in bucket
-# ``ceil(log(x) / log(gamma))`` with ``gamma = (1 + a) / (1 - a)``; the bucket is reported as
-# ``2 * gamma**i / (gamma + 1)``, which is within relative error ``a`` of every value in it. A
-# percentile is therefore within ``a`` (default 1%) of the sample at the same rank, whatever the
-# distribution, and the memory per histogram is bounded by the clamped range, not by the number of
-# requests: values are clamped to [MIN_MS, MAX_MS], so at most ``bucket_limit()`` buckets exist
-# (about 1,400 for a = 1%). ``max_ms`` is exact.
-#
-# Percentile rank: the p-th percentile of n samples is the sample of rank ``floor(p/100 * (n-1))``
-# (0-based) in sorted order, i.e. numpy's ``method="lower"``.
+# A value x > 0 falls in bucket ``ceil(log(x) / log(gamma))``, ``gamma = (1 + a) / (1 - a)``,
+# reported as ``2 * gamma**i / (gamma + 1)``: within ``a`` of every value in it, whatever the
+# distribution. Values are clamped to [MIN_MS, MAX_MS], so at most ``bucket_limit()`` buckets
+# exist (about 1,400 for a = 1%). The p-th percentile of n samples is the one of rank
+# ``floor(p/100 * (n-1))`` (0-based) in sorted order, numpy's ``method="lower"``.
 class LogHistogram:
     """Bounded-memory quantile sketch with a guaranteed relative error."""
 
-    __slots__ = ("_buckets", "_log_gamma", "count", "gamma", "max", "min", "relative_error")
+    __slots__ = ("_buckets", "_count", "_log_gamma", "_max", "_min", "gamma", "pending",
+                 "relative_error")
 
     def __init__(self, relative_error: float = DEFAULT_RELATIVE_ERROR) -> None:
         if not 0 < relative_error < 1:
@@ -46,46 +48,55 @@ class LogHistogram:
         self.gamma = (1 + relative_error) / (1 - relative_error)
         self._log_gamma = math.log(self.gamma)
         self._buckets: dict[int, int] = {}
-        self.count = 0
-        self.max = -math.inf
-        self.min = math.inf
+        self._count = 0
+        self._max = -math.inf
+        self._min = math.inf
+        # Not bucketed yet: an append a request (record), a few numpy calls a FOLD_AT of them.
+        self.pending: list[float] = []
 
     def bucket_limit(self) -> int:
         """Most buckets this histogram can ever hold."""
-        return self._index(MAX_MS) - self._index(MIN_MS) + 1
-
-    def _index(self, value_ms: float) -> int:
-        return math.ceil(math.log(value_ms) / self._log_gamma)
+        return math.ceil(math.log(MAX_MS) / self._log_gamma) - math.ceil(
+            math.log(MIN_MS) / self._log_gamma) + 1
 
     def add(self, value_ms: float) -> None:
-        # Called for every request on the I/O loop: plain comparisons, no helper calls.
-        if MIN_MS <= value_ms <= MAX_MS:
-            index = math.ceil(math.log(value_ms) / self._log_gamma)
-        elif value_ms < MIN_MS:
-            index = self._index(MIN_MS)
-        elif value_ms > MAX_MS:
-            index = self._index(MAX_MS)
-        else:  # NaN
-            return
-        buckets = self._buckets
-        buckets[index] = buckets.get(index, 0) + 1
-        self.count += 1
-        if value_ms > self.max:
-            self.max = value_ms
-        if value_ms < self.min:
-            self.min = value_ms
+        self.pending.append(value_ms)
+        if len(self.pending) >= FOLD_AT:
+            self.fold()
 
-    @property
-    def bucket_count(self) -> int:
-        return len(self._buckets)
+    def fold(self) -> None:
+        """Bucket the pending values (NaN is dropped, values beyond the range clamped)."""
+        if not self.pending:
+            return
+        values = np.array(self.pending, dtype=np.float64)
+        self.pending = []
+        values = values[~np.isnan(values)]
+        if not values.size:
+            return
+        self._count += int(values.size)
+        self._max = max(self._max, float(values.max()))
+        self._min = min(self._min, float(values.min()))
+        index = np.ceil(np.log(values.clip(MIN_MS, MAX_MS)) / self._log_gamma).astype(np.int64)
+        for i, n in zip(*(a.tolist() for a in np.unique(index, return_counts=True))):
+            self._buckets[i] = self._buckets.get(i, 0) + n
+
+    def _folded(self) -> LogHistogram:  # for reading: pending values count too
+        self.fold()
+        return self
+
+    count = property(lambda self: self._folded()._count)
+    max = property(lambda self: self._folded()._max)
+    min = property(lambda self: self._folded()._min)
+    bucket_count = property(lambda self: len(self._folded()._buckets))
 
     def quantiles(self, percents: Iterable[float]) -> list[float | None]:
         """Percentiles (0-100) in one pass over the sorted buckets."""
+        self.fold()
         wanted = sorted((p, i) for i, p in enumerate(percents))
         out: list[float | None] = [None] * len(wanted)
-        if self.count == 0:
+        if self._count == 0:
             return out
-        ranks = [(math.floor(p / 100 * (self.count - 1)), i) for p, i in wanted]
+        ranks = [(math.floor(p / 100 * (self._count - 1)), i) for p, i in wanted]
         seen = 0
         pos = 0
         for index in sorted(self._buckets):
@@ -93,7 +104,7 @@ class LogHistogram:
             while pos < len(ranks) and ranks[pos][0] < seen:
                 value = 2 * self.gamma**index / (self.gamma + 1)
                 # The exact extremes are known; never report beyond them.
-                out[ranks[pos][1]] = min(max(value, self.min), self.max)
+                out[ranks[pos][1]] = min(max(value, self._min), self._max)
                 pos += 1
             if pos == len(ranks):
                 break
@@ -142,19 +153,23 @@ class LatencyAggregator:
             stats.outcomes[outcome] += 1
             if outcome != "ok":
                 return
-            stats.total.add(total_ms)
-            if not timings:
-                return
-            for name in stages if stages is not None else timings:
-                value = timings.get(name)
-                if value is None:
-                    continue
-                hist = stats.stages.get(name)
-                if hist is None:
-                    if len(stats.stages) >= MAX_STAGES_PER_KEY:
+            # Appends only; a stage has no more values than the total, whose length says when.
+            pending = stats.total.pending
+            pending.append(total_ms)
+            if timings:
+                for name in stages if stages is not None else timings:
+                    value = timings.get(name)
+                    if value is None:
                         continue
-                    hist = stats.stages[name] = LogHistogram(self.relative_error)
-                hist.add(value)
+                    hist = stats.stages.get(name)
+                    if hist is None:
+                        if len(stats.stages) >= MAX_STAGES_PER_KEY:
+                            continue
+                        hist = stats.stages[name] = LogHistogram(self.relative_error)
+                    hist.pending.append(value)
+            if len(pending) >= FOLD_AT:
+                for hist in (stats.total, *stats.stages.values()):
+                    hist.fold()
 
     def drain(self, interval_s: float) -> list[dict[str, Any]]:
         """One dict per active (camera, model), ready for ``log.info("latency", **record)``."""
@@ -179,20 +194,12 @@ def _to_record(camera: str, model: str, stats: _KeyStats, interval_s: float) -> 
     hist = stats.total
     p50, p90, p95, p99 = hist.quantiles(PERCENTILES)
     record: dict[str, Any] = {
-        "camera": camera,
-        "model": model,
-        "count": count,
-        "ok": stats.outcomes["ok"],
+        "camera": camera, "model": model, "count": count, "ok": stats.outcomes["ok"],
         "rate_hz": round(count / interval_s, 3) if interval_s > 0 else None,
-        "p50_ms": _round(p50),
-        "p90_ms": _round(p90),
-        "p95_ms": _round(p95),
-        "p99_ms": _round(p99),
-        "max_ms": _round(hist.max) if hist.count else None,
-        "errors": stats.outcomes["error"],
-        "busy": stats.outcomes["busy"],
-        "expired": stats.outcomes["expired"],
-        "interval_s": round(interval_s, 3),
+        "p50_ms": _round(p50), "p90_ms": _round(p90), "p95_ms": _round(p95),
+        "p99_ms": _round(p99), "max_ms": _round(hist.max) if hist.count else None,
+        "errors": stats.outcomes["error"], "busy": stats.outcomes["busy"],
+        "expired": stats.outcomes["expired"], "interval_s": round(interval_s, 3),
     }
     for name in sorted(stats.stages):
         s50, s99 = stats.stages[name].quantiles(STAGE_PERCENTILES)

@@ -32,15 +32,6 @@ class _Counts:
     batch: np.ndarray | None = None   # (BATCH, 3, V, M): frames not reduced yet
     pending: int = 0
 
-    def add(self, frame: np.ndarray, threshold: float) -> None:
-        if self.batch is None or self.batch.shape[1:] != frame.shape:
-            self.reduce(threshold)  # another model's shape: what is held goes first
-            self.batch = np.empty((BATCH, *frame.shape), np.float32)
-        self.batch[self.pending] = frame
-        self.pending += 1
-        if self.pending == BATCH:
-            self.reduce(threshold)
-
     def reduce(self, threshold: float) -> None:
         """Count the batch's frames: a handful of numpy calls for all of them."""
         if self.batch is None or not self.pending:
@@ -87,7 +78,14 @@ class SkeletonQuality:
         c = self._counts.get(camera)
         if c is None:
             c = self._counts[camera] = _Counts()
-        c.add(x[:, -1] if x.ndim == 4 else x, self.threshold)
+        frame = x[:, -1] if x.ndim == 4 else x
+        if c.batch is None or c.batch.shape[1:] != frame.shape:
+            c.reduce(self.threshold)  # another model's shape: what is held goes first
+            c.batch = np.empty((BATCH, *frame.shape), np.float32)
+        c.batch[c.pending] = frame
+        c.pending += 1
+        if c.pending == BATCH:
+            c.reduce(self.threshold)
 
     def refused_busy(self, camera: str) -> None:
         self._counts.setdefault(camera, _Counts()).busy += 1
