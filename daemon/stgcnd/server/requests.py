@@ -28,7 +28,7 @@ from stgcnd.server.executor import Reply
 from stgcnd.server.models import ServedModel
 from stgcnd.server.receive import BAN_ABOVE_FRAMES, Incoming, Receiver
 from stgcnd.server.scheduler import Job
-from stgcnd.server.transport import NOBLOCK, NOBLOCK_MORE
+from stgcnd.server.transport import NOBLOCK, NOBLOCK_MORE, send_frame
 from stgcnd.telemetry.latency import LatencyAggregator
 from stgcnd.telemetry.skeleton_quality import SkeletonQuality
 from stgcnd_client.protocol import (
@@ -324,15 +324,15 @@ class RequestPath:
 
     def send(self, identity: bytes, frames: list[bytes]) -> bool:
         """Send without ever blocking the loop; False when the reply was dropped."""
-        send = self.router.send
+        router = self.router
         try:
-            # Frame by frame with plain-int flags: send_multipart combines enum flags per
-            # frame. Only the first frame can be refused (routing); once it is queued the rest
-            # of the message always is.
-            send(identity, NOBLOCK_MORE)
+            # Frame by frame with plain-int flags, past pyzmq's Python wrapper (send_multipart
+            # is a loop over it): 7k instructions a reply instead of 11k. Only the first
+            # frame can be refused (routing); once it is queued the rest always is.
+            send_frame(router, identity, NOBLOCK_MORE)
             last = len(frames) - 1
             for i, frame in enumerate(frames):
-                send(frame, NOBLOCK if i == last else NOBLOCK_MORE)
+                send_frame(router, frame, NOBLOCK if i == last else NOBLOCK_MORE)
             return True
         except zmq.Again:
             # The client's queue is full: it sends and does not read. Blocking here would

@@ -20,11 +20,13 @@ log = get_logger(__name__)
 
 # ZeroMQ flags as plain ints for the I/O loop's per-request calls: pyzmq's constants are
 # enums, and combining or passing them costs enum arithmetic on every use.
-EVENTS = int(zmq.EVENTS)
 POLLIN = int(zmq.POLLIN)
 NOBLOCK = int(zmq.NOBLOCK)
 NOBLOCK_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
 HANDSHAKE_MS = 5000
+# pyzmq's send without its Python wrapper (copy thresholds, groups): a reply's frames are
+# small bytes, and the wrapper cost more than the send itself (RequestPath.send).
+send_frame = zmq.backend.Socket.send
 
 
 def make_router(ctx: zmq.Context[zmq.Socket[bytes]], config: Config) -> zmq.Socket[bytes]:
