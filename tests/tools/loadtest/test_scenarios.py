@@ -50,8 +50,10 @@ def test_a_goal_without_its_floor_is_not_applicable_never_met():
 
 def test_paced_cpu_goal_can_be_missed_against_the_echo_floor():
     s = SCENARIOS["paced-64"]
-    cpu_row = verdicts(s, report(daemon_cpu={"us_per_request": 170.0}))[2]  # 80 + 100 us
-    assert cpu_row["met"] is True and cpu_row["limit"] == 180.0
+    cpu_row = verdicts(s, report(daemon_cpu={"us_per_request": 150.0}))[2]  # 2 x 80 us
+    assert cpu_row["met"] is True and cpu_row["limit"] == 160.0
+    cpu_row = verdicts(s, report(daemon_cpu={"us_per_request": 170.0}))[2]
+    assert cpu_row["met"] is False
     cpu_row = verdicts(s, report(daemon_cpu={"us_per_request": 504.0}))[2]
     assert cpu_row["met"] is False and cpu_row["value"] == 504.0
     no_cpu = verdicts(s, report(daemon_cpu={"us_per_request": None,
