@@ -1,14 +1,19 @@
 """Shared fixtures: small original-format checkpoints written to disk like users have them;
-running several `stgcnd` commands side by side."""
+running several `stgcnd` commands side by side; a `stgcnd` command in the test's own process."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import structlog
 
+from stgcnd import log
+from stgcnd.cli import main as stgcnd_cli
 from stgcnd.model.demo import demo_state_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,6 +36,39 @@ def stgcnd_at_once(*argvs: list[str], cwd: Path | None = None
                 proc.kill()
                 proc.wait()
     return done
+
+
+@pytest.fixture
+def stgcnd_main(capsys, monkeypatch) -> Callable[..., subprocess.CompletedProcess]:
+    """`stgcnd ARGV` run by the CLI's own `main` in this process: its exit status and what it
+    wrote to stdout and stderr, as a CompletedProcess. For tests about what a command does and
+    says; a test about the process itself (exit on a signal, what a fresh interpreter imports,
+    a real pipe or terminal) starts `python -m stgcnd` instead. `env` is set for the call, and
+    the logging the command configured is undone after it."""
+
+    def run(*argv: str, env: dict[str, str] | None = None,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+        with monkeypatch.context() as m:
+            for key, value in (env or {}).items():
+                m.setenv(key, value)
+            if cwd is not None:
+                m.chdir(cwd)
+            capsys.readouterr()
+            showwarning, logging_was = warnings.showwarning, log.logging_config()
+            try:
+                code = stgcnd_cli(list(argv))
+            except SystemExit as exc:  # argparse: a usage error or --help
+                code = exc.code if isinstance(exc.code, int) else 1
+            finally:
+                # The command logged to capsys's streams: back to structlog's defaults, which
+                # look up sys.stdout at each call.
+                structlog.reset_defaults()
+                log._current.update(logging_was)
+                warnings.showwarning = showwarning
+            out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(list(argv), code, out, err)
+
+    return run
 
 
 def write_checkpoint(path: Path, state: dict, wrap: str | None = None, prefix: str = "") -> Path:

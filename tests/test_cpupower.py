@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from stgcnd.cpupower import DEEP_EXIT_US, cpu_power, idle_states, summary
@@ -80,17 +77,15 @@ def test_nothing_reported_is_none_not_an_error(tmp_path):
     assert power["hints"] == []
 
 
-def test_doctor_prints_the_states_and_the_hints(tmp_path):
+def test_doctor_prints_the_states_and_the_hints(tmp_path, stgcnd_main):
     root = make_sysfs(tmp_path / "root", "psci_idle", [("WFI", 0, False), ("C7", 2000, False)],
                       "schedutil", (115200, 1984000))
-    env = {**os.environ, "STGCND_ENGINE_DIR": str(tmp_path / "engines")}
-    proc = subprocess.run([sys.executable, "-m", "stgcnd", "doctor", "--root", str(root)],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    env = {"STGCND_ENGINE_DIR": str(tmp_path / "engines")}
+    proc = stgcnd_main("doctor", "--root", str(root), env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert "cpu idle    psci_idle: WFI 0 us, C7 2000 us" in proc.stdout
     assert "cpu freq    schedutil, 115-1984 MHz" in proc.stdout
     assert proc.stdout.count("  LATENCY   ") == 2
-    report = json.loads(subprocess.run(
-        [sys.executable, "-m", "stgcnd", "doctor", "--json", "--root", str(root)],
-        capture_output=True, text=True, timeout=120, env=env, cwd=REPO).stdout)
+    report = json.loads(stgcnd_main("doctor", "--json", "--root", str(root), env=env,
+                                    cwd=REPO).stdout)
     assert report["cpu_power"]["deepest_exit_us"] == 2000

@@ -5,9 +5,6 @@ JetPack's own TensorRT and the driver is needed (no pycuda, no CUDA toolkit)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -134,13 +131,12 @@ def test_not_a_jetson(tmp_path):
     assert jetson_stack(tmp_path, "3.11.7", {"tensorrt": None}) is None
 
 
-def test_doctor_prints_what_is_missing_and_the_fix(tmp_path):
+def test_doctor_prints_what_is_missing_and_the_fix(tmp_path, stgcnd_main):
     root = make_root(tmp_path, "nv_tegra_release.r35.4.1",
                      {"nvidia-jetpack": "5.1.2-b104", "tensorrt": "8.5.2.2-1+cuda11.4"},
                      "11.4.315")
-    env = {**os.environ, "STGCND_ENGINE_DIR": str(tmp_path / "engines")}
-    proc = subprocess.run([sys.executable, "-m", "stgcnd", "doctor", "--root", str(root)],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    env = {"STGCND_ENGINE_DIR": str(tmp_path / "engines")}
+    proc = stgcnd_main("doctor", "--root", str(root), env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "L4T 35.4.1, JetPack 5.1.2-b104" in out
@@ -149,8 +145,7 @@ def test_doctor_prints_what_is_missing_and_the_fix(tmp_path):
     assert "MISSING   TensorRT 8.5.2.2-1+cuda11.4 is installed but not importable" in out
     assert "fix: recreate the venv with --system-site-packages" in out
     assert "pycuda" not in out
-    report = json.loads(subprocess.run(
-        [sys.executable, "-m", "stgcnd", "doctor", "--json", "--root", str(root)],
-        capture_output=True, text=True, timeout=120, env=env, cwd=REPO).stdout)
+    report = json.loads(stgcnd_main("doctor", "--json", "--root", str(root), env=env,
+                                    cwd=REPO).stdout)
     assert report["jetson"]["l4t"] == "35.4.1" and report["jetson"]["problems"]
     assert "pycuda" not in json.dumps(report)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -225,11 +223,10 @@ def test_not_a_jetson_has_no_checks(tmp_path):
     assert run_checks(tmp_path) == []
 
 
-def test_doctor_prints_the_checks_and_their_fixes(tmp_path):
+def test_doctor_prints_the_checks_and_their_fixes(tmp_path, stgcnd_main):
     root = orin_nx_8gb(tmp_path, well_set=False)
-    env = {**os.environ, "STGCND_ENGINE_DIR": str(tmp_path / "engines")}
-    proc = subprocess.run([sys.executable, "-m", "stgcnd", "doctor", "--root", str(root)],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    env = {"STGCND_ENGINE_DIR": str(tmp_path / "engines")}
+    proc = stgcnd_main("doctor", "--root", str(root), env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert "check       WARN  power mode: mode 2 (15W) (/var/lib/nvpmodel/status); fastest " \
@@ -238,9 +235,8 @@ def test_doctor_prints_the_checks_and_their_fixes(tmp_path):
     assert any(line.startswith("            fix: sudo jetson_clocks ") for line in lines)
     assert any("nvzramconfig" in line for line in lines)
     assert "check       skip  cuda driver: not asked: --root is not this machine's root" in lines
-    report = json.loads(subprocess.run(
-        [sys.executable, "-m", "stgcnd", "doctor", "--json", "--root", str(root)],
-        capture_output=True, text=True, timeout=120, env=env, cwd=REPO).stdout)
+    report = json.loads(stgcnd_main("doctor", "--json", "--root", str(root), env=env,
+                                    cwd=REPO).stdout)
     statuses = {c["name"]: c["status"] for c in report["checks"]}
     assert statuses == {"power mode": "warn", "clocks": "warn", "memory": "warn",
                         "tegrastats": "warn", "cuda driver": "skip"}
@@ -249,13 +245,12 @@ def test_doctor_prints_the_checks_and_their_fixes(tmp_path):
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("tensorrt") is not None,
                     reason="this Python has tensorrt")
-def test_smoke_test_without_tensorrt_fails_with_the_fix(tmp_path):
+def test_smoke_test_without_tensorrt_fails_with_the_fix(tmp_path, stgcnd_main):
     """`--smoke-test` where tensorrt does not import: reported, exit status 1."""
     root = orin_nx_8gb(tmp_path, well_set=True)
-    env = {**os.environ, "STGCND_ENGINE_DIR": str(tmp_path / "engines")}
-    proc = subprocess.run([sys.executable, "-m", "stgcnd", "doctor", "--json", "--root",
-                           str(root), "--smoke-test"],
-                          capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    env = {"STGCND_ENGINE_DIR": str(tmp_path / "engines")}
+    proc = stgcnd_main("doctor", "--json", "--root", str(root), "--smoke-test", env=env,
+                       cwd=REPO)
     assert proc.returncode == 1, proc.stderr
     smoke = json.loads(proc.stdout)["checks"][-1]
     assert smoke["name"] == "tensorrt smoke test" and smoke["status"] == "fail"

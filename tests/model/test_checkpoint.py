@@ -15,7 +15,7 @@ from stgcnd.model.demo import demo_state_dict
 from stgcnd.model.synthetic import synthetic_windows
 from tests.conftest import write_checkpoint
 
-T = 30
+T = 12  # short windows: these tests are about loading, not about T
 
 
 def test_original_checkpoint_has_344_keys(two_stream_state):

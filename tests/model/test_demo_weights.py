@@ -53,7 +53,7 @@ def test_same_seed_same_bytes_other_seed_other_weights():
 def test_folded_numpy_forward_matches_the_independent_reference(formula):
     """Folding BN and the channels-last forward change nothing beyond float rounding."""
     state = demo_arrays(seed=4)
-    x = synthetic_windows(2, 30, 2, present=1, seed=8)
+    x = synthetic_windows(2, 12, 2, present=1, seed=8)
     got = folded_logits(fold_state(state), x, formula)
     want = two_stream_forward(state, x, formula)
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
@@ -61,7 +61,7 @@ def test_folded_numpy_forward_matches_the_independent_reference(formula):
 
 def test_single_stream_folds_too():
     state = demo_arrays(two_stream=False, num_class=3, seed=5)
-    x = synthetic_windows(2, 30, 1, seed=2)
+    x = synthetic_windows(2, 12, 1, seed=2)
     from tests.model.numpy_reference import stream_forward
 
     np.testing.assert_allclose(folded_logits(fold_state(state), x), stream_forward(state, x),
@@ -69,12 +69,12 @@ def test_single_stream_folds_too():
 
 
 def test_numpy_demo_model_stands_in_for_a_loaded_model():
-    spec = ModelSpec(frames=30)
+    spec = ModelSpec(frames=12)
     model = load_numpy_demo(spec)
     assert model.module is None and model.checkpoint_sha256 is None
     assert model.num_class == 2 and model.labels == ("normal", "abnormal")
     assert model.describe()["demo"] is True
-    x = synthetic_windows(3, 30, 1, seed=6)
+    x = synthetic_windows(3, 12, 1, seed=6)
     np.testing.assert_allclose(model.reference_logits(x),
                                two_stream_forward(demo_arrays(seed=spec.seed), x),
                                atol=1e-4, rtol=1e-4)

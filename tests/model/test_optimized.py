@@ -18,9 +18,9 @@ from tests.conftest import write_checkpoint
 def test_fused_equals_plain(tmp_path, form, persons, two_stream):
     state = demo_state_dict(two_stream=two_stream, seed=13)
     model = load_model(ModelSpec(checkpoint=write_checkpoint(tmp_path / "m.pt", state),
-                                 persons=persons, frames=40, motion="second-difference"))
+                                 persons=persons, frames=12, motion="second-difference"))
     fused = optimize(model.module, form)
-    x = torch.from_numpy(synthetic_windows(3, 40, persons, present=min(persons, 2), seed=1))
+    x = torch.from_numpy(synthetic_windows(3, 12, persons, present=min(persons, 2), seed=1))
     with torch.inference_mode():
         diff = (fused(x) - model.module(x)).abs().max().item()
     assert diff <= 1e-4

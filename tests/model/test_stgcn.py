@@ -14,7 +14,7 @@ from stgcnd.model.synthetic import synthetic_windows
 from tests.conftest import write_checkpoint
 from tests.model.numpy_reference import motion_np, stream_forward, two_stream_forward
 
-T = 30  # short windows: these tests are not about T
+T = 12  # short windows (two stride-2 blocks: 12, 6, 3 frames): these tests are not about T
 
 
 @pytest.mark.parametrize("formula", ["first-difference", "second-difference"])

@@ -22,6 +22,8 @@ from stgcnd_tools.daemon import DaemonProcess, stop
 from tests.conftest import REPO
 
 FRAMES = 30
+DEFAULT_MODELS = (f'[[models]]\nname = "demo"\ndemo = true\nframes = {FRAMES}\n'
+                  'backend = "onnxruntime"\nlabels = ["normal", "shoplifting"]\n')
 
 
 def write_config(path: Path, endpoint: str, engines: Path, models: str | None = None,
@@ -33,10 +35,9 @@ def write_config(path: Path, endpoint: str, engines: Path, models: str | None = 
             lines.append(f"{k} = {str(v).lower()}")
             continue
         lines.append(f"{k} = {v!r}" if not isinstance(v, str) else f'{k} = "{v}"')
-    lines.append(models if models is not None else
-                 f'[[models]]\nname = "demo"\ndemo = true\nframes = {FRAMES}\n'
-                 'backend = "torch"\n'
-                 'labels = ["normal", "shoplifting"]\n')
+    # The default model needs no torch (ONNX Runtime is in the base install), so that the
+    # end-to-end tests run there too; a test about the torch backend names it in `models`.
+    lines.append(models if models is not None else DEFAULT_MODELS)
     path.write_text("\n".join(lines) + "\n")
     return path
 

@@ -25,9 +25,6 @@ from stgcnd_client.protocol import decode_reply, encode_request
 from tests.conftest import REPO
 from tests.server.daemon_harness import FRAMES, Daemon, process_stats, stop_by_pid
 
-# The abused daemon serves the torch backend: an optional extra (pip install -e ".[torch]").
-pytest.importorskip("torch")
-
 pytestmark = pytest.mark.slow
 
 GOOD_CLIENTS = 3

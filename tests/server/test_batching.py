@@ -17,9 +17,6 @@ from stgcnd_client.protocol import decode_reply, encode_request
 from tests.server.daemon_harness import FRAMES, Daemon
 from tests.server.test_daemon import raw_dealer
 
-# answers are checked against the PyTorch network: an optional extra (pip install -e ".[torch]").
-pytest.importorskip("torch")
-
 pytestmark = pytest.mark.slow
 
 
@@ -75,7 +72,7 @@ def small_batch_daemon(tmp_path):
     """Batches of at most 2 and a queue of 16 per camera: a flooder's backlog spans many
     batches, so first-come-first-served and round robin give very different waits."""
     d = Daemon(tmp_path, queue_size=16, models=(
-        f'[[models]]\nname = "demo"\ndemo = true\nframes = {FRAMES}\nbackend = "torch"\n'
+        f'[[models]]\nname = "demo"\ndemo = true\nframes = {FRAMES}\nbackend = "onnxruntime"\n'
         'max_batch = 2\n'))
     yield d.start()
     d.close()
@@ -294,7 +291,7 @@ def test_invented_camera_ids_do_not_bypass_the_log_rate_limit(daemon):
 
 def test_reset_without_a_model_resets_every_model(tmp_path):
     models = "".join(f'[[models]]\nname = "{n}"\ndemo = true\nframes = {FRAMES}\n'
-                     'backend = "torch"\nstride = 1\n' for n in ("a", "b"))
+                     'backend = "onnxruntime"\nstride = 1\n' for n in ("a", "b"))
     d = Daemon(tmp_path, models=models)
     try:
         d.start()

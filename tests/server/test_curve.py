@@ -8,7 +8,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -66,14 +65,13 @@ def test_server_keypair_is_made_once_with_a_private_secret(tmp_path):
     assert server_keypair(tmp_path / "keys")[0] == public
 
 
-def test_keys_round_trip(tmp_path):
+def test_keys_round_trip(tmp_path, stgcnd_main):
     """create (bound and not), list, revoke, server; a bad file in the directory is skipped."""
     config = tmp_path / "stgcnd.toml"
     config.write_text(f'[server]\nkeys_dir = "{tmp_path / "keys"}"\n[[models]]\ndemo = true\n')
 
     def keys(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "stgcnd", "keys", "--config", str(config),
-                               *args], capture_output=True, text=True, cwd=REPO, timeout=60)
+        return stgcnd_main("keys", "--config", str(config), *args, cwd=REPO)
 
     made = keys("create", "door", "--cameras", "cam1", "cam2", "--out", str(tmp_path / "out"))
     assert made.returncode == 0, made.stderr

@@ -11,8 +11,6 @@ import time
 
 import numpy as np
 import pytest
-
-pytest.importorskip("torch")  # an optional extra: pip install -e ".[torch]"
 import zmq
 
 from stgcnd.model import ModelSpec, load_model, reference_logits
@@ -51,6 +49,7 @@ def new_daemon(tmp_path):
 
 @pytest.fixture(scope="module")
 def reference():
+    """The fp32 reference: the PyTorch network where torch is installed, else its numpy twin."""
     return load_model(ModelSpec(frames=FRAMES, labels=("normal", "shoplifting")))
 
 
@@ -95,7 +94,7 @@ def test_threads_carry_their_names_for_top_and_py_spy(daemon):
     assert "exec0-demo" in names, names
 
 
-def test_infer_matches_pytorch_reference(daemon, reference):
+def test_infer_matches_the_fp32_reference(daemon, reference):
     x = synthetic_windows(3, FRAMES, 1, seed=21)
     ref = reference_logits(reference, x)
     with Client(daemon.endpoint, camera_id="parity") as c:
@@ -317,7 +316,7 @@ def test_sighup_reload_keeps_cameras(tmp_path, new_daemon):
         c.infer(np.zeros((3, FRAMES, 33, 1), np.float32))
         write_config(d.config_path, d.endpoint, d.engines,
                      models=f'[[models]]\nname = "demo"\ndemo = true\nframes = {FRAMES}\n'
-                            'backend = "torch"\n'
+                            'backend = "onnxruntime"\n'
                             'labels = ["calm", "theft"]\n')
         d.signal(signal.SIGHUP)
         msg = d.notify.wait_for("RELOADING", timeout=10)
@@ -330,7 +329,7 @@ def test_sighup_reload_keeps_cameras(tmp_path, new_daemon):
         assert [e["event"] for e in d.log_events()].count("model_ready") == 1
         write_config(d.config_path, d.endpoint, d.engines,
                      models=f'[[models]]\nname = "demo"\ndemo = true\nframes = {FRAMES}\n'
-                            'backend = "torch"\nthreads = 1\n')
+                            'backend = "onnxruntime"\nthreads = 1\n')
         d.signal(signal.SIGHUP)
         d.notify.wait_for("RELOADING", timeout=10)
         d.notify.wait_for("READY", timeout=120)
@@ -444,7 +443,8 @@ def test_idle_cameras_are_reclaimed_and_come_back(tmp_path, new_daemon):
 
 def test_unloadable_model_fails_startup_clearly(tmp_path, new_daemon):
     d = new_daemon(tmp_path, models=f'[[models]]\nname = "x"\nframes = {FRAMES}\n'
-                                f'checkpoint = "{tmp_path / "missing.pt"}"\nbackend = "torch"\n')
+                                f'checkpoint = "{tmp_path / "missing.pt"}"\n'
+                                'backend = "onnxruntime"\n')
     d.start(wait_ready=False)
     assert d.proc.wait(timeout=120) == 2
     text = d.log_path.read_text()

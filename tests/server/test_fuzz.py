@@ -35,9 +35,6 @@ from stgcnd_client.protocol import ErrorCode, Limits, ProtocolError, decode_repl
 from tests.fuzz_messages import LOAD_CODES, Case, Generator
 from tests.server.daemon_harness import Daemon
 
-# the fuzzed daemon serves the torch backend: an optional extra (pip install -e ".[torch]").
-pytest.importorskip("torch")
-
 FRAMES = 16
 WINDOW = (3, FRAMES, 33, 1)
 MAX_MESSAGE_BYTES = 256 * 1024  # small, so oversized cases stay cheap
@@ -57,11 +54,11 @@ def fuzz_seed() -> int:
 
 
 MODELS = (
-    f'[[models]]\nname = "demo"\nframes = {FRAMES}\nbackend = "torch"\ndevice = "cpu"\n'
+    f'[[models]]\nname = "demo"\nframes = {FRAMES}\nbackend = "onnxruntime"\n'
     'threads = 1\ndemo = true\nlabels = ["normal", "shoplifting"]\n'
     # A second model so that "reset with model nil" has more than one model to reset (the same
     # network: the daemon builds it once).
-    f'[[models]]\nname = "demo2"\nframes = {FRAMES}\nbackend = "torch"\ndevice = "cpu"\n'
+    f'[[models]]\nname = "demo2"\nframes = {FRAMES}\nbackend = "onnxruntime"\n'
     'threads = 1\ndemo = true\n'
 )
 

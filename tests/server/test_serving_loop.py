@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 
@@ -150,25 +148,23 @@ def test_sigterm_with_batches_on_the_device_answers_them_and_exits_0(tmp_path):
         d.close()
 
 
-def test_a_removed_key_says_what_to_do(tmp_path):
+def test_a_removed_key_says_what_to_do(tmp_path, stgcnd_main):
     config = write_config(tmp_path / "stgcnd.toml", f"ipc://{tmp_path / 'd.sock'}",
                           tmp_path / "engines", models=(
                               f'[[models]]\nname = "cpu"\nbackend = "noop"\n'
                               f'demo = true\nframes = {FRAMES}\ndispatch = "loop"\n'))
-    out = subprocess.run([sys.executable, "-m", "stgcnd", "serve", "--config", str(config)],
-                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    out = stgcnd_main("serve", "--config", str(config), cwd=REPO)
     assert out.returncode == 2
     text = out.stdout + out.stderr
     assert "dispatch was removed" in text and "delete the line" in text, text[-2000:]
 
 
-def test_noop_compute_us_belongs_to_the_noop_backend(tmp_path):
+def test_noop_compute_us_belongs_to_the_noop_backend(tmp_path, stgcnd_main):
     config = write_config(tmp_path / "stgcnd.toml", f"ipc://{tmp_path / 'd.sock'}",
                           tmp_path / "engines", models=(
                               f'[[models]]\nname = "m"\nbackend = "torch"\ndemo = true\n'
                               f'frames = {FRAMES}\nnoop_compute_us = 100\n'))
-    out = subprocess.run([sys.executable, "-m", "stgcnd", "serve", "--config", str(config)],
-                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    out = stgcnd_main("serve", "--config", str(config), cwd=REPO)
     assert out.returncode == 2 and "noop_compute_us" in out.stdout + out.stderr
 
 

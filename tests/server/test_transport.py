@@ -6,8 +6,6 @@ import json
 import os
 import re
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
@@ -97,11 +95,10 @@ def test_client_side_parsing_refuses_the_wildcard_host():
         parse_endpoint("tcp://*:5555", listening=False)
 
 
-def test_serve_with_a_bare_path_fails_at_once():
-    env = {**os.environ, "STGCND_CONFIG": ""}
+def test_serve_with_a_bare_path_fails_at_once(stgcnd_main):
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "stgcnd", "serve", "--endpoint", "/tmp/x.sock"],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
+    proc = stgcnd_main("serve", "--endpoint", "/tmp/x.sock", env={"STGCND_CONFIG": ""},
+                       cwd=REPO)
     elapsed = time.monotonic() - start
     assert proc.returncode == 2, proc.stderr
     message = ("'/tmp/x.sock' is not a ZeroMQ endpoint: did you mean ipc:///tmp/x.sock?")
