@@ -49,9 +49,7 @@ class ServerError(ClientError):
 
 
 class Busy(ServerError):
-    """Not run: the camera's queue on the server is full (``reason`` "queue-full": drop the
-    frame or back off), or the daemon serves max_cameras cameras ("no-camera-slot": retry in
-    a few seconds)."""
+    """Not run; ``reason`` says why and what to do (docs/protocol.md §4, the error map)."""
 
 
 class Expired(ServerError):

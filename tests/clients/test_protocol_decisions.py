@@ -119,4 +119,13 @@ def test_the_document_names_every_reason_once_in_the_error_map():
     error_map = text[text.index("**The error map.**"):text.index("\n## 5.")]
     for reason in Reason:
         assert error_map.count(f"`{reason.value}`") == 1, reason
+        assert f"| `{reason.value}` |" in error_map, f"{reason}: not a row of the reasons' table"
     assert "`appended` (bool)" in error_map
+
+
+def test_the_reasons_are_explained_in_the_protocol_document_only():
+    """One place: the client's README and its Busy error point at the error map."""
+    root = Path(__file__).resolve().parents[2]
+    for path in (root / "clients" / "README.md", root / "clients" / "stgcnd_client" / "errors.py"):
+        text = path.read_text()
+        assert not [r for r in Reason if f'"{r.value}"' in text or f"`{r.value}`" in text], path
