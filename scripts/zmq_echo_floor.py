@@ -35,7 +35,8 @@ import numpy as np
 try:
     from stgcnd_tools.loadtest import echo_floor
 except ImportError:  # run from a checkout without `pip install -e .`: use the checkout's
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))
+    for package_dir in ("daemon", "tools"):  # echo_floor imports stgcnd.errors
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / package_dir))
     from stgcnd_tools.loadtest import echo_floor
 
 

@@ -128,6 +128,7 @@ class Server:
         self.requests: RequestPath | None = None
         self._rss: RssWatch | None = None
         self._next_trim = 0.0
+        self._last_stats = time.monotonic()  # the latency lines' interval ends here
         self._growth_deferred = 0  # memory checks that put a growth cut off (_read_waiting)
         self._sampler: SystemSampler | None = None
         self.events: EventFeed | None = None
@@ -262,7 +263,8 @@ class Server:
         if timer.fd is not None:
             poller.register(timer.fd, zmq.POLLIN)
         timeout = LOOP_TICK_MS
-        next_stats = time.monotonic() + self.config.server.stats_interval
+        self._last_stats = time.monotonic()
+        next_stats = self._last_stats + self.config.server.stats_interval
         next_memory_check = time.monotonic()
         wd_interval = self.notifier.watchdog_interval
         next_watchdog = time.monotonic()
@@ -350,7 +352,10 @@ class Server:
         connection budget's log line, memory left behind by abuse."""
         requests, connections = self.requests, self.connections
         assert requests is not None and connections is not None
-        for record in requests.latency.drain(self.config.server.stats_interval):
+        # The interval that passed, not the configured one: a reload may have changed
+        # stats_interval since the last tick, and shutdown ticks early (rates per second).
+        interval_s, self._last_stats = now - self._last_stats, now
+        for record in requests.latency.drain(interval_s):
             log.info("latency", **record)
         records, notes = requests.quality.drain(list(self.cameras.cameras))
         for record in records:
@@ -491,7 +496,8 @@ class Server:
         try:
             self._apply(reload.result())
             note = "reloaded"
-        except Exception as exc:  # BuildCancelled too: a stop during the reload's build
+        except BaseException as exc:  # BuildCancelled too; whatever the thread raised, it
+            # stays the reload's failure (the old models serve on), never the loop's
             log.error("reload", phase="failed", error=str(exc),
                       action="still serving the previous configuration")
             note = f"reload failed: {exc}"
