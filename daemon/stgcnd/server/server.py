@@ -180,8 +180,8 @@ class Server:
         self._router = make_router(self._ctx, self.config)
         if self.curve is not None:
             self.curve.secure(self._router)
-        self._watch_connections(requests_cap, report_handshakes)  # before the bind: none
-        # accepted unseen
+        # Before the bind: no connection is accepted unseen.
+        self._watch_connections(requests_cap, report_handshakes)
         self._ipc_path = bind_router(self._router, self.config)
         assert self.connections is not None
         self.connections.gate_listeners()

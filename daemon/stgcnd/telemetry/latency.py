@@ -1,9 +1,5 @@
-"""Per-(camera, model) latency aggregation in bounded memory.
-
-Log-bucketed histograms: a percentile is within relative error `a` (default 1%) of the sample
-at the same rank, memory is bounded by the clamped range, `max_ms` is exact. Rank: numpy's
-`method="lower"`.
-"""
+"""Per-(camera, model) latency aggregation in bounded memory: log-bucketed histograms
+(LogHistogram) whose percentiles are within a set relative error; `max_ms` is exact."""
 
 from __future__ import annotations
 
@@ -24,9 +20,8 @@ MIN_MS = 1e-3  # 1 us: anything faster is reported as 1 us
 MAX_MS = 1e7  # ~2.8 h: a request slower than that is a hang, not a latency
 # Stage names are caller-chosen; cap them so a bug upstream cannot grow memory without bound.
 MAX_STAGES_PER_KEY = 16
-# Values a histogram holds before it buckets them (LogHistogram.pending): about 8 KB of
-# Python floats. A camera at 25 Hz fills it in 10 s, so the stats interval's drain mostly
-# buckets them first.
+# Values a histogram holds before it buckets them (LogHistogram.pending), ~8 KB: a camera at
+# 25 Hz fills it in 10 s, so mostly the stats interval's drain buckets them.
 FOLD_AT = 256
 
 
@@ -80,14 +75,26 @@ class LogHistogram:
         for i, n in zip(*(a.tolist() for a in np.unique(index, return_counts=True))):
             self._buckets[i] = self._buckets.get(i, 0) + n
 
-    def _folded(self) -> LogHistogram:  # for reading: pending values count too
+    # Readers bucket the pending values first: they count too.
+    @property
+    def count(self) -> int:
         self.fold()
-        return self
+        return self._count
 
-    count = property(lambda self: self._folded()._count)
-    max = property(lambda self: self._folded()._max)
-    min = property(lambda self: self._folded()._min)
-    bucket_count = property(lambda self: len(self._folded()._buckets))
+    @property
+    def max(self) -> float:
+        self.fold()
+        return self._max
+
+    @property
+    def min(self) -> float:
+        self.fold()
+        return self._min
+
+    @property
+    def bucket_count(self) -> int:
+        self.fold()
+        return len(self._buckets)
 
     def quantiles(self, percents: Iterable[float]) -> list[float | None]:
         """Percentiles (0-100) in one pass over the sorted buckets."""
@@ -175,18 +182,12 @@ class LatencyAggregator:
         """One dict per active (camera, model), ready for ``log.info("latency", **record)``."""
         with self._lock:
             drained, self._stats = self._stats, {}
-        records = []
-        for (camera, model), stats in sorted(drained.items()):
-            records.append(_to_record(camera, model, stats, interval_s))
-        return records
+        return [_to_record(camera, model, stats, interval_s)
+                for (camera, model), stats in sorted(drained.items())]
 
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
-
-
-def _stage_prefix(name: str) -> str:
-    return name[:-3] if name.endswith("_ms") else name
 
 
 def _to_record(camera: str, model: str, stats: _KeyStats, interval_s: float) -> dict[str, Any]:
@@ -203,7 +204,7 @@ def _to_record(camera: str, model: str, stats: _KeyStats, interval_s: float) -> 
     }
     for name in sorted(stats.stages):
         s50, s99 = stats.stages[name].quantiles(STAGE_PERCENTILES)
-        prefix = _stage_prefix(name)
+        prefix = name[:-3] if name.endswith("_ms") else name
         record[f"{prefix}_p50_ms"] = _round(s50)
         record[f"{prefix}_p99_ms"] = _round(s99)
     return record
