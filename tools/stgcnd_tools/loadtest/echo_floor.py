@@ -175,7 +175,7 @@ def open_loop(endpoint: str, cameras: int, rate_hz: float, seconds: float, offse
     """K cameras in this thread, each sending `rate_hz` windows a second on a fixed schedule
     from `start` (time.monotonic) for `seconds`, phases spread over one period from `offset`
     (a fraction of it), as `stgcnd loadtest --rate` spreads them. Returns the round trips
-    (seconds) of requests sent after `warmup_s`."""
+    (seconds) of the requests scheduled after `warmup_s`."""
     ctx = zmq.Context()
     socks = []
     for _ in range(cameras):
@@ -187,29 +187,35 @@ def open_loop(endpoint: str, cameras: int, rate_hz: float, seconds: float, offse
         poller.register(s, zmq.POLLIN)
     index = {s: j for j, s in enumerate(socks)}
     period = 1.0 / rate_hz
-    due = [start + (offset + j / cameras) * period for j in range(cameras)]
-    sent: list[list[float]] = [[] for _ in socks]  # send times of requests out, per camera
+    # Requests are numbered, not timed, in or out of the warm-up: a busy machine that sends
+    # late must not move a warm-up request into the measured ones.
+    total, warm = round(seconds * rate_hz), round(warmup_s * rate_hz)
+    count = [0] * cameras
+    def due(j: int) -> float:
+        return start + (offset + j / cameras + count[j]) * period
+    sent: list[list[tuple[int, float]]] = [[] for _ in socks]  # (number, send time) out
     trips: list[float] = []
-    end = start + seconds
-    measured_from = start + warmup_s
+    give_up = start + seconds + 1.0  # a reply lost after the end: stop waiting for it
     while True:
-        j = min(range(cameras), key=due.__getitem__)
-        if due[j] >= end and not any(sent):
+        waiting = [j for j in range(cameras) if count[j] < total]
+        if not waiting and not any(sent):
             break
-        wait = (due[j] if due[j] < end else end + 1.0) - time.monotonic()
+        now = time.monotonic()
+        if not waiting and now > give_up:
+            break
+        wait = min(due(j) for j in waiting) - now if waiting else give_up - now
         for sock, _ in poller.poll(int(max(wait, 0.0) * 1e3)):
             while sock.get(zmq.EVENTS) & zmq.POLLIN:
                 sock.recv_multipart(zmq.NOBLOCK)
-                now = time.monotonic()
-                t0 = sent[index[sock]].pop(0)
-                if t0 >= measured_from:
-                    trips.append(now - t0)
-        if due[j] < end and time.monotonic() >= due[j]:
-            sent[j].append(time.monotonic())
-            socks[j].send_multipart(REQUEST)
-            due[j] += period
-        elif due[j] >= end and time.monotonic() > end + 1.0:
-            break  # a reply lost after the end: stop waiting for it
+                back = time.monotonic()
+                number, t0 = sent[index[sock]].pop(0)
+                if number >= warm:
+                    trips.append(back - t0)
+        for j in waiting:
+            if time.monotonic() >= due(j):
+                sent[j].append((count[j], time.monotonic()))
+                socks[j].send_multipart(REQUEST)
+                count[j] += 1
     for s in socks:
         s.close(0)
     ctx.term()
@@ -253,7 +259,7 @@ def measure(processes: int, cameras: int, rate_hz: float, seconds: float,
         raise UserError(f"the floor needs processes and cameras >= 1, a rate > 0 and more "
                         f"seconds than its warm-up; got {processes} x {cameras} at "
                         f"{rate_hz:g} Hz for {seconds:g} s (warm-up {warmup_s:g} s)")
-    warm_up = int(processes * cameras * rate_hz * warmup_s)
+    warm_up = processes * cameras * round(rate_hz * warmup_s)  # as open_loop numbers them
     with Echo(transport, warm_up=warm_up) as echo:
         ctx = multiprocessing.get_context("spawn")
         results, go, start_wall = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
