@@ -22,7 +22,7 @@ from stgcnd_tools.profiling.times import (
     write_times_outputs,
 )
 from stgcnd_tools.stats import TRTEXEC_KEYS
-from stgcnd_tools.table import table
+from stgcnd_tools.table import num, table
 
 
 def parse_file(path: Path, *, kind: str | None = None, batch: int = 1, top: int = 10,
@@ -89,7 +89,7 @@ def write_derived(path: str | Path, out_dir: str | Path, batch: int = 1) -> list
 
 
 def _f(value: Any) -> str:
-    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+    return num(value, none="-")
 
 
 def _render_entry(entry: dict[str, Any]) -> list[str]:
