@@ -286,7 +286,7 @@ def _run_markdown(run: dict[str, Any], plots: dict[str, str], single: bool) -> l
                                f"{r['name'][:48]} … {r['name'][-48:]}") + "`",
              r["type"], r["average_ms"], r["median_ms"], f"{r['share_percent']:.1f}%"]
             for r in run["top_layers"]])
-        md += _image(plots, "top_layers", "slowest layers") + ["### Time by layer type", ""]
+        md += [*_image(plots, "top_layers", "slowest layers"), "### Time by layer type", ""]
         if all(r["type"] == "unknown" for r in run["layer_type_share"]):
             md += ["Layer types unknown: no detailed layer info (export it with "
                    "`--exportLayerInfo` from an engine built with "
