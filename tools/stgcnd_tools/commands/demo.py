@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from stgcnd.errors import UserError
-from stgcnd_tools.commands._camera_args import add_camera_args, check_timeout
+from stgcnd_tools.commands._args import add_camera_args, check_timeout
 from stgcnd_tools.daemon import DaemonProcess
 from stgcnd_tools.demo.camera_sim import simulate
 from stgcnd_tools.demo.event_printer import EventPrinter
