@@ -101,16 +101,10 @@ def scan(lines: Iterable[str], camera: str | None = None, since: datetime | None
             out.filtered_out += 1
             continue
         out.events[name] += 1
-        if name == "latency":
-            out.latency.append(event)
-        elif name == "system":
-            out.system.append(event)
-        elif name == "request":
-            out.requests.append(event)
-        elif name == "action_event":
-            out.actions.append(event)
-        elif name == "skeleton_quality":
-            out.quality.append(event)
+        kind = {"latency": out.latency, "system": out.system, "request": out.requests,
+                "action_event": out.actions, "skeleton_quality": out.quality}.get(name)
+        if kind is not None:
+            kind.append(event)
     return out
 
 
@@ -375,15 +369,12 @@ def render_text(summary: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"== system ({sysd['samples']} samples, source: "
                  f"{', '.join(sysd['sources']) or '-'})")
-    lines.append(f"GPU load     {_fmt_range(sysd['gpu_load_pct'], ' %')}")
-    lines.append(f"GPU freq     {_fmt_range(sysd['gpu_freq_mhz'], ' MHz')}")
-    lines.append(f"GPU temp     {_fmt_range(sysd['gpu_temp_c'], ' C')}")
-    lines.append(f"hottest      {_fmt_range(sysd['temp_max_c'], ' C')}")
-    lines.append(f"power        {_fmt_range(sysd['power_total_mw'], ' W', 1e-3)}")
-    lines.append(f"EMC freq     {_fmt_range(sysd['emc_freq_mhz'], ' MHz')}")
-    lines.append(f"CPU          {_fmt_range(sysd['cpu_pct'], ' %')}")
-    lines.append(f"RAM used     {_fmt_range(sysd['ram_used_mb'], ' MB')}")
-    lines.append(f"daemon RSS   {_fmt_range(sysd['rss_mb'], ' MB')}")
+    for label, key, unit in (("GPU load", "gpu_load_pct", " %"),
+                             ("GPU freq", "gpu_freq_mhz", " MHz"), ("GPU temp", "gpu_temp_c", " C"),
+                             ("hottest", "temp_max_c", " C"), ("power", "power_total_mw", " W"),
+                             ("EMC freq", "emc_freq_mhz", " MHz"), ("CPU", "cpu_pct", " %"),
+                             ("RAM used", "ram_used_mb", " MB"), ("daemon RSS", "rss_mb", " MB")):
+        lines.append(f"{label:<12} {_fmt_range(sysd[key], unit, 1e-3 if unit == ' W' else 1.0)}")
     return "\n".join(lines) + "\n"
 
 
