@@ -34,12 +34,8 @@ MAX_SUBSCRIPTION_BYTES = 1024  # a camera id is at most 128 characters (512 byte
 MAX_SUBSCRIPTIONS = 1024       # topics one events connection may hold
 MAX_SUBSCRIPTION_MESSAGES = 8192  # (un)subscriptions one connection may send, ever
 READ_BURST = 256               # subscriptions read per loop pass
-# The heartbeat's topic: no camera id's, as 0xFF is never in UTF-8 (and a camera id is UTF-8):
-# a subscription to camera ids never gets heartbeats, one to "" gets them with the events.
-HEARTBEAT_TOPIC = b"\xffheartbeat"
-# Snapshots at most this often: every subscription asks for one (and every subscriber of its
-# topic gets it), so a peer subscribing in a loop would otherwise flood them all.
-SNAPSHOT_EVERY_S = 0.2
+HEARTBEAT_TOPIC = b"\xffheartbeat"  # no camera id's topic: 0xFF is never in UTF-8
+SNAPSHOT_EVERY_S = 0.2  # a peer subscribing in a loop floods no subscriber with snapshots
 _SRCFD = int(zmq.SRCFD)
 
 
@@ -228,11 +224,9 @@ class Events:
 
     def snapshot(self, wall: float) -> list[Event]:
         """Every open event as it stands now (kind "snapshot"): what a late subscriber missed."""
-        return [self._event("snapshot", camera, model,
-                            self._configs[model][1] if model in self._configs else (), i, t,
-                            wall)
-                for (camera, model), tracks in self._tracks.items()
-                for i, t in tracks.items() if t.state == "active"]
+        return [self._event("snapshot", cam, model, self._configs[model][1], i, t, wall)
+                for (cam, model), ts in self._tracks.items() for i, t in ts.items()
+                if t.state == "active"]  # a model unwatched is forgotten (configure)
 
     def _end_all(self, camera: str, model: str, tracks: dict[int, Track], now: float,
                  wall: float, reason: str, at_last_prediction: bool = False) -> list[Event]:
@@ -274,11 +268,8 @@ def _ms(wall: float) -> int:
 class EventFeed:
     """The events of every watched model: each one a log line (`action_event`) and, where
     `events_endpoint` is set, a message on an XPUB socket: [camera id, msgpack map]. A slow
-    subscriber loses messages at its high-water mark; the daemon never waits for one, but
-    every message is numbered (`seq`, within this run of the daemon, `run`), so that a
-    subscriber sees the gap; a heartbeat every `events_heartbeat_s` tells calm from a daemon
-    gone, and every subscription is answered with the open events it covers ("snapshot"),
-    so that a late or reconnecting subscriber learns what is open (docs/protocol.md §11).
+    subscriber loses messages at its high-water mark (the daemon never waits for one) and sees
+    the gap by their numbers; heartbeats and snapshots: docs/protocol.md §11.
 
     The socket is guarded like the requests one: its connections are counted and gated
     (server/connections.py), a subscription longer than any camera id drops its connection
@@ -301,11 +292,9 @@ class EventFeed:
         self._users: dict[int, tuple[int, str]] = {}  # fd -> (inode, CURVE key)
         self.refused_subscribers = 0
         self.run = os.urandom(8).hex()  # a restart is a new run: its seq starts again at 1
-        self._seq = 0
+        self._seq, self._next_beat, self._next_snapshot = 0, 0.0, 0.0
         self._heartbeat_s = config.server.events_heartbeat_s
-        self._next_beat = 0.0
         self._snapshot_topics: set[bytes] = set()  # subscribed since the last snapshot
-        self._next_snapshot = 0.0
         endpoint = config.server.events_endpoint
         if endpoint:
             pub = ctx.socket(zmq.XPUB)
@@ -449,8 +438,7 @@ class EventFeed:
 
     def emit(self, events: list[Event]) -> None:
         """Every message the daemon publishes goes through here: numbered, starts and ends
-        logged (`action_event`, with the number), sent on its camera's topic (a heartbeat on
-        HEARTBEAT_TOPIC)."""
+        logged (`action_event`), sent. An XPUB drops at a subscriber's high-water mark."""
         for event in events:
             self._seq += 1
             message = {**event, "seq": self._seq, "run": self.run}
@@ -458,9 +446,5 @@ class EventFeed:
             if kind in ("start", "end"):
                 log.info("action_event", **message)
             if self._pub is not None:
-                topic = (HEARTBEAT_TOPIC if kind == "heartbeat"
-                         else str(event["camera"]).encode())
-                try:
-                    self._pub.send_multipart([topic, msgpack.packb(message)], zmq.NOBLOCK)
-                except zmq.Again:  # PUB drops at its high-water mark rather than block
-                    pass
+                topic = HEARTBEAT_TOPIC if kind == "heartbeat" else str(event["camera"]).encode()
+                self._pub.send_multipart([topic, msgpack.packb(message)], zmq.NOBLOCK)
