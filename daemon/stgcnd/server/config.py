@@ -84,6 +84,10 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     events_endpoint: Annotated[str, restart_key(
         "where action events are published (ZeroMQ PUB, topic = camera id; "
         "docs/protocol.md); empty: events only in the log")] = ""
+    events_heartbeat_s: Annotated[float, restart_key(
+        "seconds between heartbeats on events_endpoint: a subscriber that hears none for "
+        "three knows the daemon is gone (docs/protocol.md); 0: none",
+        "must be from 0 to 3600 seconds", ge=0, le=3600)] = 2.0
     engines_dir: Annotated[Optional[str], engine_key(
         "engine store: exported ONNX and one artefact per runtime/precision/device; unset: "
         "systemd's StateDirectory/engines, else ./engines when started in a checkout, else the "

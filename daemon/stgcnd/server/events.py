@@ -7,6 +7,7 @@ sequences test it exactly.
 from __future__ import annotations
 
 import collections
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,8 @@ MAX_SUBSCRIPTION_BYTES = 1024  # a camera id is at most 128 characters (512 byte
 MAX_SUBSCRIPTIONS = 1024       # topics one events connection may hold
 MAX_SUBSCRIPTION_MESSAGES = 8192  # (un)subscriptions one connection may send, ever
 READ_BURST = 256               # subscriptions read per loop pass
+HEARTBEAT_TOPIC = b"\xffheartbeat"  # no camera id's topic: 0xFF is never in UTF-8
+SNAPSHOT_EVERY_S = 0.2  # a peer subscribing in a loop floods no subscriber with snapshots
 _SRCFD = int(zmq.SRCFD)
 
 
@@ -219,6 +222,12 @@ class Events:
     def open_events(self) -> int:
         return sum(t.state == "active" for ts in self._tracks.values() for t in ts.values())
 
+    def snapshot(self, wall: float) -> list[Event]:
+        """Every open event as it stands now (kind "snapshot"): what a late subscriber missed."""
+        return [self._event("snapshot", cam, model, self._configs[model][1], i, t, wall)
+                for (cam, model), ts in self._tracks.items() for i, t in ts.items()
+                if t.state == "active"]  # a model unwatched is forgotten (configure)
+
     def _end_all(self, camera: str, model: str, tracks: dict[int, Track], now: float,
                  wall: float, reason: str, at_last_prediction: bool = False) -> list[Event]:
         labels = self._configs[model][1] if model in self._configs else ()
@@ -259,7 +268,8 @@ def _ms(wall: float) -> int:
 class EventFeed:
     """The events of every watched model: each one a log line (`action_event`) and, where
     `events_endpoint` is set, a message on an XPUB socket: [camera id, msgpack map]. A slow
-    subscriber loses messages at its high-water mark; the daemon never waits for one.
+    subscriber loses messages at its high-water mark (the daemon never waits for one) and sees
+    the gap by their numbers; heartbeats and snapshots: docs/protocol.md §11.
 
     The socket is guarded like the requests one: its connections are counted and gated
     (server/connections.py), a subscription longer than any camera id drops its connection
@@ -281,6 +291,10 @@ class EventFeed:
         self._subscribed: dict[int, tuple[int, int, int]] = {}  # fd -> (inode, now, ever)
         self._users: dict[int, tuple[int, str]] = {}  # fd -> (inode, CURVE key)
         self.refused_subscribers = 0
+        self.run = os.urandom(8).hex()  # a restart is a new run: its seq starts again at 1
+        self._seq, self._next_beat, self._next_snapshot = 0, 0.0, 0.0
+        self._heartbeat_s = config.server.events_heartbeat_s
+        self._snapshot_topics: set[bytes] = set()  # subscribed since the last snapshot
         endpoint = config.server.events_endpoint
         if endpoint:
             pub = ctx.socket(zmq.XPUB)
@@ -348,7 +362,26 @@ class EventFeed:
                 self._users[fd] = (conn.ino, user)
                 if user not in self.curve.keys:
                     self._cut(fd, user, "key-revoked")
+                    continue
+            if subscribe:
+                self._snapshot_topics.add(frame.bytes[1:])
         return False
+
+    def beat(self, now: float) -> None:
+        """Every loop pass: the snapshot subscriptions asked for (at most every
+        SNAPSHOT_EVERY_S), then a heartbeat, which also comes every `events_heartbeat_s`."""
+        if self._pub is None:
+            return
+        topics = self._snapshot_topics
+        if topics and now >= self._next_snapshot:
+            self._snapshot_topics, self._next_snapshot = set(), now + SNAPSHOT_EVERY_S
+            self.emit([e for e in self.events.snapshot(time.time())
+                       if any(str(e["camera"]).encode().startswith(t) for t in topics)])
+        elif not self._heartbeat_s or now < self._next_beat:
+            return
+        self._next_beat = now + self._heartbeat_s
+        self.emit([{"kind": "heartbeat", "at": round(time.time(), 3),
+                    "open": self.events.open_events(), "interval_s": self._heartbeat_s}])
 
     def drop_revoked(self) -> None:
         """After a reload of the authorized keys: cut every subscriber whose key went (its
@@ -404,11 +437,14 @@ class EventFeed:
             self._ipc_path.unlink(missing_ok=True)
 
     def emit(self, events: list[Event]) -> None:
+        """Every message the daemon publishes goes through here: numbered, starts and ends
+        logged (`action_event`), sent. An XPUB drops at a subscriber's high-water mark."""
         for event in events:
-            log.info("action_event", **event)
+            self._seq += 1
+            message = {**event, "seq": self._seq, "run": self.run}
+            kind = event["kind"]
+            if kind in ("start", "end"):
+                log.info("action_event", **message)
             if self._pub is not None:
-                try:
-                    self._pub.send_multipart(
-                        [str(event["camera"]).encode(), msgpack.packb(event)], zmq.NOBLOCK)
-                except zmq.Again:  # PUB drops at its high-water mark rather than block
-                    pass
+                topic = HEARTBEAT_TOPIC if kind == "heartbeat" else str(event["camera"]).encode()
+                self._pub.send_multipart([topic, msgpack.packb(message)], zmq.NOBLOCK)

@@ -285,6 +285,8 @@ class Server:
             if router in events or requests.discarding:
                 requests.read()
             now = time.monotonic()
+            if feed is not None:  # snapshots for new subscribers, the heartbeat
+                feed.beat(now)
             timeout = 0 if requests.discarding else self._drive(now)
             if self._reload_requested.is_set():
                 self._reload_requested.clear()
