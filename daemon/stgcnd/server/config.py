@@ -204,6 +204,21 @@ class EventsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     cooldown_s: Annotated[float, policy_key(
         "after an end, how long before the same camera's class may start again",
         "must be >= 0 seconds", ge=0)] = 30.0
+    exit_hold_s: Annotated[float, policy_key(
+        "how long the smoothed probability must stay below exit (or the windows without a "
+        "person) before the end: a dropout shorter than this ends nothing; the cooldown "
+        "counts from the end", "must be >= 0 seconds", ge=0)] = 1.5
+    event_idle_s: Annotated[float, policy_key(
+        "a camera with an open event and neither a request nor a prediction for this long "
+        "has it ended (camera-silent), dated at its last prediction", "must be > 0 seconds",
+        gt=0)] = 5.0
+    min_usable: Annotated[float, policy_key(
+        "a window starts and feeds events only when at least this share of its frames has "
+        "a person (mean joint visibility >= usable_visibility); 0: every window",
+        "must be in 0..1", ge=0, le=1)] = 0.5
+    usable_visibility: Annotated[float, policy_key(
+        "min_usable: the mean visibility of a person's joints that counts them in a frame "
+        "(empty slots are 0)", "must be in 0..1", ge=0, le=1)] = 0.3
     smoothing: Annotated[Literal["ema", "k-of-n"], policy_key(
         "ema: exponential moving average of the probability; k-of-n: its k-th highest "
         "value over the last n predictions")] = "ema"

@@ -300,7 +300,7 @@ class RequestPath:
         self._record(job, reply)
         self.send(job.identity, frames)
         if reply.result is not None and self.events is not None:
-            self.events.observe(job.camera, job.model, reply.result["probs"], now)
+            self.events.observe(job.camera, job.model, reply.result["probs"], now, job.window)
 
     def _record(self, job: Job, reply: Reply) -> None:
         outcome = reply.outcome

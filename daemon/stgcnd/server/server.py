@@ -296,6 +296,8 @@ class Server:
             if now >= next_memory_check:
                 next_memory_check = now + CHECK_EVERY_S
                 self._check_memory(now)
+                if feed is not None:  # a dead camera's events end in seconds, not minutes
+                    feed.expire_silent(now, self.cameras.cameras)
             if now >= next_stats:
                 next_stats = now + self.config.server.stats_interval  # a reload may change it
                 self._tick(now)
