@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,17 @@ BACKENDS = ("tensorrt", "torch", "onnxruntime")
 # TensorRT >= 8.6 and ONNX Runtime run it). "calibrator": TensorRT's implicit INT8 calibration
 # with an entropy calibrator, only where TensorRT still offers it (<= 10.x).
 INT8_MODES = ("qdq", "calibrator")
+# The batch shapes prepared (a batch runs in the smallest that holds it): TensorRT's
+# optimization profiles, the memory plan's buckets and the runners' are these, cut by
+# max_batch (the [[models]] key `buckets`).
+DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+
+
+def normalize_buckets(buckets: Sequence[int], max_batch: int) -> tuple[int, ...]:
+    """Sorted unique bucket sizes within 1..max_batch, always including 1 and the largest
+    size allowed (so that every batch the scheduler may form has a bucket)."""
+    top = max(1, min(max(buckets, default=1), max_batch))
+    return tuple(sorted({1, top, *(b for b in buckets if 1 <= b <= top)}))
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,7 @@ class BuildOptions:
     # profile serve one execution context at a time, so the engine carries one set of
     # profiles per instance (and a dynamic batch axis, even for max_batch 1).
     instances: int = 1
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS  # normalized by __post_init__ (max_batch)
     # Filled in by the store, not by users: sha256 of the calibration data (see key_dict).
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
@@ -46,6 +59,7 @@ class BuildOptions:
             object.__setattr__(self, "dynamic_batch", self.max_batch > 1 or self.instances > 1)
         if self.calibration is not None and not isinstance(self.calibration, Path):
             object.__setattr__(self, "calibration", Path(self.calibration))
+        object.__setattr__(self, "buckets", normalize_buckets(self.buckets, self.max_batch))
         if self.precision not in PRECISIONS:
             raise UserError(f"unknown precision {self.precision!r}; choose one of "
                             f"{', '.join(PRECISIONS)}")
@@ -92,6 +106,6 @@ class BuildOptions:
             key.update(workspace_mb=self.workspace_mb, opt_level=self.opt_level,
                        layer_info=self.layer_info,
                        # One optimization profile per batch bucket (the batched executors'
-                       # contexts); engines built before that layout are rebuilt.
-                       profiles="per-bucket", profile_sets=self.instances)
+                       # contexts), for each of `instances` runners.
+                       profiles=list(self.buckets), profile_sets=self.instances)
         return key

@@ -24,6 +24,7 @@ from typing import Any, Dict, Literal, NamedTuple, Optional, Tuple, cast
 import msgspec
 from msgspec import Meta
 
+from stgcnd.engines.options import DEFAULT_BUCKETS
 from stgcnd.errors import UserError
 from stgcnd.model.graph import LAYOUTS
 from stgcnd.model.spec import MOTION_FORMULAS, ModelSpec, default_labels
@@ -262,9 +263,10 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         "plan may keep fewer buckets)",
         "must be >= 0 (0 = auto)", ge=0)] = 0
     buckets: Annotated[Tuple[int, ...], engine_key(
-        "batch shapes prepared before READY (a batch runs in the smallest that holds it)",
+        "batch shapes prepared before READY (a batch runs in the smallest that holds it); "
+        "TensorRT builds one optimization profile for each",
         "must be batch sizes >= 1, e.g. [1, 2, 4, 8]",
-        min_length=1)] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+        min_length=1)] = DEFAULT_BUCKETS
     max_queue_delay_us: Annotated[int, policy_key(
         "how long a batch may wait to fill while the device is idle (0: never)",
         "must be in 0..1000000", ge=0, le=1_000_000)] = 0

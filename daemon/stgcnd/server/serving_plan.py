@@ -102,7 +102,7 @@ def serving_plan(mc: ModelConfig, target: Target | None = None
                            allow_synthetic_calibration=mc.allow_synthetic_calibration,
                            # On CUDA only (the runtimes' rule); auto's device is not known yet.
                            cuda_graph=mc.cuda_graph, threads=mc.threads,
-                           compile=mc.compile, instances=mc.instances,
+                           compile=mc.compile, instances=mc.instances, buckets=mc.buckets,
                            workspace_mb=JETSON_WORKSPACE_MB if target.jetson else WORKSPACE_MB)
     if mc.backend != "auto":
         options = named_options(mc.backend, options)
