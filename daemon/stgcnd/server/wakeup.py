@@ -1,34 +1,42 @@
-"""The self-pipe (gunicorn's arbiter): one fd the I/O loop polls next to its sockets,
-written by `signal.set_wakeup_fd` and by the worker threads of blocking runners when a batch
-is done (runtimes.base.InWorker). The loop drains it and looks at everything.
-"""
+"""What wakes the I/O loop: a self-pipe it polls beside its sockets (gunicorn's arbiter),
+written by signals and by worker threads, and the flags they set before writing it."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 
 
-class SelfPipe:
+class Wakeup:
     def __init__(self) -> None:
         self.read_fd, self.write_fd = os.pipe()
         for fd in (self.read_fd, self.write_fd):
             os.set_blocking(fd, False)
+        self.stop = threading.Event()    # SIGTERM, SIGINT, a fatal error
+        self.reload = threading.Event()  # SIGHUP
+        self.fatal: BaseException | None = None
         self._signals = False
+
+    def install_signal_handlers(self) -> None:
+        """Main thread only: the handlers set a flag; the pipe wakes the loop to see it."""
+        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self.stop.set())
+        signal.signal(signal.SIGHUP, lambda *_: self.reload.set())
+        signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
+        self._signals = True
+
+    def fail(self, exc: BaseException) -> None:
+        """A fatal device error (any thread): stop gracefully, exit 1."""
+        self.fatal = exc
+        self.stop.set()
 
     def wake(self) -> None:
         """From any thread: make the loop's next poll return."""
         try:
             os.write(self.write_fd, b"\0")
-        except BlockingIOError:  # the pipe is full: the loop is woken anyway
+        except OSError:  # full (the loop is woken anyway), or closed at exit by a late worker
             pass
-        except OSError:  # closed at exit while a worker finished late
-            pass
-
-    def route_signals(self) -> None:
-        """Signals wake the loop too (main thread only)."""
-        signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
-        self._signals = True
 
     def drain(self) -> None:
         try:
