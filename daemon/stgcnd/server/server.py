@@ -42,9 +42,8 @@ from stgcnd.server.heap import (
 from stgcnd.server.models import ServedModel, load_models
 from stgcnd.server.notify import Notifier
 from stgcnd.server.requests import RequestPath
-from stgcnd.server.timer import WakeTimer
 from stgcnd.server.transport import bind_router, make_router
-from stgcnd.server.wakeup import Wakeup
+from stgcnd.server.wakeup import WakeTimer, Wakeup
 from stgcnd.telemetry.sampler import SystemSampler
 from stgcnd.telemetry.skeleton_quality import SkeletonQuality
 from stgcnd_client.protocol import Limits
@@ -159,7 +158,7 @@ class Server:
                           for m in self.models.values())
         notifier.ready(f"serving {names} on {config.endpoint}")
         # Without a timerfd the loop comes back for a batch in whole milliseconds (see
-        # server/timer.py), and deep idle states and low clocks slow every request that
+        # server/wakeup.py), and deep idle states and low clocks slow every request that
         # follows an idle gap (stgcnd/cpupower.py): both worth a line where latency is read.
         log.info("ready", endpoint=config.endpoint,
                  models={n: {"runtime": m.runtime.info.name, "precision":
