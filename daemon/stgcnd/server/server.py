@@ -20,16 +20,9 @@ import zmq
 from stgcnd import __version__, cpupower
 from stgcnd.log import configure_logging, debug_enabled, get_logger, logging_config
 from stgcnd.server.cameras import CameraTable
-from stgcnd.server.config import RESTART, SERVER_ENGINE, Config, ServerConfig
+from stgcnd.server.config import RESTART, SERVER_ENGINE, Config
 from stgcnd.server.config_checks import check_config
-from stgcnd.server.connections import (
-    CLOSE_IDLE_S,
-    Connections,
-    connection_budget,
-    open_fds,
-    raise_fd_limit,
-    split_budget,
-)
+from stgcnd.server.connections import CLOSE_IDLE_S, Connections, connection_caps
 from stgcnd.server.curve import Curve, curve_enabled
 from stgcnd.server.events import EventFeed
 from stgcnd.server.handshakes import Refusals, monitor_reporter
@@ -119,7 +112,7 @@ class Server:
         self._ctx = zmq.Context()
         # CURVE before the binds: no connection without a key (server/curve.py).
         self.curve = Curve(self._ctx, config) if curve_enabled(config) else None
-        requests_cap, events_cap = connection_budget_split(s)
+        requests_cap, events_cap = connection_caps(s.max_connections, bool(s.events_endpoint))
         # Refused handshakes: the client never hears why, so the log says it
         # (server/handshakes.py); with CURVE, as curve_denied with the ZAP handler's.
         refusals = self.curve.refusals if self.curve is not None else \
@@ -559,17 +552,6 @@ def startup_cancelled(notifier: Notifier) -> int:
     log.info("shutdown_complete", exit_code=0, phase="startup",
              reason="signal during start-up; the engine build was abandoned")
     return 0
-
-
-def connection_budget_split(server: ServerConfig) -> tuple[int, int]:
-    """The fd budget's connection caps, (requests, events): server/connections.py."""
-    before, soft, hard = raise_fd_limit()
-    in_use = open_fds()
-    cap = connection_budget(soft, in_use, server.max_connections)
-    requests_cap, events_cap = split_budget(cap, bool(server.events_endpoint))
-    log.info("fd_limit", soft_before=before, soft=soft, hard=hard, open=in_use,
-             max_connections=cap, requests=requests_cap, events=events_cap)
-    return requests_cap, events_cap
 
 
 def keep_restart_keys(config: Config, current: Config) -> Config:
