@@ -1,10 +1,5 @@
 """Per-camera state, owned by the I/O loop alone: push rings (FrameRing), resend records,
-lane, activity.
-
-A camera costs no thread and nothing on the device. Slots in the `max_cameras` table are
-shared by *peer* (peers.peer_key), never by camera id, which clients invent; who gives way to
-whom when the table is full is the comment above CameraTable.
-"""
+lane, activity; the `max_cameras` table, whose slots are shared by peer (peers.peer_key)."""
 
 from __future__ import annotations
 
