@@ -121,33 +121,13 @@ class Eviction:
     rule: str          # "own-share", "over-share", "idle" or "unserved"
 
 
-# Who gives way to whom. Slots are shared by *peer* (the process of an ipc client, the address
-# of a tcp one, the user of a loopback tcp one: peers.peer_key). When the table is full, a new
-# camera takes the slot of:
-#
-# 1. the least recently active camera quiet for EVICT_IDLE_S, whoever holds it;
-# 2. else, if its peer already holds its share (max_cameras / peers, rounded up): one of that
-#    peer's own cameras quiet for MIN_IDLE_S; a peer inventing ids churns its own slots only;
-# 3. else the least recently active camera of a peer holding more than its share, the biggest
-#    first (a client that filled the table gives way to a newcomer at once).
-#
-# A camera is *served* once one of its predictions was answered `ok` (a push that only buffered
-# a frame does not count: a served camera cost its client a valid window run on the device).
-# The ids of served cameras are remembered after they leave the table (the SERVED_MEMORY x
-# max_cameras most recent, with the peer they were served for), and two rules keep the slots of
-# served cameras out of reach of invented ids:
-#
-# - cameras never served hold at most max_cameras - reserve slots (reserve: max_cameras // 8,
-#   at least 1): a never-served newcomer past that, or in a table where rule 1 finds nothing,
-#   takes only the slot of another never-served camera (by the same rules: idle, own share,
-#   over share among the never-served), never one of a served camera;
-# - a served camera coming back takes a free slot, else the least recently active never-served
-#   camera of anyone, else rules 1-3.
-#
-# Churn is bounded per peer: at most max_cameras evictions a second (CHURN_PER_S x max_cameras);
-# past it, a peer's new cameras are answered `busy` at once, nothing evicted.
-#
-# A camera with a request in flight is never taken. No slot: the request is answered `busy`.
+# Who gives way to whom when the table is full (docs/hardening.md, "Camera slots", says it in
+# full): 1. the least recently active camera quiet for EVICT_IDLE_S; 2. else, if its peer holds
+# its share already, one of that peer's own cameras quiet for MIN_IDLE_S; 3. else the least
+# recently active camera of a peer over its share, the biggest first. Never-served cameras hold
+# at most max_cameras - reserve slots and take only each other's beyond that; a served camera
+# coming back takes a free slot, else a never-served one's. At most CHURN_PER_S x max_cameras
+# evictions a second per peer; a camera with a request in flight is never taken.
 class CameraTable:
     def __init__(self, max_cameras: int, reserve: int | None = None) -> None:
         self.max_cameras = max_cameras
@@ -167,9 +147,8 @@ class CameraTable:
 
     def get(self, name: str, now: float, peer: str = "") -> tuple[CameraState | None,
                                                                   Eviction | None]:
-        """The camera's state, created on first sight (taking a slot as the comment above the class
-        says when the table is full), and the eviction that made room, if any. (None, None)
-        when no slot can be had."""
+        """The camera's state, created on first sight (taking a slot as the comment above the
+        class says), and the eviction that made room, if any; (None, None): no slot."""
         cam = self.cameras.get(name)
         if cam is not None:
             cam.last_activity = now
