@@ -10,8 +10,9 @@ from stgcnd.engines.builders.tensorrt import (
     calibration_batching,
     calibration_cache_name,
 )
-from stgcnd.engines.options import BuildOptions, normalize_buckets
+from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import UserError
+from stgcnd.runtimes.base import normalize_buckets
 from stgcnd.runtimes.tensorrt_runtime import plan_contexts
 
 

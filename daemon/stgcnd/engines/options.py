@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stgcnd.errors import UserError
+from stgcnd.runtimes.base import normalize_buckets
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")  # bf16: the torch runtime on a CPU
 DEVICES = ("cpu", "cuda")
@@ -20,13 +20,6 @@ INT8_MODES = ("qdq", "calibrator")
 # optimization profiles, the memory plan's buckets and the runners' are these, cut by
 # max_batch (the [[models]] key `buckets`).
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
-
-
-def normalize_buckets(buckets: Sequence[int], max_batch: int) -> tuple[int, ...]:
-    """Sorted unique bucket sizes within 1..max_batch, always including 1 and the largest
-    size allowed (so that every batch the scheduler may form has a bucket)."""
-    top = max(1, min(max(buckets, default=1), max_batch))
-    return tuple(sorted({1, top, *(b for b in buckets if 1 <= b <= top)}))
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from typing import TypeVar, cast
 
 import numpy as np
 
-from stgcnd.engines.options import normalize_buckets
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd.threadname import name_os_thread
 
@@ -37,6 +36,13 @@ class RuntimeInfo:
     max_batch: int                  # largest batch a runner takes
     artifact: str | None = None     # the file it runs, if any
     details: dict[str, object] = field(default_factory=dict)
+
+
+def normalize_buckets(buckets: Sequence[int], max_batch: int) -> tuple[int, ...]:
+    """Sorted unique bucket sizes within 1..max_batch, always including 1 and the largest
+    size allowed (so that every batch the scheduler may form has a bucket)."""
+    top = max(1, min(max(buckets, default=1), max_batch))
+    return tuple(sorted({1, top, *(b for b in buckets if 1 <= b <= top)}))
 
 
 def warm_median(times: Sequence[float]) -> float:
