@@ -326,14 +326,6 @@ class KeyDoc(NamedTuple):
     applies: str
     path: bool
 
-    @property
-    def engine(self) -> bool:
-        return self.applies == "engine"
-
-    @property
-    def restart(self) -> bool:
-        return self.applies == "restart"
-
 
 def _meta(annotation: Any) -> KeyDoc:
     meta = next(a for a in getattr(annotation, "__metadata__", ()) if isinstance(a, Meta))
@@ -346,10 +338,11 @@ def schema(cls: type[msgspec.Struct]) -> list[tuple[str, Any, KeyDoc]]:
     return [(f.name, f.default, _meta(f.type)) for f in msgspec.structs.fields(cls)]
 
 
-ENGINE = tuple(name for name, _, meta in schema(ModelConfig) if meta.engine)
+ENGINE = tuple(name for name, _, meta in schema(ModelConfig) if meta.applies == "engine")
 MODEL_FILES = tuple(name for name, _, meta in schema(ModelConfig) if meta.path)
-RESTART = tuple(name for name, _, meta in schema(ServerConfig) if meta.restart)
-SERVER_ENGINE = tuple(name for name, _, meta in schema(ServerConfig) if meta.engine)
+RESTART = tuple(name for name, _, meta in schema(ServerConfig) if meta.applies == "restart")
+SERVER_ENGINE = tuple(name for name, _, meta in schema(ServerConfig)
+                      if meta.applies == "engine")
 PATHS = frozenset(n for c in (ServerConfig, ModelConfig) for n, _, m in schema(c) if m.path)
 
 

@@ -371,27 +371,21 @@ class Server:
         feed = self.events.connections
         return [self.connections] if feed is None else [self.connections, feed]
 
-    def stalled_executors(self, now: float | None = None) -> list[str]:
+    def stalled_executors(self, now: float) -> list[str]:
         """Executors stuck in one batch longer than stall_timeout."""
-        now = time.monotonic() if now is None else now
         limit = self.config.server.stall_timeout
         return [ex.name for model in self.models.values() for ex in model.executors
                 if ex.busy_since is not None and now - ex.busy_since > limit]
 
     def stats(self) -> dict[str, Any]:
-        requests = self.requests
+        requests, feed = self.requests, self.events.connections
+        events = {} if feed is None else {"events_connections": {
+            **feed.stats(), "subscribers_refused": self.events.refused_subscribers}}
         return {"uptime_s": round(time.monotonic() - self.started, 3),
                 "generation": self.generation, **requests.counters,
                 **requests.process_stats(), "cameras": requests.camera_stats(),
-                **self._events_stats(),
+                **events,
                 "models": {n: m.stats() for n, m in self.models.items()}}
-
-    def _events_stats(self) -> dict[str, Any]:
-        feed = self.events
-        if feed.connections is None:
-            return {}
-        return {"events_connections": {**feed.connections.stats(),
-                                       "subscribers_refused": feed.refused_subscribers}}
 
     # -- reload ----------------------------------------------------------------------------
     def _begin_reload(self) -> None:

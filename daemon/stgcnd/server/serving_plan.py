@@ -1,9 +1,6 @@
-"""What the daemon loads for a configured model: (model spec, build options), in one place.
-
-`serve` and `build --config` both call `serving_plan`, so a store prepared by `build` holds
-exactly what `serve` looks up. A `Target` (this machine, or a board named by `build
---platform/--device`) decides max_batch, the TensorRT workspace and an auto device.
-"""
+"""What the daemon loads for a configured model, (model spec, build options), in one place:
+`serve` and `build --config` both call `serving_plan`, so a store `build` prepared holds what
+`serve` looks up, for this machine or a board `build --platform/--device` describes."""
 
 from __future__ import annotations
 
