@@ -17,13 +17,13 @@ import difflib
 import os
 import re
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any, Dict, Literal, NamedTuple, Optional, Tuple, cast
 
 import msgspec
 from msgspec import Meta
 
+from stgcnd.engines.options import DEFAULT_BUCKETS
 from stgcnd.errors import UserError
 from stgcnd.model.graph import LAYOUTS
 from stgcnd.model.spec import MOTION_FORMULAS, ModelSpec, default_labels
@@ -281,9 +281,10 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         "plan may keep fewer buckets)",
         "must be >= 0 (0 = auto)", ge=0)] = 0
     buckets: Annotated[Tuple[int, ...], engine_key(
-        "batch shapes prepared before READY (a batch runs in the smallest that holds it)",
+        "batch shapes prepared before READY (a batch runs in the smallest that holds it); "
+        "TensorRT builds one optimization profile for each",
         "must be batch sizes >= 1, e.g. [1, 2, 4, 8]",
-        min_length=1)] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+        min_length=1)] = DEFAULT_BUCKETS
     max_queue_delay_us: Annotated[int, policy_key(
         "how long a batch may wait to fill while the device is idle (0: never)",
         "must be in 0..1000000", ge=0, le=1_000_000)] = 0
@@ -344,14 +345,6 @@ class KeyDoc(NamedTuple):
     applies: str
     path: bool
 
-    @property
-    def engine(self) -> bool:
-        return self.applies == "engine"
-
-    @property
-    def restart(self) -> bool:
-        return self.applies == "restart"
-
 
 def _meta(annotation: Any) -> KeyDoc:
     meta = next(a for a in getattr(annotation, "__metadata__", ()) if isinstance(a, Meta))
@@ -364,10 +357,11 @@ def schema(cls: type[msgspec.Struct]) -> list[tuple[str, Any, KeyDoc]]:
     return [(f.name, f.default, _meta(f.type)) for f in msgspec.structs.fields(cls)]
 
 
-ENGINE = tuple(name for name, _, meta in schema(ModelConfig) if meta.engine)
+ENGINE = tuple(name for name, _, meta in schema(ModelConfig) if meta.applies == "engine")
 MODEL_FILES = tuple(name for name, _, meta in schema(ModelConfig) if meta.path)
-RESTART = tuple(name for name, _, meta in schema(ServerConfig) if meta.restart)
-SERVER_ENGINE = tuple(name for name, _, meta in schema(ServerConfig) if meta.engine)
+RESTART = tuple(name for name, _, meta in schema(ServerConfig) if meta.applies == "restart")
+SERVER_ENGINE = tuple(name for name, _, meta in schema(ServerConfig)
+                      if meta.applies == "engine")
 PATHS = frozenset(n for c in (ServerConfig, ModelConfig) for n, _, m in schema(c) if m.path)
 
 
@@ -461,9 +455,6 @@ def _said(cls: type[msgspec.Struct], message: str, values: dict[str, Any], where
         return UserError(f"{source}: invalid value {value!r} (expected {want})")
     if meta is not None and meta.rule:
         return UserError(f"{source}: {name} {meta.rule}, got {value!r}")
-    choices = re.match(r"Invalid enum value", message)
-    if choices:
-        return UserError(f"{source}: invalid value {value!r} ({message.split(' - ')[0]})")
     return UserError(f"{source}: invalid value {value!r} ({message.split(' - ')[0]})")
 
 
@@ -624,85 +615,3 @@ def _model(raw: dict[str, Any], where: str, base: Path | None) -> ModelConfig:
     # After its checkpoint (epoch60_model), as the engine store names it: not "demo", which
     # would pass a real model off as the random-weights one in logs and replies.
     return msgspec.structs.replace(model, name=Path(model.checkpoint).stem)
-
-
-# --- the annotated example, made from the schema ----------------------------------------------
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    if isinstance(value, tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return repr(value)
-
-
-def _comment(text: str) -> list[str]:
-    return textwrap.wrap(text, 92, initial_indent="# ", subsequent_indent="# ")
-
-
-def _tag(meta: KeyDoc, form: str) -> str:
-    """How the generated documentation marks what a reload does with a key (policy: no mark)."""
-    return "" if meta.applies == "policy" else " " + form.format(meta.applies)
-
-
-def example() -> str:
-    """The annotated configuration: every key with its doc and default (the defaults of the
-    example's own values where it sets them: a systemd deployment serving a checkpoint)."""
-    shown = {"endpoint": "ipc:///run/stgcnd/stgcnd.sock",
-             "engines_dir": "/var/lib/stgcnd/engines", "keys_dir": "/var/lib/stgcnd/keys",
-             "socket_mode": 0o660}
-    model = {"name": "single", "checkpoint": "/var/lib/stgcnd/models/epoch60_model.pt",
-             "labels": ("normal", "shoplifting"), "precision": "fp16", "stride": 25}
-    out = ["# /etc/stgcnd/stgcnd.toml - stgcnd daemon configuration (annotated example; "
-           "`stgcnd config",
-           "# example` prints it). Every [server] key can be overridden by an environment",
-           "# variable STGCND_<KEY> (e.g. STGCND_STATS_INTERVAL=5). Unknown keys, and unknown",
-           "# STGCND_* variables, are errors. Keys marked (engine) are what models are built",
-           "# and loaded from: a reload (SIGHUP) that changes one loads the model anew",
-           "# ([server]: every model). Keys marked (restart) take effect at a restart only (a",
-           "# reload that changes one logs reload_key_ignored). A reload applies every other key",
-           "# at once. A relative path (checkpoint, calibration, engines_dir) is relative to the",
-           "# file's directory.", "",
-           "[server]"]
-    for name, default, meta in schema(ServerConfig):
-        out += _comment(meta.description + _tag(meta, "({})"))
-        value = shown.get(name, default)
-        if value is None:
-            out.append(f"# {name} = ")
-        elif name == "socket_mode":
-            out.append(f"{name} = 0o{value:o}")
-        else:
-            out.append(f"{name} = {_toml_value(value)}")
-    out += ["", "[[models]]"]
-    for name, default, meta in schema(ModelConfig):
-        if name == "events":
-            continue  # its own table, below
-        out += _comment(meta.description + _tag(meta, "({})"))
-        value = model.get(name, default)
-        out.append(f"# {name} = " if value is None else f"{name} = {_toml_value(value)}")
-    out += ["", "# Action events from this model's predictions (docs/protocol.md, Events): "
-            "uncomment", "# the table to turn them on.", "# [models.events]"]
-    for name, default, meta in schema(EventsConfig):
-        if name in ("classes", "cameras"):
-            continue
-        out += _comment(meta.description)
-        sample = ("normal",) if name == "quiet_classes" else default  # not left blank
-        out.append(f"# {name} = {_toml_value(sample)}")
-    out += ["# One class's thresholds, one camera's overrides:",
-            "# [models.events.classes.shoplifting]", "# enter = 0.9",
-            "# [models.events.cameras.door-1]", "# cooldown_s = 120.0"]
-    return "\n".join(out) + "\n"
-
-
-def key_table() -> str:
-    """The README's list of keys, as a markdown table made from the schema."""
-    rows = ["| key | default | what |", "| --- | --- | --- |"]
-    for section, cls in (("server", ServerConfig), ("models", ModelConfig),
-                         ("models.events", EventsConfig)):
-        for name, default, meta in schema(cls):
-            shown = "unset" if default is None else _toml_value(default)
-            tag = _tag(meta, "*{}*")
-            rows.append(f"| `[{section}] {name}` | `{shown}` | {meta.description}{tag} |")
-    return "\n".join(rows) + "\n"

@@ -106,19 +106,6 @@ def supports_implicit_int8(trt: Any) -> bool:
             and hasattr(trt.IBuilderConfig, "int8_calibrator"))
 
 
-def batch_buckets(max_batch: int) -> tuple[int, ...]:
-    """The batch shapes a dynamic-batch engine is tuned for: powers of two below max_batch,
-    and max_batch itself (8 -> 1, 2, 4, 8; 6 -> 1, 2, 4, 6). The daemon's batch runner pads a
-    batch to the smallest bucket that holds it."""
-    if max_batch < 1:
-        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-    out, b = [], 1
-    while b < max_batch:
-        out.append(b)
-        b *= 2
-    return (*out, max_batch)
-
-
 def bucket_profiles(buckets: tuple[int, ...]) -> list[tuple[int, int, int]]:
     """One optimization profile (min, opt, max batch) per bucket, tuned at the bucket (opt =
     max = bucket) and covering the batches down to the previous bucket + 1, so the profiles
@@ -391,7 +378,7 @@ class TensorRTBuilder(Builder):
         buckets: tuple[int, ...] = ()
         profiles: list[tuple[int, int, int]] = []
         if o.dynamic_batch:
-            buckets = batch_buckets(o.max_batch)
+            buckets = o.buckets
             profiles = bucket_profiles(buckets) * o.instances  # one set per runner
             inp = network.get_input(0)
             rest = tuple(inp.shape)[1:]
