@@ -225,8 +225,7 @@ class Server:
             if router in events or requests.discarding:
                 requests.read()
             now = time.monotonic()
-            if feed is not None:  # snapshots for new subscribers, the heartbeat
-                feed.beat(now)
+            feed.beat(now)  # snapshots for new subscribers, the heartbeat
             timeout = 0 if requests.discarding else self._drive(now)
             if self.wakeup.reload.is_set():
                 self.wakeup.reload.clear()
@@ -236,8 +235,8 @@ class Server:
             if now >= next_memory_check:
                 next_memory_check = now + CHECK_EVERY_S
                 self._check_memory(now)
-                if feed is not None:  # a dead camera's events end in seconds, not minutes
-                    feed.expire_silent(now, self.cameras.cameras)
+                # A dead camera's events end in seconds, not minutes.
+                feed.expire_silent(now, self.cameras.cameras)
             if now >= next_stats:
                 next_stats = now + self.config.server.stats_interval  # a reload may change it
                 self._tick(now)
