@@ -20,6 +20,7 @@ import sys
 import textwrap
 from pathlib import Path
 from typing import Any, Dict, Literal, NamedTuple, Optional, Tuple, cast
+from urllib.parse import urlsplit
 
 import msgspec
 from msgspec import Meta
@@ -296,9 +297,64 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         return tuple(getattr(self, k) for k in ENGINE)
 
 
+class MqttConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """[events.mqtt]: every message of the events feed on an MQTT broker too (QoS 1, a
+    retained state per camera; docs/protocol.md, "Events over MQTT")."""
+
+    broker: Annotated[str, restart_key(
+        "the broker: mqtt://HOST[:PORT] (1883), or mqtts://HOST[:PORT] (TLS, 8883)")] = ""
+    client_id: Annotated[str, restart_key(
+        "the MQTT client id, which names the broker's session of this daemon (one per "
+        "daemon); empty: stgcnd-HOSTNAME")] = ""
+    topic_prefix: Annotated[str, restart_key(
+        "topics are PREFIX/CAMERA/event and PREFIX/CAMERA/state (retained)",
+        "must be a non-empty topic", min_length=1)] = "stgcnd"
+    qos: Annotated[int, restart_key(
+        "1: at least once (a resend after a reconnect may repeat a message: mqtt_id tells); "
+        "2: once per hop; 0: at most once", "must be 0, 1 or 2", ge=0, le=2)] = 1
+    username: Annotated[Optional[str], restart_key("the broker's user name")] = None
+    password_file: Annotated[Optional[str], restart_key(
+        "a file whose first line is the password (mode 0600: a config is often world-readable)",
+        path=True)] = None
+    ca_file: Annotated[Optional[str], restart_key(
+        "mqtts: the CA certificates that sign the broker's (PEM); unset: the system's",
+        path=True)] = None
+    cert_file: Annotated[Optional[str], restart_key(
+        "mqtts: this daemon's client certificate (PEM), where the broker asks for one",
+        path=True)] = None
+    key_file: Annotated[Optional[str], restart_key(
+        "mqtts: the client certificate's private key (PEM)", path=True)] = None
+    buffer: Annotated[int, restart_key(
+        "messages kept while the broker is away; when full the oldest goes (counted: stats' "
+        "events_mqtt.dropped, one warning an outage)", "must be >= 1", ge=1)] = 10000
+
+    @property
+    def address(self) -> tuple[str, int, bool]:
+        """(host, port, TLS) of `broker`; a UserError where it is not an mqtt(s) URL."""
+        url = urlsplit(self.broker)
+        try:
+            port = url.port
+        except ValueError:
+            port = -1
+        if url.scheme not in ("mqtt", "mqtts") or not url.hostname or port == -1 or \
+                url.path not in ("", "/"):
+            raise UserError(f"broker must be mqtt://HOST[:PORT] or mqtts://HOST[:PORT], "
+                            f"got {self.broker!r}")
+        tls = url.scheme == "mqtts"
+        return url.hostname, port or (8883 if tls else 1883), tls
+
+
+class EventsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """[events]: where the events feed goes besides the log and events_endpoint."""
+
+    mqtt: Annotated[Optional[MqttConfig], restart_key(
+        "an MQTT broker: an [events.mqtt] table (keys below); unset: none")] = None
+
+
 class Config(msgspec.Struct, frozen=True, kw_only=True):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     models: Tuple[ModelConfig, ...] = (ModelConfig(demo=True),)
+    events: EventsSection = msgspec.field(default_factory=EventsSection)
     source: str = "built-in defaults (demo model)"
 
     @property
@@ -349,7 +405,9 @@ ENGINE = tuple(name for name, _, meta in schema(ModelConfig) if meta.engine)
 MODEL_FILES = tuple(name for name, _, meta in schema(ModelConfig) if meta.path)
 RESTART = tuple(name for name, _, meta in schema(ServerConfig) if meta.restart)
 SERVER_ENGINE = tuple(name for name, _, meta in schema(ServerConfig) if meta.engine)
-PATHS = frozenset(n for c in (ServerConfig, ModelConfig) for n, _, m in schema(c) if m.path)
+PATHS = frozenset(n for c in (ServerConfig, ModelConfig, MqttConfig) for n, _, m in schema(c)
+                  if m.path)
+MQTT_FILES = tuple(name for name, _, meta in schema(MqttConfig) if meta.path)
 
 
 def default_runtime_dir() -> Path:
@@ -478,7 +536,24 @@ def _check(config: Config) -> Config:
                                 f"{getattr(m, name)!r}")
         if m.events is not None:
             _check_events(m.events, known_labels(m), where)
+    if config.events.mqtt is not None:
+        _check_mqtt(config.events.mqtt, f"{config.source}: [events.mqtt]")
     return config
+
+
+def _check_mqtt(mqtt: MqttConfig, where: str) -> None:
+    try:
+        _, _, tls = mqtt.address  # an empty broker too
+    except UserError as exc:
+        raise UserError(f"{where}: {exc}") from None
+    if "+" in mqtt.topic_prefix or "#" in mqtt.topic_prefix:
+        raise UserError(f"{where}: topic_prefix must be a topic without + or #, got "
+                        f"{mqtt.topic_prefix!r}")
+    tls_files = [k for k in ("ca_file", "cert_file", "key_file") if getattr(mqtt, k)]
+    if tls_files and not tls:
+        raise UserError(f"{where}: {tls_files[0]} is for TLS; write the broker as mqtts://")
+    if mqtt.password_file and not mqtt.username:
+        raise UserError(f"{where}: password_file needs username")
 
 
 def known_labels(m: ModelConfig) -> Tuple[str, ...] | None:
@@ -516,6 +591,10 @@ def check_files(config: Config) -> Config:
     missing = [f"model {m.name!r}: {name} not found: {getattr(m, name)}"
                for m in config.models for name in MODEL_FILES
                if getattr(m, name) and not Path(getattr(m, name)).expanduser().is_file()]
+    mqtt = config.events.mqtt
+    missing += [f"[events.mqtt] {name} not found: {getattr(mqtt, name)}"
+                for name in MQTT_FILES if mqtt is not None and getattr(mqtt, name)
+                and not Path(getattr(mqtt, name)).expanduser().is_file()]
     if missing:
         raise UserError(f"{config.source}: {'; '.join(missing)}. Fix the path (in the file, a "
                         "relative one is relative to the file's directory) or put the file there")
@@ -562,10 +641,10 @@ def load_config(path: Path | None = None, env: dict[str, str] | None = None,
         except tomllib.TOMLDecodeError as exc:
             raise UserError(f"{path}: invalid TOML: {exc}") from None
         source = str(path)
-    unknown = sorted(set(raw) - {"server", "models"})
+    unknown = sorted(set(raw) - {"server", "models", "events"})
     if unknown:
-        raise UserError(f"{source}: unknown section(s) {', '.join(unknown)}; use [server] and "
-                        "[[models]]")
+        raise UserError(f"{source}: unknown section(s) {', '.join(unknown)}; use [server], "
+                        "[[models]] and [events]")
     server_raw: Dict[str, Any] = dict(raw.get("server", {}))
     # Where each value came from, so that an error points at the right place to fix it.
     where = {name: f"{source} [server] {name}" for name, _, _ in schema(ServerConfig)}
@@ -594,7 +673,21 @@ def load_config(path: Path | None = None, env: dict[str, str] | None = None,
     else:
         models = tuple(_model(m, f"{source} [[models]] #{i + 1}", base)
                        for i, m in enumerate(models_raw))
-    return _check(Config(server=server, models=models, source=source))
+    return _check(Config(server=server, models=models, events=_events(raw, source, base),
+                         source=source))
+
+
+def _events(raw: dict[str, Any], source: str, base: Path | None) -> EventsSection:
+    """[events], its [events.mqtt] decoded as a table of its own (its paths anchored)."""
+    section = dict(raw.get("events", {}))
+    mqtt = section.pop("mqtt", None)
+    _decode(EventsSection, section, f"{source} [events]", {}, frozenset(section))
+    if mqtt is None:
+        return EventsSection()
+    where = f"{source} [events.mqtt]"
+    return EventsSection(mqtt=_decode(MqttConfig, mqtt, where,
+                                      {k: f"{where} {k}" for k in mqtt},
+                                      strict_keys=frozenset(mqtt), base=base))
 
 
 def _model(raw: dict[str, Any], where: str, base: Path | None) -> ModelConfig:
@@ -674,6 +767,14 @@ def example() -> str:
     out += ["# One class's thresholds, one camera's overrides:",
             "# [models.events.classes.shoplifting]", "# enter = 0.9",
             "# [models.events.cameras.door-1]", "# cooldown_s = 120.0"]
+    out += ["", "# The events on an MQTT broker too (docs/protocol.md, Events over MQTT): "
+            "uncomment the", "# table to turn it on. Its keys take effect at a restart.",
+            "# [events.mqtt]"]
+    for name, default, meta in schema(MqttConfig):
+        out += _comment(meta.description)
+        sample = {"broker": "mqtts://broker.example:8883", "username": "stgcnd",
+                  "password_file": "/etc/stgcnd/mqtt.password"}.get(name, default)
+        out.append(f"# {name} = " if sample is None else f"# {name} = {_toml_value(sample)}")
     return "\n".join(out) + "\n"
 
 
@@ -681,7 +782,8 @@ def key_table() -> str:
     """The README's list of keys, as a markdown table made from the schema."""
     rows = ["| key | default | what |", "| --- | --- | --- |"]
     for section, cls in (("server", ServerConfig), ("models", ModelConfig),
-                         ("models.events", EventsConfig)):
+                         ("models.events", EventsConfig), ("events", EventsSection),
+                         ("events.mqtt", MqttConfig)):
         for name, default, meta in schema(cls):
             shown = "unset" if default is None else _toml_value(default)
             tag = _tag(meta, "*{}*")

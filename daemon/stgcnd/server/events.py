@@ -10,7 +10,7 @@ import collections
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Mapping, Sequence
+from typing import Dict, Mapping, Protocol, Sequence
 
 import msgpack
 import zmq
@@ -256,10 +256,19 @@ def _ms(wall: float) -> int:
     return round(wall * 1e3)
 
 
+class Sink(Protocol):
+    """Where the feed's messages go besides the XPUB socket (server/mqtt_sink.py)."""
+
+    def send(self, message: Mapping[str, object]) -> None: ...
+    def stats(self) -> dict[str, object]: ...
+    def close(self) -> None: ...
+
+
 class EventFeed:
     """The events of every watched model: each one a log line (`action_event`) and, where
     `events_endpoint` is set, a message on an XPUB socket: [camera id, msgpack map]. A slow
-    subscriber loses messages at its high-water mark; the daemon never waits for one.
+    subscriber loses messages at its high-water mark; the daemon never waits for one. Each
+    message goes to the sinks too (`publish`: [events.mqtt]), which never wait either.
 
     The socket is guarded like the requests one: its connections are counted and gated
     (server/connections.py), a subscription longer than any camera id drops its connection
@@ -303,6 +312,10 @@ class EventFeed:
                 raise
             self.connections.gate_listeners()
             self._pub = pub
+        self.sinks: dict[str, Sink] = {}
+        if config.events.mqtt is not None:  # paho loads only where a broker is configured
+            from stgcnd.server.mqtt_sink import MqttSink
+            self.sinks["mqtt"] = MqttSink(config.events.mqtt)
 
     @property
     def socket(self) -> zmq.Socket[bytes] | None:
@@ -395,6 +408,8 @@ class EventFeed:
     def close(self) -> None:
         """End every open event (reason: shutdown), then close the socket."""
         self.emit(self.events.close_all(time.monotonic(), time.time(), "shutdown"))
+        for sink in self.sinks.values():
+            sink.close()
         if self.connections is not None:
             self.connections.close()
         if self._pub is not None:
@@ -406,9 +421,23 @@ class EventFeed:
     def emit(self, events: list[Event]) -> None:
         for event in events:
             log.info("action_event", **event)
-            if self._pub is not None:
-                try:
-                    self._pub.send_multipart(
-                        [str(event["camera"]).encode(), msgpack.packb(event)], zmq.NOBLOCK)
-                except zmq.Again:  # PUB drops at its high-water mark rather than block
-                    pass
+            self.publish(event)
+
+    def publish(self, message: Event) -> None:
+        """The one place a message of the feed fans out: subscribers, then sinks."""
+        if self._pub is not None:
+            try:
+                self._pub.send_multipart(
+                    [str(message["camera"]).encode(), msgpack.packb(message)], zmq.NOBLOCK)
+            except zmq.Again:  # PUB drops at its high-water mark rather than block
+                pass
+        for sink in self.sinks.values():
+            sink.send(message)
+
+    def stats(self) -> dict[str, object]:
+        """`stats`' events_connections (with an events socket) and events_SINK (each sink)."""
+        out: dict[str, object] = {f"events_{name}": s.stats() for name, s in self.sinks.items()}
+        if self.connections is not None:
+            out["events_connections"] = {**self.connections.stats(),
+                                         "subscribers_refused": self.refused_subscribers}
+        return out

@@ -456,11 +456,7 @@ class Server:
                 "models": {n: m.stats() for n, m in self.models.items()}}
 
     def _events_stats(self) -> dict[str, Any]:
-        feed = self.events
-        if feed is None or feed.connections is None:
-            return {}
-        return {"events_connections": {**feed.connections.stats(),
-                                       "subscribers_refused": feed.refused_subscribers}}
+        return self.events.stats() if self.events is not None else {}
 
     # -- reload ----------------------------------------------------------------------------
     def _begin_reload(self) -> None:
@@ -646,5 +642,9 @@ def keep_restart_keys(config: Config, current: Config) -> Config:
             log.warning("reload_key_ignored", key=name, value=value, kept=running,
                         reason=f"[server] {name} takes effect at a restart "
                                "(systemctl restart stgcnd)")
+    if config.events != current.events:  # [events.mqtt]: its keys are restart keys
+        log.warning("reload_key_ignored", key="events", reason="[events.mqtt] takes effect "
+                    "at a restart (systemctl restart stgcnd)")
+        config = msgspec.structs.replace(config, events=current.events)
     return msgspec.structs.replace(
         config, server=msgspec.structs.replace(config.server, **kept)) if kept else config
