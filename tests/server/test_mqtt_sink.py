@@ -16,6 +16,7 @@ import pytest
 from stgcnd.errors import UserError
 from stgcnd.server.config import MqttConfig, check_files, load_config
 from stgcnd.server.mqtt_sink import MqttSink
+from stgcnd.server.server import keep_restart_keys
 from tests.mosquitto import Broker, Recorder, needs_mosquitto
 
 
@@ -191,3 +192,11 @@ def test_mqtts_files_are_relative_to_the_config_and_must_exist(tmp_path):
     assert load_config(None, env={}).events.mqtt is None   # none without the table
     with pytest.raises(UserError, match=r"\[events.mqtt\] password_file not found.*ca_file"):
         check_files(config)
+
+
+def test_a_reload_keeps_the_running_mqtt_table(tmp_path):
+    """Its keys are restart keys: the reloaded config keeps the sink's table (and the reload
+    logs reload_key_ignored)."""
+    running = load_config(write(tmp_path, 'broker = "mqtt://a"\n'), env={})
+    reread = load_config(write(tmp_path, 'broker = "mqtt://b"\nqos = 0\n'), env={})
+    assert keep_restart_keys(reread, running).events == running.events
