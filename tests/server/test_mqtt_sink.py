@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -200,3 +202,20 @@ def test_a_reload_keeps_the_running_mqtt_table(tmp_path):
     running = load_config(write(tmp_path, 'broker = "mqtt://a"\n'), env={})
     reread = load_config(write(tmp_path, 'broker = "mqtt://b"\nqos = 0\n'), env={})
     assert keep_restart_keys(reread, running).events == running.events
+
+
+def test_serving_without_the_table_never_loads_paho():
+    code = ("import sys, stgcnd.commands.serve, stgcnd.server.server; "
+            "print(sorted(m for m in sys.modules if m.startswith(('paho', 'stgcnd.server.mqtt'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_an_unreadable_password_or_a_bad_certificate_is_said_at_start(tmp_path):
+    (tmp_path / "ca.pem").write_text("not a certificate\n")
+    for config in (MqttConfig(broker="mqtt://127.0.0.1", username="u",
+                              password_file=str(tmp_path)),     # a directory
+                   MqttConfig(broker="mqtts://127.0.0.1", ca_file=str(tmp_path / "ca.pem"))):
+        with pytest.raises(UserError, match=r"\[events.mqtt\]: .*fix the file"):
+            MqttSink(config)

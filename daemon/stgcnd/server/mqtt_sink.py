@@ -26,6 +26,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
+from stgcnd.errors import UserError
 from stgcnd.log import get_logger
 from stgcnd.server.config import MqttConfig
 from stgcnd.threadname import name_os_thread
@@ -61,22 +62,25 @@ class MqttSink:
         self._states: dict[str, dict[str, object]] = {}
         self._cap = config.buffer
         self._in_flight = 0
-        self._connected = self._stopped = self._warned = False
+        self._connected = self._stopped = self._warned = self._unreachable = False
         self.counts = {"delivered": 0, "dropped": 0, "connects": 0}
         client_id = config.client_id or f"stgcnd-{socket.gethostname()}"
         client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311,
                              client_id=client_id, clean_session=False)  # a session kept
         client.max_inflight_messages_set(IN_FLIGHT)
         client.reconnect_delay_set(1, 30)
-        if config.username:
-            password = (Path(config.password_file).read_text().splitlines() or [""])[0] \
-                if config.password_file else None
-            client.username_pw_set(config.username, password)
-        if tls:
-            client.tls_set(ca_certs=config.ca_file, certfile=config.cert_file,
-                           keyfile=config.key_file)
+        try:
+            if config.username:
+                password = (Path(config.password_file).read_text().splitlines() or [""])[0] \
+                    if config.password_file else None
+                client.username_pw_set(config.username, password)
+            if tls:
+                client.tls_set(ca_certs=config.ca_file, certfile=config.cert_file,
+                               keyfile=config.key_file)
+        except (OSError, ValueError) as exc:  # an unreadable password, a bad certificate
+            raise UserError(f"[events.mqtt]: {exc}; fix the file or its permissions") from None
         client.on_connect, client.on_disconnect = self._on_connect, self._on_disconnect
-        client.on_publish = self._on_publish
+        client.on_publish, client.on_connect_fail = self._on_publish, self._on_connect_fail
         client.connect_async(host, port, KEEPALIVE_S)  # paho's thread connects, and retries
         client.loop_start()
         self._client = client
@@ -165,10 +169,15 @@ class MqttSink:
                 self._in_flight += 1
             # Outside the lock: paho calls _on_publish holding its own lock, so holding ours
             # here would invert the order. paho keeps a message handed to it while offline.
-            if state is not None:
-                payload = _json(state)
-            info = self._client.publish(topic, payload, self.qos, retain=state is not None)
-            if self.qos == 0 and info.rc != mqtt.MQTT_ERR_SUCCESS:  # QoS 0 offline: gone
+            try:
+                if state is not None:
+                    payload = _json(state)
+                info = self._client.publish(topic, payload, self.qos, retain=state is not None)
+                gone = self.qos == 0 and info.rc != mqtt.MQTT_ERR_SUCCESS  # QoS 0 offline
+            except Exception as exc:  # one message lost, never the pump thread
+                log.error("mqtt_publish_failed", topic=topic, error=repr(exc))
+                gone = True
+            if gone:
                 with self._cond:
                     self._in_flight -= 1
                     self.counts["dropped"] += 1
@@ -179,7 +188,7 @@ class MqttSink:
             log.warning("mqtt_refused", reason=str(reason))
             return
         with self._cond:
-            self._connected, self._warned = True, False
+            self._connected, self._warned, self._unreachable = True, False, False
             self.counts["connects"] += 1
             self._cond.notify_all()
         log.info("mqtt_connected", session_present=flags.session_present,
@@ -194,6 +203,11 @@ class MqttSink:
         if was and not self._stopped:
             log.warning("mqtt_disconnected", reason=str(reason),
                         action="buffering; reconnecting (1 to 30 s apart)")
+
+    def _on_connect_fail(self, client: mqtt.Client, userdata: object) -> None:
+        if not self._unreachable:  # once until a connection succeeds
+            self._unreachable = True
+            log.warning("mqtt_unreachable", action="buffering; retrying (1 to 30 s apart)")
 
     def _on_publish(self, client: mqtt.Client, userdata: object, mid: int,
                     reason: mqtt.ReasonCode, properties: mqtt.Properties | None) -> None:
