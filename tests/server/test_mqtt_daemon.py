@@ -78,6 +78,8 @@ def test_sixteen_cameras_events_arrive_exactly_once_across_a_broker_restart(tmp_
         assert sorted(arrived) == sorted(sent) and len(set(arrived)) == len(arrived)
         assert len(sent) == 16 * 6 * 2 + 16 * 2
         assert stats["dropped"] == 0 and stats["connects"] == 2
+        reconnect = [e for e in d.log_events() if e.get("event") == "mqtt_connected"][1]
+        assert reconnect["buffered"] >= 16 * 3   # rounds 2 and 3 waited in the daemon
         # The retained states, to a subscriber that comes later: every event ended.
         late = Recorder(broker, "stgcnd/+/state", client_id="late")
         end = time.monotonic() + 10

@@ -95,8 +95,9 @@ class MqttSink:
         self._seq += 1
         body = {**message, "mqtt_id": f"{self._run}-{self._seq}"}
         camera = message.get("camera")
-        level = f"/{topic_level(camera)}" if isinstance(camera, str) and camera else ""
-        state = self._state(camera, body) if level else None
+        level, state = "", None
+        if isinstance(camera, str) and camera:
+            level, state = f"/{topic_level(camera)}", self._state(camera, body)
         with self._cond:
             if len(self._buffer) >= self._cap:
                 self._buffer.popleft()
@@ -112,10 +113,9 @@ class MqttSink:
             if self._connected and self._in_flight < IN_FLIGHT:  # else the pump can't send
                 self._cond.notify()
 
-    def _state(self, camera: object, body: dict[str, object]) -> dict[str, object]:
+    def _state(self, camera: str, body: dict[str, object]) -> dict[str, object]:
         """The camera's retained state: its open events (their start messages) and its last
         message, whatever its kind."""
-        assert isinstance(camera, str)
         events = self._open.setdefault(camera, {})
         if body.get("kind") == "start":
             events[str(body.get("id"))] = body
