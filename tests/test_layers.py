@@ -55,6 +55,7 @@ LAZY_PLACES = {
     "stgcnd.engines.calibration",
     "stgcnd.cli",                   # the command being run
     "stgcnd.telemetry.sampler",     # pynvml (the optional `nvml` extra)
+    "stgcnd.server.events",         # the MQTT sink (paho) where [events.mqtt] is configured
     "stgcnd_tools.logs.plot",       # matplotlib
     "stgcnd_tools.profiling.plots",
 }

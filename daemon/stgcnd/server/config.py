@@ -19,6 +19,7 @@ import re
 import sys
 from pathlib import Path
 from typing import Any, Dict, Literal, NamedTuple, Optional, Tuple, cast
+from urllib.parse import urlsplit
 
 import msgspec
 from msgspec import Meta
@@ -316,9 +317,64 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         return tuple(getattr(self, k) for k in ENGINE)
 
 
+class MqttConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """[events.mqtt]: every message of the events feed on an MQTT broker too (QoS 1, a
+    retained state per camera; docs/protocol.md, "Events over MQTT")."""
+
+    broker: Annotated[str, restart_key(
+        "the broker: mqtt://HOST[:PORT] (1883), or mqtts://HOST[:PORT] (TLS, 8883)")] = ""
+    client_id: Annotated[str, restart_key(
+        "the MQTT client id, which names the broker's session of this daemon (one per "
+        "daemon); empty: stgcnd-HOSTNAME")] = ""
+    topic_prefix: Annotated[str, restart_key(
+        "topics are PREFIX/CAMERA/event and PREFIX/CAMERA/state (retained)",
+        "must be a non-empty topic", min_length=1)] = "stgcnd"
+    qos: Annotated[int, restart_key(
+        "1: at least once (a resend after a reconnect may repeat a message: mqtt_id tells); "
+        "2: once per hop; 0: at most once", "must be 0, 1 or 2", ge=0, le=2)] = 1
+    username: Annotated[Optional[str], restart_key("the broker's user name")] = None
+    password_file: Annotated[Optional[str], restart_key(
+        "a file whose first line is the password (mode 0600: a config is often world-readable)",
+        path=True)] = None
+    ca_file: Annotated[Optional[str], restart_key(
+        "mqtts: the CA certificates that sign the broker's (PEM); unset: the system's",
+        path=True)] = None
+    cert_file: Annotated[Optional[str], restart_key(
+        "mqtts: this daemon's client certificate (PEM), where the broker asks for one",
+        path=True)] = None
+    key_file: Annotated[Optional[str], restart_key(
+        "mqtts: the client certificate's private key (PEM)", path=True)] = None
+    buffer: Annotated[int, restart_key(
+        "messages kept while the broker is away; when full the oldest goes (counted: stats' "
+        "events_mqtt.dropped, one warning an outage)", "must be >= 1", ge=1)] = 10000
+
+    @property
+    def address(self) -> tuple[str, int, bool]:
+        """(host, port, TLS) of `broker`; a UserError where it is not an mqtt(s) URL."""
+        url = urlsplit(self.broker)
+        try:
+            port = url.port
+        except ValueError:
+            port = -1
+        if url.scheme not in ("mqtt", "mqtts") or not url.hostname or port == -1 or \
+                url.path not in ("", "/"):
+            raise UserError(f"broker must be mqtt://HOST[:PORT] or mqtts://HOST[:PORT], "
+                            f"got {self.broker!r}")
+        tls = url.scheme == "mqtts"
+        return url.hostname, port or (8883 if tls else 1883), tls
+
+
+class EventsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """[events]: where the events feed goes besides the log and events_endpoint."""
+
+    mqtt: Annotated[Optional[MqttConfig], restart_key(
+        "an MQTT broker: an [events.mqtt] table (keys below); unset: none")] = None
+
+
 class Config(msgspec.Struct, frozen=True, kw_only=True):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     models: Tuple[ModelConfig, ...] = (ModelConfig(demo=True),)
+    events: EventsSection = msgspec.field(default_factory=EventsSection)
     source: str = "built-in defaults (demo model)"
 
     @property
@@ -362,7 +418,9 @@ MODEL_FILES = tuple(name for name, _, meta in schema(ModelConfig) if meta.path)
 RESTART = tuple(name for name, _, meta in schema(ServerConfig) if meta.applies == "restart")
 SERVER_ENGINE = tuple(name for name, _, meta in schema(ServerConfig)
                       if meta.applies == "engine")
-PATHS = frozenset(n for c in (ServerConfig, ModelConfig) for n, _, m in schema(c) if m.path)
+PATHS = frozenset(n for c in (ServerConfig, ModelConfig, MqttConfig) for n, _, m in schema(c)
+                  if m.path)
+MQTT_FILES = tuple(name for name, _, meta in schema(MqttConfig) if meta.path)
 
 
 def default_runtime_dir() -> Path:
@@ -488,7 +546,24 @@ def _check(config: Config) -> Config:
                                 f"{getattr(m, name)!r}")
         if m.events is not None:
             _check_events(m.events, known_labels(m), where)
+    if config.events.mqtt is not None:
+        _check_mqtt(config.events.mqtt, f"{config.source}: [events.mqtt]")
     return config
+
+
+def _check_mqtt(mqtt: MqttConfig, where: str) -> None:
+    try:
+        _, _, tls = mqtt.address  # an empty broker too
+    except UserError as exc:
+        raise UserError(f"{where}: {exc}") from None
+    if "+" in mqtt.topic_prefix or "#" in mqtt.topic_prefix:
+        raise UserError(f"{where}: topic_prefix must be a topic without + or #, got "
+                        f"{mqtt.topic_prefix!r}")
+    tls_files = [k for k in ("ca_file", "cert_file", "key_file") if getattr(mqtt, k)]
+    if tls_files and not tls:
+        raise UserError(f"{where}: {tls_files[0]} is for TLS; write the broker as mqtts://")
+    if mqtt.password_file and not mqtt.username:
+        raise UserError(f"{where}: password_file needs username")
 
 
 def known_labels(m: ModelConfig) -> Tuple[str, ...] | None:
@@ -526,6 +601,10 @@ def check_files(config: Config) -> Config:
     missing = [f"model {m.name!r}: {name} not found: {getattr(m, name)}"
                for m in config.models for name in MODEL_FILES
                if getattr(m, name) and not Path(getattr(m, name)).expanduser().is_file()]
+    mqtt = config.events.mqtt
+    missing += [f"[events.mqtt] {name} not found: {getattr(mqtt, name)}"
+                for name in MQTT_FILES if mqtt is not None and getattr(mqtt, name)
+                and not Path(getattr(mqtt, name)).expanduser().is_file()]
     if missing:
         raise UserError(f"{config.source}: {'; '.join(missing)}. Fix the path (in the file, a "
                         "relative one is relative to the file's directory) or put the file there")
@@ -572,10 +651,10 @@ def load_config(path: Path | None = None, env: dict[str, str] | None = None,
         except tomllib.TOMLDecodeError as exc:
             raise UserError(f"{path}: invalid TOML: {exc}") from None
         source = str(path)
-    unknown = sorted(set(raw) - {"server", "models"})
+    unknown = sorted(set(raw) - {"server", "models", "events"})
     if unknown:
-        raise UserError(f"{source}: unknown section(s) {', '.join(unknown)}; use [server] and "
-                        "[[models]]")
+        raise UserError(f"{source}: unknown section(s) {', '.join(unknown)}; use [server], "
+                        "[[models]] and [events]")
     server_raw: Dict[str, Any] = dict(raw.get("server", {}))
     # Where each value came from, so that an error points at the right place to fix it.
     where = {name: f"{source} [server] {name}" for name, _, _ in schema(ServerConfig)}
@@ -604,7 +683,21 @@ def load_config(path: Path | None = None, env: dict[str, str] | None = None,
     else:
         models = tuple(_model(m, f"{source} [[models]] #{i + 1}", base)
                        for i, m in enumerate(models_raw))
-    return _check(Config(server=server, models=models, source=source))
+    return _check(Config(server=server, models=models, events=_events(raw, source, base),
+                         source=source))
+
+
+def _events(raw: dict[str, Any], source: str, base: Path | None) -> EventsSection:
+    """[events], its [events.mqtt] decoded as a table of its own (its paths anchored)."""
+    section = dict(raw.get("events", {}))
+    mqtt = section.pop("mqtt", None)
+    _decode(EventsSection, section, f"{source} [events]", {}, frozenset(section))
+    if mqtt is None:
+        return EventsSection()
+    where = f"{source} [events.mqtt]"
+    return EventsSection(mqtt=_decode(MqttConfig, mqtt, where,
+                                      {k: f"{where} {k}" for k in mqtt},
+                                      strict_keys=frozenset(mqtt), base=base))
 
 
 def _model(raw: dict[str, Any], where: str, base: Path | None) -> ModelConfig:

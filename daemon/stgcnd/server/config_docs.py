@@ -6,7 +6,15 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from stgcnd.server.config import EventsConfig, KeyDoc, ModelConfig, ServerConfig, schema
+from stgcnd.server.config import (
+    EventsConfig,
+    EventsSection,
+    KeyDoc,
+    ModelConfig,
+    MqttConfig,
+    ServerConfig,
+    schema,
+)
 
 
 def _toml_value(value: Any) -> str:
@@ -74,6 +82,14 @@ def example() -> str:
     out += ["# One class's thresholds, one camera's overrides:",
             "# [models.events.classes.shoplifting]", "# enter = 0.9",
             "# [models.events.cameras.door-1]", "# cooldown_s = 120.0"]
+    out += ["", "# The events on an MQTT broker too (docs/protocol.md, Events over MQTT): "
+            "uncomment the", "# table to turn it on. Its keys take effect at a restart.",
+            "# [events.mqtt]"]
+    for name, default, meta in schema(MqttConfig):
+        out += _comment(meta.description)
+        sample = {"broker": "mqtts://broker.example:8883", "username": "stgcnd",
+                  "password_file": "/etc/stgcnd/mqtt.password"}.get(name, default)
+        out.append(f"# {name} = " if sample is None else f"# {name} = {_toml_value(sample)}")
     return "\n".join(out) + "\n"
 
 
@@ -81,7 +97,8 @@ def key_table() -> str:
     """The README's list of keys, as a markdown table made from the schema."""
     rows = ["| key | default | what |", "| --- | --- | --- |"]
     for section, cls in (("server", ServerConfig), ("models", ModelConfig),
-                         ("models.events", EventsConfig)):
+                         ("models.events", EventsConfig), ("events", EventsSection),
+                         ("events.mqtt", MqttConfig)):
         for name, default, meta in schema(cls):
             shown = "unset" if default is None else _toml_value(default)
             tag = _tag(meta, "*{}*")

@@ -11,7 +11,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Mapping, Sequence
+from typing import Dict, Mapping, Protocol, Sequence
 
 import msgpack
 import numpy as np
@@ -320,11 +320,20 @@ def _ms(wall: float) -> int:
     return round(wall * 1e3)
 
 
+class Sink(Protocol):
+    """Where the feed's messages go besides the XPUB socket (server/mqtt_sink.py)."""
+
+    def send(self, message: Mapping[str, object]) -> None: ...
+    def stats(self) -> dict[str, object]: ...
+    def close(self) -> None: ...
+
+
 class EventFeed:
     """The events of every watched model: each one a log line (`action_event`) and, where
     `events_endpoint` is set, a message on an XPUB socket: [camera id, msgpack map]. A slow
     subscriber loses messages at its high-water mark (the daemon never waits for one) and sees
-    the gap by their numbers; heartbeats and snapshots: docs/protocol.md §11.
+    the gap by their numbers; heartbeats and snapshots: docs/protocol.md §11. Each event goes
+    to the sinks too ([events.mqtt]), which never wait either.
 
     The socket is guarded like the requests one: its connections are counted and gated
     (server/connections.py), a subscription longer than any camera id drops its connection
@@ -372,6 +381,10 @@ class EventFeed:
                 raise
             self.connections.gate_listeners()
             self._pub = pub
+        self.sinks: dict[str, Sink] = {}
+        if config.events.mqtt is not None:  # paho loads only where a broker is configured
+            from stgcnd.server.mqtt_sink import MqttSink
+            self.sinks["mqtt"] = MqttSink(config.events.mqtt)
 
     @property
     def socket(self) -> zmq.Socket[bytes] | None:
@@ -492,6 +505,8 @@ class EventFeed:
     def close(self) -> None:
         """End every open event (reason: shutdown), then close the socket."""
         self.emit(self.events.close_all(time.monotonic(), time.time(), "shutdown"))
+        for sink in self.sinks.values():
+            sink.close()
         if self.connections is not None:
             self.connections.close()
         if self._pub is not None:
@@ -512,3 +527,14 @@ class EventFeed:
             if self._pub is not None:
                 topic = HEARTBEAT_TOPIC if kind == "heartbeat" else str(event["camera"]).encode()
                 self._pub.send_multipart([topic, msgpack.packb(message)], zmq.NOBLOCK)
+            if kind not in ("heartbeat", "snapshot"):  # a broker keeps its own state topic
+                for sink in self.sinks.values():
+                    sink.send(message)
+
+    def stats(self) -> dict[str, object]:
+        """`stats`' events_connections (with an events socket) and events_SINK (each sink)."""
+        out: dict[str, object] = {f"events_{name}": s.stats() for name, s in self.sinks.items()}
+        if self.connections is not None:
+            out["events_connections"] = {**self.connections.stats(),
+                                         "subscribers_refused": self.refused_subscribers}
+        return out

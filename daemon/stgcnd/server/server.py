@@ -381,13 +381,11 @@ class Server:
                 if ex.busy_since is not None and now - ex.busy_since > limit]
 
     def stats(self) -> dict[str, Any]:
-        requests, feed = self.requests, self.events.connections
-        events = {} if feed is None else {"events_connections": {
-            **feed.stats(), "subscribers_refused": self.events.refused_subscribers}}
+        requests = self.requests
         return {"uptime_s": round(time.monotonic() - self.started, 3),
                 "generation": self.generation, **requests.counters,
                 **requests.process_stats(), "cameras": requests.camera_stats(),
-                **events,
+                **self.events.stats(),
                 "models": {n: m.stats() for n, m in self.models.items()}}
 
     # -- reload ----------------------------------------------------------------------------
@@ -562,5 +560,9 @@ def keep_restart_keys(config: Config, current: Config) -> Config:
             log.warning("reload_key_ignored", key=name, value=value, kept=running,
                         reason=f"[server] {name} takes effect at a restart "
                                "(systemctl restart stgcnd)")
+    if config.events != current.events:  # [events.mqtt]: its keys are restart keys
+        log.warning("reload_key_ignored", key="events", reason="[events.mqtt] takes effect "
+                    "at a restart (systemctl restart stgcnd)")
+        config = msgspec.structs.replace(config, events=current.events)
     return msgspec.structs.replace(
         config, server=msgspec.structs.replace(config.server, **kept)) if kept else config
