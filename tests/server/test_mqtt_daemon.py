@@ -19,7 +19,8 @@ from tests.server.daemon_harness import Daemon, stop_by_pid
 CAMERAS = [f"cam{i}" for i in range(16)]
 # The noop backend's zero logits: P(shoplifting) = 0.5 on every window, so a camera's first
 # prediction starts an event, which stays open until the camera goes idle (idle_timeout: its
-# end, camera-idle, at the next stats tick) or the daemon stops (shutdown).
+# end, camera-idle, at the next stats tick) or the daemon stops (shutdown). The windows are
+# zeros, nobody in them: min_usable = 0 lets them make events.
 MODELS = """[[models]]
 name = "demo"
 backend = "noop"
@@ -31,6 +32,7 @@ enter = 0.5
 exit = 0.4
 min_duration_s = 0.0
 cooldown_s = 0.0
+min_usable = 0.0
 
 [events.mqtt]
 broker = "{broker}"
