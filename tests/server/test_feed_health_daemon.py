@@ -60,7 +60,8 @@ def test_each_bad_feed_is_said_once_on_the_socket_in_the_log_and_in_stats(daemon
     d, endpoint = daemon
     kinds = {"garbage": "garbage", "nan": "nan", "empty": "empty", "stopper": "good"}
     changes: list[dict] = []
-    with Events(endpoint, feeds=True) as events, Client(d.endpoint, camera_id="watcher") as watcher, \
+    with Events(endpoint, feeds=True) as events, \
+            Client(d.endpoint, camera_id="watcher") as watcher, \
             zmq.Context() as ctx, ctx.socket(zmq.DEALER) as flood:
         flood.connect(d.endpoint)
         clients = {c: Client(d.endpoint, camera_id=c) for c in kinds}
