@@ -57,6 +57,7 @@ class LogScan:
     requests: list[dict[str, Any]] = field(default_factory=list)
     actions: list[dict[str, Any]] = field(default_factory=list)  # action_event lines
     quality: list[dict[str, Any]] = field(default_factory=list)  # skeleton_quality lines
+    feeds: list[dict[str, Any]] = field(default_factory=list)  # feed_health lines
     events: Counter[str] = field(default_factory=Counter)
     total_lines: int = 0
     foreign_lines: int = 0
@@ -96,7 +97,7 @@ def scan(lines: Iterable[str], camera: str | None = None, since: datetime | None
             continue
         name = event["event"]
         if camera is not None and name in ("latency", "request", "action_event",
-                                           "skeleton_quality") and \
+                                           "skeleton_quality", "feed_health") and \
                 str(event.get("camera")) != camera:
             out.filtered_out += 1
             continue
@@ -111,6 +112,8 @@ def scan(lines: Iterable[str], camera: str | None = None, since: datetime | None
             out.actions.append(event)
         elif name == "skeleton_quality":
             out.quality.append(event)
+        elif name == "feed_health":
+            out.feeds.append(event)
     return out
 
 
