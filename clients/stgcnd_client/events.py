@@ -37,11 +37,12 @@ class Events:
                  server_key: KeySource | None = None,
                  client_key: ClientKey | None = None,
                  heartbeat_timeout_s: float | None = None,
-                 heartbeats: bool = False) -> None:
+                 heartbeats: bool = False, feeds: bool = False) -> None:
         """`server_key` and `client_key`: for a daemon whose [server] curve is on, as for
         `Client` (stgcnd_client.curve). `heartbeat_timeout_s`: how long nothing may arrive
         before `NoHeartbeat` (default: three of the daemon's heartbeat intervals; before the
-        first heartbeat, FIRST_HEARTBEAT_S). `heartbeats`: return heartbeats too."""
+        first heartbeat, FIRST_HEARTBEAT_S). `heartbeats`: return heartbeats too. `feeds`:
+        return `feed` messages too (a camera's feed health changed), which are no events."""
         parse_endpoint(endpoint)  # a wrong endpoint fails here, not as a ZMQError
         self._ctx = context or zmq.Context.instance()
         self._sock: zmq.Socket[bytes] = self._ctx.socket(zmq.SUB)
@@ -55,6 +56,7 @@ class Events:
         self._sock.setsockopt(zmq.SUBSCRIBE, b"")
         self._sock.connect(endpoint)
         self._heartbeats = heartbeats
+        self._feeds = feeds
         self._timeout_s = heartbeat_timeout_s  # None: from the daemon's heartbeats
         self._silence_s: float | None = heartbeat_timeout_s or FIRST_HEARTBEAT_S
         self._silent_after: float | None = time.monotonic() + self._silence_s
@@ -101,7 +103,8 @@ class Events:
         self._silent_after = (None if self._silence_s is None
                               else time.monotonic() + self._silence_s)
         wanted = (self._heartbeats if frames[0] == HEARTBEAT_TOPIC
-                  else self._cameras is None or frames[0] in self._cameras)
+                  else (self._cameras is None or frames[0] in self._cameras)
+                  and (self._feeds or event.get("kind") != "feed"))
         run, seq = event.get("run"), event.get("seq")
         last_run, last_seq = self._run, self._seq
         self._run, self._seq = str(run), int(seq or 0)

@@ -113,3 +113,16 @@ def test_a_daemon_without_heartbeats_is_waited_for(publisher, endpoint):
         assert events.recv(timeout_ms=1500) is None
     with Events(endpoint, heartbeat_timeout_s=0.3) as silent, pytest.raises(NoHeartbeat):
         silent.recv(timeout_ms=5000)
+
+
+def test_feed_messages_are_returned_only_when_asked_for_and_count_in_the_numbers(
+        publisher, endpoint):
+    """#34: a `feed` message (a camera's feed health) has no `class`: code written for events
+    must not meet one unless it asks (feeds=True); hidden, it still numbers the stream."""
+    with Events(endpoint) as events, Events(endpoint, feeds=True) as feeds:
+        publisher.subscribed()
+        publisher.subscribed()
+        publisher.send("feed", state="silent", previous="ok")
+        publisher.send("start")
+        assert events.recv(timeout_ms=2000)["kind"] == "start"   # no gap: seq 1 was seen
+        assert [feeds.recv(timeout_ms=2000)["kind"] for _ in range(2)] == ["feed", "start"]

@@ -24,8 +24,10 @@ HEARTBEAT_S = 0.3
 @pytest.fixture
 def daemon(tmp_path):
     endpoint = f"ipc://{tmp_path / 'events.sock'}"
+    # feed_intervals: cam1's feed, idle seconds after its one window, would be said silent on
+    # its topic (#34 feed health), which these tests of the numbering do not read.
     d = Daemon(tmp_path, models=EVENTS_MODEL.format(exit=0.4), events_endpoint=endpoint,
-               events_heartbeat_s=HEARTBEAT_S)
+               events_heartbeat_s=HEARTBEAT_S, feed_intervals=1000)
     d.start()
     yield d, endpoint
     stop_by_pid(d)

@@ -116,6 +116,19 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         "skeleton quality: a camera whose usable share of joints (frames with a person x "
         "joints not lost) falls below this in a stats interval logs one warning",
         "must be in 0..1", ge=0, le=1)] = 0.5
+    feed_enter: Annotated[float, policy_key(
+        "feed health: a camera's feed goes silent, refused, blocked, no-person, "
+        "low-visibility or out-of-frame when that share of what it sent is bad for "
+        "feed_intervals stats intervals (docs/protocol.md)", "must be > 0 and at most 1",
+        gt=0, le=1)] = 0.5
+    feed_exit: Annotated[float, policy_key(
+        "feed health: a bad feed's state holds while its share stays at or above this (at "
+        "most feed_enter); below it for feed_intervals intervals, the feed is ok again",
+        "must be > 0 and at most 1", gt=0, le=1)] = 0.2
+    feed_intervals: Annotated[int, policy_key(
+        "feed health: stats intervals in a row a feed's state must have stopped holding "
+        "before it changes (event `feed` and log line feed_health)", "must be >= 1",
+        ge=1)] = 2
     socket_mode: Annotated[int, restart_key(
         "permissions of the ipc socket file (0o660: camera processes in the daemon's group)",
         "must be a file mode from 0 to 0o777", ge=0, le=0o777)] = 0o660

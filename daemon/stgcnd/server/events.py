@@ -20,12 +20,14 @@ import zmq
 from stgcnd.errors import UserError
 from stgcnd.log import get_logger
 from stgcnd.server.cameras import CameraState
-from stgcnd.server.config import Config, EventsConfig
+from stgcnd.server.config import Config, EventsConfig, ServerConfig
 from stgcnd.server.connections import Connections
 from stgcnd.server.curve import Curve
+from stgcnd.server.feed_health import FeedHealth
 from stgcnd.server.models import ServedModel
 from stgcnd.server.peers import peer_key
 from stgcnd.server.transport import HANDSHAKE_MS, bind_endpoint
+from stgcnd.telemetry.skeleton_quality import Record
 
 log = get_logger(__name__)
 
@@ -348,6 +350,7 @@ class EventFeed:
         subscriber then needs an authorized key (any: camera bindings are not applied).
         `cap`: the most subscriber connections (server/connections.py's split_budget)."""
         self.events = Events()
+        self.health = FeedHealth()
         self.curve = curve
         self._pub: zmq.Socket[bytes] | None = None
         self.connections: Connections | None = None
@@ -499,6 +502,10 @@ class EventFeed:
         """The loop's frequent check (every CHECK_EVERY_S): cameras gone silent."""
         self.emit(self.events.expire_silent(now, time.time(), cameras))
 
+    def judge_feeds(self, records: list[Record], config: ServerConfig) -> None:
+        """Every stats interval: the feeds whose health changed (kind feed)."""
+        self.emit(self.health.update(records, time.time(), config))
+
     def forget(self, camera: str, reason: str) -> None:
         self.emit(self.events.forget(camera, time.monotonic(), time.time(), reason))
 
@@ -517,13 +524,16 @@ class EventFeed:
 
     def emit(self, events: list[Event]) -> None:
         """Every message the daemon publishes goes through here: numbered, starts and ends
-        logged (`action_event`), sent. An XPUB drops at a subscriber's high-water mark."""
+        logged (`action_event`), feeds' changes too (`feed_health`, at warning but for a
+        recovery), sent. An XPUB drops at a subscriber's high-water mark."""
         for event in events:
             self._seq += 1
             message = {**event, "seq": self._seq, "run": self.run}
             kind = event["kind"]
             if kind in ("start", "end"):
                 log.info("action_event", **message)
+            elif kind == "feed":
+                (log.info if event["state"] == "ok" else log.warning)("feed_health", **message)
             if self._pub is not None:
                 topic = HEARTBEAT_TOPIC if kind == "heartbeat" else str(event["camera"]).encode()
                 self._pub.send_multipart([topic, msgpack.packb(message)], zmq.NOBLOCK)
@@ -532,8 +542,9 @@ class EventFeed:
                     sink.send(message)
 
     def stats(self) -> dict[str, object]:
-        """`stats`' events_connections (with an events socket) and events_SINK (each sink)."""
+        """`stats`' feeds, events_connections (with an events socket), events_SINK (each sink)."""
         out: dict[str, object] = {f"events_{name}": s.stats() for name, s in self.sinks.items()}
+        out["feeds"] = self.health.states()
         if self.connections is not None:
             out["events_connections"] = {**self.connections.stats(),
                                          "subscribers_refused": self.refused_subscribers}

@@ -168,12 +168,13 @@ class RequestPath:
         req_id = exc.req_id if exc.req_id is not None else getattr(req, "id", None)
         self.errors.report(exc.code.value, camera=getattr(req, "camera", None),
                            message=exc.message)
-        if req is not None and req.op in ("infer", "push") and req.camera in \
-                self.cameras.cameras:
-            self.latency.record(req.camera, req.model or next(iter(self.models)), 0.0,
-                                "busy" if busy else "error")
-            if busy:
-                self.quality.refused_busy(req.camera)
+        if req is not None and req.op in ("infer", "push"):
+            known = req.camera in self.cameras.cameras
+            if known:
+                self.latency.record(req.camera, req.model or next(iter(self.models)), 0.0,
+                                    "busy" if busy else "error")
+            if exc.code != ErrorCode.SHUTTING_DOWN:  # a reload's refusal, not the feed's
+                self.quality.refused(req.camera, busy, req.op == "push", known)
         if req is not None and req.op == "push" and exc.appended is None:
             exc.appended = False  # refused before its frame reached the window (_push)
         self.send(identity, encode_reply(req_id, error=exc))
@@ -197,8 +198,9 @@ class RequestPath:
         if op == "stats":
             stats = self.stats()
             if key is not None and key.cameras:  # a camera's key sees its own cameras only
-                stats["cameras"] = {c: s for c, s in stats["cameras"].items()
-                                    if c in key.cameras}
+                for part in ("cameras", "feeds"):
+                    stats[part] = {c: s for c, s in stats.get(part, {}).items()
+                                   if c in key.cameras}
             self.send(identity, encode_reply(req.id, stats))
             return
         if op == "reset":

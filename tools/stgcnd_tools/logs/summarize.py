@@ -57,6 +57,7 @@ class LogScan:
     requests: list[dict[str, Any]] = field(default_factory=list)
     actions: list[dict[str, Any]] = field(default_factory=list)  # action_event lines
     quality: list[dict[str, Any]] = field(default_factory=list)  # skeleton_quality lines
+    feeds: list[dict[str, Any]] = field(default_factory=list)  # feed_health lines
     events: Counter[str] = field(default_factory=Counter)
     total_lines: int = 0
     foreign_lines: int = 0
@@ -96,13 +97,14 @@ def scan(lines: Iterable[str], camera: str | None = None, since: datetime | None
             continue
         name = event["event"]
         if camera is not None and name in ("latency", "request", "action_event",
-                                           "skeleton_quality") and \
+                                           "skeleton_quality", "feed_health") and \
                 str(event.get("camera")) != camera:
             out.filtered_out += 1
             continue
         out.events[name] += 1
         kind = {"latency": out.latency, "system": out.system, "request": out.requests,
-                "action_event": out.actions, "skeleton_quality": out.quality}.get(name)
+                "action_event": out.actions, "skeleton_quality": out.quality,
+                "feed_health": out.feeds}.get(name)
         if kind is not None:
             kind.append(event)
     return out
