@@ -60,7 +60,7 @@ def test_sixteen_cameras_events_arrive_exactly_once_across_a_broker_restart(tmp_
     broker = Broker(tmp_path / "broker").start()
     recorder = Recorder(broker, "stgcnd/#")
     d = Daemon(tmp_path, models=MODELS.format(broker=broker.url, buffer=10000),
-               idle_timeout=1.0)
+               idle_timeout=1.0, feed_intervals=1000)  # events only, no feed changes
     try:
         d.start()
         for n in range(6):   # a start and an end (camera-idle) per camera a round
@@ -113,7 +113,8 @@ def test_a_broker_that_never_answers_leaves_serving_alone(tmp_path):
     held: list[socket.socket] = []
     threading.Thread(target=lambda: held.append(silent.accept()[0]), daemon=True).start()
     port = silent.getsockname()[1]
-    d = Daemon(tmp_path, models=MODELS.format(broker=f"mqtt://127.0.0.1:{port}", buffer=8))
+    d = Daemon(tmp_path, models=MODELS.format(broker=f"mqtt://127.0.0.1:{port}", buffer=8),
+               feed_intervals=1000)
     try:
         d.start()
         began = time.monotonic()
