@@ -1,5 +1,5 @@
 """Per-camera state, owned by the I/O loop alone: push rings (FrameRing), resend records,
-lane, activity; the `max_cameras` table, whose slots are shared by peer (peers.peer_key)."""
+clock, lane, activity; the `max_cameras` table, whose slots are shared by peer (peers.peer_key)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from stgcnd.server.scheduler import Job
 
 MIN_IDLE_S = 1.0     # a peer over its share replaces its own cameras quiet this long
 EVICT_IDLE_S = 5.0   # otherwise, a full table gives up cameras quiet this long
@@ -72,19 +74,27 @@ class FrameRing:
         self.received = 0
 
 
-@dataclass
-class PushRecord:
-    """The last push of one camera for one model, for resends after a client timeout.
+MAX_WAITING = 4      # resends of one request answered when it is (the client's 3 retries)
 
-    A resent id never appends its frame again. If the frame made a prediction due, `window`
-    keeps that window, so a resend after `expired`, `busy` or a lost reply runs it again; a
-    successful answer is kept in `reply` and sent again as it is.
+
+@dataclass
+class Sent:
+    """The last infer, or push, of one camera for one model, so that a resend (the same id,
+    after a client timeout) makes no second prediction: the events see each window once.
+
+    A resent push never appends its frame again. While the prediction is queued or running
+    (`job`), a resend waits for its answer (`waiting`: the latest MAX_WAITING resends' routing
+    ids); a successful answer is kept in `reply` and sent again as it is; after `expired` or
+    `busy` a resend runs `window` again. An infer's `window` also tells a resend from a new
+    window sent with a reused id (which is a new request).
     """
 
     req_id: int
-    extra: dict[str, Any]                 # ready / frames / seq, as the reply reports them
+    extra: dict[str, Any]                 # push: ready / frames / seq, as the reply reports
     window: np.ndarray | None = None      # the window to predict on, when one was due
     reply: list[bytes] | None = None      # the final answer, once there is one
+    job: Job | None = None                # the prediction queued or running
+    waiting: list[bytes] = field(default_factory=list)
 
 
 @dataclass
@@ -97,7 +107,10 @@ class CameraState:
     served: bool = False                  # a prediction answered ok, here or before
     requests: int = 0
     rings: dict[str, FrameRing] = field(default_factory=dict)
-    pushes: dict[str, PushRecord] = field(default_factory=dict)
+    pushes: dict[str, Sent] = field(default_factory=dict)
+    infers: dict[str, Sent] = field(default_factory=dict)
+    ts: float | None = None               # the latest `ts` (docs/protocol.md): its clock
+    untimed: bool = False                 # an infer or push without ts: never on a ts clock
 
     def ring(self, model: str, window_shape: tuple[int, ...], stride: int) -> FrameRing:
         ring = self.rings.get(model)
@@ -108,9 +121,12 @@ class CameraState:
         return ring
 
     def reset(self, models: list[str]) -> None:
+        """Push state and resend records; a clock (ts) starts over."""
         for name in models:
             self.rings.pop(name, None)
             self.pushes.pop(name, None)
+            self.infers.pop(name, None)
+        self.ts = None
 
 
 @dataclass(frozen=True)

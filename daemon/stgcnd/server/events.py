@@ -1,7 +1,8 @@
 """Action events: per camera, model and class, a small state machine over the predictions,
 so that a site gets "started on cam3 at 14:02:11, ended 14:02:19, peak 0.93" instead of one
 probability a window. Plain Python on the I/O loop; times come from the caller, so scripted
-sequences test it exactly.
+sequences test it exactly: the daemon's clocks, or a camera's own (its frames' `ts`), so that
+a loaded daemon answering late neither makes nor hides an event.
 """
 
 from __future__ import annotations
@@ -128,7 +129,9 @@ class Track:
     since: float = 0.0                  # monotonic: pending since, or active since
     started_wall: float = 0.0
     last_wall: float = 0.0              # the camera's latest prediction (an idle camera's end)
-    last_now: float = 0.0               # ... its monotonic time (a silent camera's)
+    last_now: float = 0.0               # ... its monotonic time
+    heard: float = 0.0                  # ... the daemon's monotonic time (a silent camera's)
+    timed: bool = False                 # on the camera's clock (ts): `now` and `wall` are it
     below_since: float | None = None    # monotonic: the exit hold's first window
     below_wall: float = 0.0             # ... its wall time: when the event ended, if it does
     peak: float = 0.0
@@ -187,8 +190,9 @@ class Events:
         return ended
 
     def observe(self, camera: str, model: str, probs: Sequence[float], now: float,
-                wall: float, usable: float = 1.0) -> list[Event]:
-        """`usable`: the window's usable_share (1.0: a person in every frame)."""
+                wall: float, usable: float = 1.0, heard: float | None = None) -> list[Event]:
+        """`usable`: the window's usable_share (1.0: a person in every frame). `heard`: the
+        daemon's monotonic time when `now` and `wall` are the camera's clock (its `ts`)."""
         key = (camera, model)
         tracks = self._tracks.get(key)
         if tracks is None:
@@ -204,6 +208,7 @@ class Events:
             if i >= len(probs):
                 continue
             track.last_wall, track.last_now = wall, now
+            track.heard, track.timed = (now, False) if heard is None else (heard, True)
             if not person:  # no smoothing, no start (a pending one waits anew), the hold runs
                 if track.state == "active":
                     out += self._hold(camera, model, labels, i, track, now, wall, "no-person")
@@ -255,7 +260,7 @@ class Events:
             heard = now - (cam.last_activity if cam is not None else float("-inf"))
             idle_s = self.configs[model][0].event_idle_s
             silent = {i: t for i, t in tracks.items()
-                      if min(now - t.last_now, heard) >= idle_s}
+                      if min(now - t.heard, heard) >= idle_s}
             ended += self._end_all(camera, model, silent, now, wall, "camera-silent",
                                    at_last_prediction=True)
         return ended
@@ -287,10 +292,18 @@ class Events:
 
     def _end_all(self, camera: str, model: str, tracks: dict[int, Track], now: float,
                  wall: float, reason: str, at_last_prediction: bool = False) -> list[Event]:
+        """Ends the daemon decides (no prediction): on a timed track's clock, its last
+        prediction's time plus the daemon's time since (its cooldown, `at`, a shutdown's end)."""
         labels = self.configs[model][1] if model in self.configs else ()
-        return [self._end(camera, model, labels, i, t, now, wall, reason,
-                          t.last_wall if at_last_prediction else wall)
-                for i, t in tracks.items() if t.state == "active"]
+        out = []
+        for i, t in tracks.items():
+            if t.state == "active":
+                since = now - t.heard if t.timed else 0.0
+                t_now, t_wall = (t.last_now + since, t.last_wall + since) if t.timed \
+                    else (now, wall)
+                out.append(self._end(camera, model, labels, i, t, t_now, t_wall, reason,
+                                     t.last_wall if at_last_prediction else t_wall))
+        return out
 
     def _end(self, camera: str, model: str, labels: Sequence[str], i: int, track: Track,
              now: float, wall: float, reason: str, ended: float | None = None) -> Event:
@@ -490,13 +503,16 @@ class EventFeed:
         self.emit(self.events.configure(watched, time.monotonic(), time.time()))
 
     def observe(self, camera: str, model: str, probs: Sequence[float], now: float,
-                window: np.ndarray) -> None:
+                window: np.ndarray, ts: float | None = None) -> None:
         """A prediction of `window` (3, T, V, M); its usable share is computed only here,
-        for a watched model."""
+        for a watched model. `ts`: the client's time of the window (its last frame), which
+        is then the events' clock (docs/protocol.md, `ts`)."""
         watched = self.events.configs.get(model)
         if watched is not None:
             usable = usable_share(window, watched[0].usable_visibility)
-            self.emit(self.events.observe(camera, model, probs, now, time.time(), usable))
+            self.emit(self.events.observe(camera, model, probs, now, time.time(), usable)
+                      if ts is None else
+                      self.events.observe(camera, model, probs, ts, ts, usable, heard=now))
 
     def expire_silent(self, now: float, cameras: Mapping[str, CameraState]) -> None:
         """The loop's frequent check (every CHECK_EVERY_S): cameras gone silent."""
