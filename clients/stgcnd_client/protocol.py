@@ -184,10 +184,8 @@ def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Reque
         )
     header = _unpack(header_buf, limits)
     if not isinstance(header, dict):
-        raise ProtocolError(
-            ErrorCode.MALFORMED,
-            f"header must be a msgpack map, got {type(header).__name__}",
-        )
+        raise ProtocolError(ErrorCode.MALFORMED,
+                            f"header must be a msgpack map, got {type(header).__name__}")
     # Every check runs on every request, on the daemon's I/O loop, so they are written for
     # the common case: what msgpack decodes is exactly int, float, str, list or dict (no
     # subclasses but bool), so `type(x) is int` is `_is_int` there, without a call.
@@ -291,17 +289,8 @@ def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Reque
         if header.keys() <= COMMON_REQUEST_KEYS
         else {k: v for k, v in header.items() if k not in COMMON_REQUEST_KEYS}
     )
-    return Request(
-        op=op,
-        id=req_id,
-        camera=camera,
-        model=model,
-        timeout_ms=timeout_ms,
-        arrays=tuple(arrays),
-        fields=fields,
-        version=version,
-        nbytes=total,
-    )
+    return Request(op=op, id=req_id, camera=camera, model=model, timeout_ms=timeout_ms,
+                   arrays=tuple(arrays), fields=fields, version=version, nbytes=total)
 
 
 def peek_id(header: Any, limits: Limits | None = None) -> int | None:
@@ -398,10 +387,8 @@ def _check_payload(
     array: np.ndarray, expected: tuple[int, ...], what: str, axes: tuple[str, ...]
 ) -> None:
     if array.dtype.kind != "f" or array.dtype.itemsize not in (2, 4):
-        raise ProtocolError(
-            ErrorCode.BAD_DTYPE,
-            f"{what} must be float32 or float16, got {array.dtype.name}",
-        )
+        raise ProtocolError(ErrorCode.BAD_DTYPE,
+                            f"{what} must be float32 or float16, got {array.dtype.name}")
     if tuple(array.shape) != expected:
         names = ", ".join(axes)
         raise ProtocolError(
@@ -494,16 +481,9 @@ def _pack(obj: Any) -> bytes:
 
 def _unpack(buf: memoryview, limits: Limits) -> Any:
     try:
-        return msgpack.unpackb(
-            buf,
-            raw=False,
-            strict_map_key=True,
-            max_str_len=limits.max_str_len,
-            max_bin_len=limits.max_bin_len,
-            max_array_len=limits.max_array_len,
-            max_map_len=limits.max_map_len,
-            max_ext_len=0,
-        )
+        return msgpack.unpackb(buf, raw=False, strict_map_key=True, max_str_len=limits.max_str_len,
+                               max_bin_len=limits.max_bin_len, max_array_len=limits.max_array_len,
+                               max_map_len=limits.max_map_len, max_ext_len=0)
     except Exception as exc:
         # msgpack raises several types (ValueError, FormatError, StackError, ExtraData, ...);
         # every one of them means the same thing to the peer.

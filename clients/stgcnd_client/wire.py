@@ -34,29 +34,18 @@ class Reply:
     version: int = PROTOCOL_VERSION
 
 
-def encode_request(
-    op: Op | str,
-    req_id: int,
-    camera: str,
-    model: str | None = None,
-    arrays: Iterable[np.ndarray] = (),
-    timeout_ms: float | None = None,
-    **fields: Any,
-) -> list[bytes]:
+def encode_request(op: Op | str, req_id: int, camera: str, model: str | None = None,
+                   arrays: Iterable[np.ndarray] = (), timeout_ms: float | None = None,
+                   **fields: Any) -> list[bytes]:
     """Build the frames of one request: [header, *array bytes] (no identity frame)."""
     clash = COMMON_REQUEST_KEYS.intersection(fields)
     if clash:
         raise ValueError(f"op fields {sorted(clash)} clash with the common request header keys")
     wire_arrays = [_to_wire(a) for a in arrays]
     header: dict[str, Any] = {
-        "v": PROTOCOL_VERSION,
-        "op": _enum_value(op),
-        "id": int(req_id),
-        "camera": camera,
-        "model": model,
-        "timeout_ms": None if timeout_ms is None else float(timeout_ms),
-        "arrays": [{"dtype": name, "shape": list(a.shape)} for name, a in wire_arrays],
-    }
+        "v": PROTOCOL_VERSION, "op": _enum_value(op), "id": int(req_id), "camera": camera,
+        "model": model, "timeout_ms": None if timeout_ms is None else float(timeout_ms),
+        "arrays": [{"dtype": name, "shape": list(a.shape)} for name, a in wire_arrays]}
     header.update(fields)
     return [_pack(header)] + [a.tobytes() for _, a in wire_arrays]
 
@@ -68,9 +57,8 @@ def decode_reply(frames: Sequence[Any]) -> Reply:
     try:
         # The client trusts its daemon more than the daemon trusts clients, but a reply is still
         # bounded: v1 replies are small maps.
-        header = msgpack.unpackb(
-            _as_bytes_view(frames[0]), raw=False, strict_map_key=False, max_ext_len=0
-        )
+        header = msgpack.unpackb(_as_bytes_view(frames[0]), raw=False, strict_map_key=False,
+                                 max_ext_len=0)
     except Exception as exc:
         raise ProtocolError(ErrorCode.MALFORMED, f"reply header is not msgpack: {exc}") from None
     if not isinstance(header, dict):
@@ -79,11 +67,8 @@ def decode_reply(frames: Sequence[Any]) -> Reply:
     if not _is_int(version):
         raise ProtocolError(ErrorCode.MALFORMED, 'reply header lacks an integer "v"')
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(
-            ErrorCode.UNSUPPORTED_VERSION,
-            f"server replied with protocol version {version}; this client speaks "
-            f"{PROTOCOL_VERSION}",
-        )
+        raise ProtocolError(ErrorCode.UNSUPPORTED_VERSION, f"server replied with protocol "
+                            f"version {version}; this client speaks {PROTOCOL_VERSION}")
     req_id = header.get("id")
     if req_id is not None and not _is_int(req_id):
         raise ProtocolError(ErrorCode.MALFORMED, 'reply "id" must be an integer or nil')
@@ -96,14 +81,10 @@ def decode_reply(frames: Sequence[Any]) -> Reply:
             raise ProtocolError(ErrorCode.MALFORMED, 'reply "result" must be a map', req_id)
         return Reply(id=req_id, ok=True, result=result, version=version)
     error = header.get("error")
-    if (
-        not isinstance(error, dict)
-        or not isinstance(error.get("code"), str)
-        or not isinstance(error.get("message", ""), str)
-    ):
-        raise ProtocolError(
-            ErrorCode.MALFORMED, 'error reply needs "error": {"code": str, "message": str}', req_id
-        )
+    if (not isinstance(error, dict) or not isinstance(error.get("code"), str)
+            or not isinstance(error.get("message", ""), str)):
+        raise ProtocolError(ErrorCode.MALFORMED,
+                            'error reply needs "error": {"code": str, "message": str}', req_id)
     # Optional keys of a v1 error map; of another type (a newer server's?) they are left out.
     reason, appended = error.get("reason"), error.get("appended")
     info = ErrorInfo(code=error["code"], message=error.get("message", ""),
@@ -118,8 +99,5 @@ def _to_wire(array: Any) -> tuple[str, np.ndarray]:
         if arr.dtype.kind == dtype.kind and arr.dtype.itemsize == dtype.itemsize:
             # Fixes byte order and memory layout in one copy at most.
             return name, np.ascontiguousarray(arr, dtype=dtype)
-    raise ProtocolError(
-        ErrorCode.BAD_DTYPE,
-        f"arrays travel as float32 or float16, got {arr.dtype.name}; convert with "
-        ".astype(numpy.float32)",
-    )
+    raise ProtocolError(ErrorCode.BAD_DTYPE, f"arrays travel as float32 or float16, got "
+                        f"{arr.dtype.name}; convert with .astype(numpy.float32)")

@@ -158,8 +158,7 @@ def load_runtime(model: ModelLike, backend: str, options: BuildOptions,
     Exceptions say at which step they happened (errors.step_of). `before_load` is called
     once the artefact exists, right before it is loaded (the memory plan measures from
     there: a build's page cache and libraries are not the model's cost)."""
-    if before_load is None:
-        before_load = _nothing
+    before_load = before_load or (lambda: None)
     reason = available().get(backend, f"unknown backend {backend!r}")
     if reason is not None:
         with at_step("import"):
@@ -191,10 +190,6 @@ def load_runtime(model: ModelLike, backend: str, options: BuildOptions,
             before_load()
             return get_builder(backend).open(artifact, options, model, store.root)
     raise UserError(f"unknown backend {backend!r}; choose auto, {', '.join(NAMES)}")
-
-
-def _nothing() -> None:
-    pass
 
 
 def named_options(backend: str, options: BuildOptions) -> BuildOptions:

@@ -1,8 +1,6 @@
-"""Making what the engine store holds: the ONNX exported or imported, the artefact built,
-validated and committed, a failure recorded; and the store's inventory (`list`, `prune`).
-
-Every file is written to a temp file, fsynced and renamed: a killed build never leaves a
-broken artefact used. engines/store.py imports this module only when something must be made.
+"""Making what the engine store holds (the ONNX exported or imported, the artefact built,
+validated and committed, a failure recorded) and its inventory (`list`, `prune`). Every file is
+written to a temp file, fsynced and renamed: a killed build never leaves a broken artefact used.
 """
 
 from __future__ import annotations
