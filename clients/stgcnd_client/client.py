@@ -31,8 +31,9 @@ from .errors import (
     server_error,
 )
 from .payload import as_frame, as_window
-from .protocol import ErrorCode, Op, ProtocolError, Reply, decode_reply, encode_request
+from .protocol import ErrorCode, Op, ProtocolError
 from .results import Result, ServerInfo
+from .wire import Reply, decode_reply, encode_request
 
 # An attempt shorter than this cannot tell a slow server from a lost message, so short deadlines
 # get fewer, longer attempts instead of many tiny ones.

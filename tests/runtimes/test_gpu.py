@@ -133,13 +133,12 @@ def test_the_driver_layer_joins_torchs_primary_context_and_graphs_replay():
     runner's preparing thread): the primary context made current, memory that torch
     allocated read by the driver layer (one context), pinned and device memory, copies on a
     stream, and a driver-API graph of them replayed by handle."""
-    from stgcnd.runtimes.cuda import (
+    from stgcnd.runtimes.cuda import make_current, primary_context
+    from stgcnd.runtimes.cuda_batch import (
         CU_EVENT_DISABLE_TIMING,
         DriverCalls,
         DriverGraph,
         DriverMemory,
-        make_current,
-        primary_context,
     )
 
     t = torch.arange(1024, dtype=torch.float32, device="cuda")
@@ -195,8 +194,8 @@ def test_laned_batch_on_driver_memory_driven_from_another_thread():
     allocations, with a driver graph standing in for the engine: prepared in one thread,
     driven from another that only makes the context current (the I/O loop), each window's
     row back in its own slot whatever its lane and dtype, over a few batches."""
-    from stgcnd.runtimes.cuda import DriverGraph, DriverMemory, make_current
-    from stgcnd.runtimes.cuda_batch import LanedBatch
+    from stgcnd.runtimes.cuda import make_current
+    from stgcnd.runtimes.cuda_batch import DriverGraph, DriverMemory, LanedBatch
 
     rows, window, k = 4, (3, 5), 2
     made: dict = {}

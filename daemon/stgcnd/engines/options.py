@@ -82,7 +82,8 @@ class BuildOptions:
     def key_dict(self, backend: str | None = None) -> dict[str, Any]:
         """The options that change what gets built, for the cache key.
 
-        Runtime-only options (threads, cuda_graph, compile) are left out: changing them must not rebuild.
+        Runtime-only options (threads, cuda_graph, compile) are left out: changing them must
+        not rebuild.
         With `backend`, options that backend ignores are left out too, so that e.g. a new
         --workspace-mb does not rebuild an ONNX Runtime model.
         """

@@ -1,9 +1,5 @@
 """torch.compile for the torch runtime on CUDA: inductor's fused Triton kernels inside the
-runner's own CUDA graphs.
-
-Modes (config key `compile`): "reduce-overhead", "off", and "auto" (the first where Triton is
-installed); "max-autotune" is bench-only. Compiled graphs are cached under the engine store.
-torch.compile is refused on the CPU, where it gained little or nothing (docs/performance.md).
+runner's own CUDA graphs (the modes, the cache and why not on the CPU: above `unavailable`).
 """
 
 from __future__ import annotations

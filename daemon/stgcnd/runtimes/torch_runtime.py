@@ -26,8 +26,7 @@ from stgcnd.model.optimized import Form, FusedTwoStream, optimize
 from stgcnd.model.stgcn import MotionFormula, motion
 from stgcnd.runtimes import cpu_bf16, torch_compile
 from stgcnd.runtimes.base import HostRunner, Runner, Runtime, RuntimeInfo
-from stgcnd.runtimes.cuda import CAPTURE_LOCK, GraphsUnavailable
-from stgcnd.runtimes.cuda_batch import LanedBatch
+from stgcnd.runtimes.cuda_batch import CAPTURE_LOCK, GraphsUnavailable, LanedBatch
 
 log = get_logger(__name__)
 
@@ -276,7 +275,7 @@ class CudaGraphRunner(Runner):
     downloads its row (`cuda_batch.LanedBatch`, shared with TensorRT, in plain driver calls).
     With lanes=0 the batch moves in one copy each way on the compute stream.
 
-    Capture and replay hold cuda.CAPTURE_LOCK: torch refuses a replay while any thread
+    Capture and replay hold cuda_batch.CAPTURE_LOCK: torch refuses a replay while any thread
     captures ("Cannot prepare for replay during capturing stage"), which a reload's new runners
     would otherwise do while the old ones serve; a replay holds it for microseconds, and the
     loop retries a launch while another thread captures (`can_launch`). Where captures are

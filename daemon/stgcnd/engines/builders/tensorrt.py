@@ -26,7 +26,8 @@ from stgcnd.fsutil import atomic_write_bytes, file_sha256
 from stgcnd.log import get_logger
 from stgcnd.runtimes import import_tensorrt, runtime_module
 from stgcnd.runtimes.base import Runtime
-from stgcnd.runtimes.cuda import DriverMemory, make_current
+from stgcnd.runtimes.cuda import make_current
+from stgcnd.runtimes.cuda_batch import DriverMemory
 from stgcnd.runtimes.tensorrt_runtime import tensorrt_logger
 
 log = get_logger(__name__)
