@@ -7,11 +7,12 @@ can serve it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stgcnd.model.architecture import stream_state_layout
+from stgcnd.model.architecture import WIDTHS, stream_state_layout
 from stgcnd.model.graph import adjacency
 
 if TYPE_CHECKING:
@@ -22,12 +23,12 @@ DEMO_WARNING = ("demo model: random weights, its predictions mean nothing; "
 
 
 def random_stream_arrays(a: np.ndarray, num_class: int, rng: np.random.Generator,
-                         in_channels: int = 3, edge_importance: bool = True
-                         ) -> dict[str, np.ndarray]:
+                         in_channels: int = 3, edge_importance: bool = True,
+                         widths: Sequence[int] = WIDTHS) -> dict[str, np.ndarray]:
     """A single stream's weights with the original key names and randomised BN statistics."""
     state: dict[str, np.ndarray] = {}
     layout = stream_state_layout(a.shape[0], a.shape[1], num_class, in_channels,
-                                 edge_importance)
+                                 edge_importance, widths)
     for key, shape in layout:
         if key == "A":
             arr = a
@@ -52,16 +53,19 @@ def random_stream_arrays(a: np.ndarray, num_class: int, rng: np.random.Generator
 
 
 def demo_arrays(layout: str = "mediapipe", strategy: str = "spatial", num_class: int = 2,
-                two_stream: bool = True, seed: int = 0, edge_importance: bool = True
-                ) -> dict[str, np.ndarray]:
-    """An original-format (two-stream or single-stream) state as numpy arrays."""
+                two_stream: bool = True, seed: int = 0, edge_importance: bool = True,
+                widths: Sequence[int] = WIDTHS) -> dict[str, np.ndarray]:
+    """An original-format (two-stream or single-stream) state as numpy arrays; `widths`
+    other than the original's make the tests' narrow network."""
     rng = np.random.default_rng(seed)
     a = adjacency(layout, strategy)
     if not two_stream:
-        return random_stream_arrays(a, num_class, rng, edge_importance=edge_importance)
+        return random_stream_arrays(a, num_class, rng, edge_importance=edge_importance,
+                                    widths=widths)
     state: dict[str, np.ndarray] = {}
     for stream in ("origin_stream", "motion_stream"):
-        sub = random_stream_arrays(a, num_class, rng, edge_importance=edge_importance)
+        sub = random_stream_arrays(a, num_class, rng, edge_importance=edge_importance,
+                                   widths=widths)
         state.update({f"{stream}.{k}": v for k, v in sub.items()})
     return state
 
@@ -73,11 +77,12 @@ def spec_arrays(spec: Any) -> dict[str, np.ndarray]:
 
 
 def demo_state_dict(layout: str = "mediapipe", strategy: str = "spatial", num_class: int = 2,
-                    two_stream: bool = True, seed: int = 0, edge_importance: bool = True
-                    ) -> dict[str, torch.Tensor]:
+                    two_stream: bool = True, seed: int = 0, edge_importance: bool = True,
+                    widths: Sequence[int] = WIDTHS) -> dict[str, torch.Tensor]:
     """`demo_arrays` as a PyTorch state_dict (needs torch)."""
     import torch
 
-    arrays = demo_arrays(layout, strategy, num_class, two_stream, seed, edge_importance)
+    arrays = demo_arrays(layout, strategy, num_class, two_stream, seed, edge_importance,
+                         widths)
     return {k: torch.from_numpy(v.copy()) if v.ndim else torch.tensor(int(v), dtype=torch.long)
             for k, v in arrays.items()}
