@@ -22,14 +22,11 @@ DEMO_WARNING = ("demo model: random weights, its predictions mean nothing; "
                 "configure a checkpoint for real use")
 
 
-def random_stream_arrays(a: np.ndarray, num_class: int, rng: np.random.Generator,
-                         in_channels: int = 3, edge_importance: bool = True,
-                         widths: Sequence[int] = WIDTHS) -> dict[str, np.ndarray]:
-    """A single stream's weights with the original key names and randomised BN statistics."""
+def random_stream_arrays(a: np.ndarray, keys: list[tuple[str, tuple[int, ...]]],
+                         rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A single stream's weights (`keys`: stream_state_layout) with randomised BN statistics."""
     state: dict[str, np.ndarray] = {}
-    layout = stream_state_layout(a.shape[0], a.shape[1], num_class, in_channels,
-                                 edge_importance, widths)
-    for key, shape in layout:
+    for key, shape in keys:
         if key == "A":
             arr = a
         elif key.endswith("num_batches_tracked"):
@@ -59,14 +56,10 @@ def demo_arrays(layout: str = "mediapipe", strategy: str = "spatial", num_class:
     other than the original's make the tests' narrow network."""
     rng = np.random.default_rng(seed)
     a = adjacency(layout, strategy)
-    if not two_stream:
-        return random_stream_arrays(a, num_class, rng, edge_importance=edge_importance,
-                                    widths=widths)
+    keys = stream_state_layout(a.shape[0], a.shape[1], num_class, 3, edge_importance, widths)
     state: dict[str, np.ndarray] = {}
-    for stream in ("origin_stream", "motion_stream"):
-        sub = random_stream_arrays(a, num_class, rng, edge_importance=edge_importance,
-                                   widths=widths)
-        state.update({f"{stream}.{k}": v for k, v in sub.items()})
+    for prefix in ("origin_stream.", "motion_stream.") if two_stream else ("",):
+        state.update({prefix + k: v for k, v in random_stream_arrays(a, keys, rng).items()})
     return state
 
 
@@ -82,7 +75,6 @@ def demo_state_dict(layout: str = "mediapipe", strategy: str = "spatial", num_cl
     """`demo_arrays` as a PyTorch state_dict (needs torch)."""
     import torch
 
-    arrays = demo_arrays(layout, strategy, num_class, two_stream, seed, edge_importance,
-                         widths)
+    arrays = demo_arrays(layout, strategy, num_class, two_stream, seed, edge_importance, widths)
     return {k: torch.from_numpy(v.copy()) if v.ndim else torch.tensor(int(v), dtype=torch.long)
             for k, v in arrays.items()}

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stgcnd.model.architecture import BN_EPS, TEMPORAL_KERNEL, block_channels, state_widths
+from stgcnd.model.architecture import BN_EPS, block_channels, state_widths
 
 
 # Per block: y = relu(graph(gcn_w * x) + bias_cw); y = tcn_w *t y + tcn_b; out = relu(y + res)
@@ -164,6 +164,3 @@ def folded_logits(streams: tuple[FoldedStream, ...], x: np.ndarray,
     if len(streams) == 2:
         out = out + stream_logits(streams[1], motion_np(x, motion_formula))
     return out.astype(np.float32)
-
-
-__all__ = ["TEMPORAL_KERNEL", "FoldedBlock", "FoldedStream", "fold_state", "folded_logits"]

@@ -93,8 +93,7 @@ class STGCNBlock(nn.Module):
 
 
 class STGCN(nn.Module):
-    """One stream: data BN, 10 ST-GCN blocks (`widths` channels out), global pooling, 1x1
-    classifier."""
+    """One stream: data BN, 10 ST-GCN blocks, global pooling, 1x1 classifier."""
 
     A: torch.Tensor  # a buffer (K, V, V), saved in the checkpoint
 
