@@ -1,4 +1,5 @@
-"""Small models for runtime tests: T=24 frames keeps a CPU forward pass in the milliseconds;
+"""Small models for runtime tests: T=24 frames keeps a CPU forward pass in the milliseconds
+(the original's full widths: each backend's numbers are checked at full shape here);
 windows and helpers shared by the runtime, runner and TensorRT tests."""
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ FRAMES = 24
 
 
 @pytest.fixture(scope="session")
-def small_model(tmp_path_factory, two_stream_state):
-    from stgcnd.model import load_model  # needs torch; two_stream_state skips without it
+def small_model(tmp_path_factory, original_state):
+    from stgcnd.model import load_model  # needs torch; original_state skips without it
 
-    path = write_checkpoint(tmp_path_factory.mktemp("rt") / "m.pt", two_stream_state)
+    path = write_checkpoint(tmp_path_factory.mktemp("rt") / "m.pt", original_state)
     return load_model(ModelSpec(checkpoint=path, frames=FRAMES, persons=2, graph_op="einsum"))
 
 
