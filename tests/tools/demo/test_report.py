@@ -115,10 +115,14 @@ def test_follower_reads_complete_lines_only(tmp_path):
 
 
 def test_overload_answers_do_not_fail_the_demo_other_errors_do():
-    from stgcnd_tools.commands.demo import _error_counts
+    from stgcnd_tools.commands.demo import _outcome
 
-    rows = [{"errors": 3, "error_causes": {"the daemon answered expired: deadline passed": 2,
-                                           "no reply within 5 s (the daemon is overloaded)": 1}},
-            {"errors": 1, "error_causes": {"the daemon answered busy: queue full": 1}},
-            {"errors": 0, "error_causes": {}}]
-    assert _error_counts(rows) == (3, 1)
+    rows = [{"camera": "cam1", "predictions": 5, "errors": 3, "expired": 2, "timed_out": 1,
+             "error_causes": {"the daemon answered expired: deadline passed": 2,
+                              "no reply within 5 s (the daemon is overloaded)": 1}},
+            {"camera": "cam2", "predictions": 5, "errors": 1, "expired": 0, "timed_out": 0,
+             "error_causes": {"the daemon answered busy: queue full": 1}},
+            {"camera": "cam3", "predictions": 5, "errors": 0, "expired": 0, "timed_out": 0,
+             "error_causes": {}}]
+    outcome = _outcome(rows)
+    assert (outcome.overload, outcome.failures) == (3, 1)
