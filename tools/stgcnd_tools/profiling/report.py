@@ -18,18 +18,16 @@ from stgcnd.errors import UserError
 from stgcnd.log import get_logger
 from stgcnd_tools.profiling import plots
 from stgcnd_tools.profiling.detect import find_artefacts
+from stgcnd_tools.profiling.facts import facts, image, to_markdown
 from stgcnd_tools.profiling.layerinfo import LayerInfo, load_layer_info
 from stgcnd_tools.profiling.logparse import TrtexecLog, load_logish, write_metadata
 from stgcnd_tools.profiling.profile import LayerProfile, load_profile
 from stgcnd_tools.profiling.times import (
-    SERIES,
-    SERIES_LABELS,
     TimingRecord,
     load_times,
     summarize_times,
     write_times_outputs,
 )
-from stgcnd_tools.stats import TRTEXEC_KEYS
 from stgcnd_tools.table import markdown, num
 
 log = get_logger(__name__)
@@ -191,10 +189,6 @@ def compare_sections(sections: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return comparison
 
 
-def _image(plots: dict[str, str], stem: str, alt: str) -> list[str]:
-    return [f"![{alt}]({plots[stem]})", ""] if stem in plots else []
-
-
 def _markdown(report: dict[str, Any]) -> str:
     runs = report["runs"]
     base = runs[0]["name"]
@@ -215,106 +209,15 @@ def _markdown(report: dict[str, Any]) -> str:
         md += ["## Comparison", "", f"Baseline: **{base}**; ratio = run / baseline "
                "(for times, < 1 is faster; for throughput, > 1 is faster).", ""]
         md += markdown(["Metric", *head], rows(cmp["metrics"], "label", "values"))
-        md += _image(plots, "comparison", "runs compared")
-        md += _image(plots, "percentile_curve", "percentile curves")
+        md += image(plots, "comparison", "runs compared")
+        md += image(plots, "percentile_curve", "percentile curves")
         if cmp["layer_types"]:
             md += ["### Time by layer type (ms per inference)", ""]
             md += markdown(["Layer type", *head], rows(cmp["layer_types"], "type", "average_ms"))
     for i, run in enumerate(runs):
-        md += _run_markdown(run, plots if i == 0 else {}, single=len(runs) == 1)
+        md += [f"## Run: {run['name']}", "", *to_markdown(facts(run, len(runs) == 1),
+                                                           plots if i == 0 else {})]
     return "\n".join(md).rstrip() + "\n"
-
-
-def _stat_order(key: str) -> tuple[int, float]:
-    fixed = ("min", "max", "mean", "median")
-    if key in fixed:
-        return (0, float(fixed.index(key)))
-    try:
-        return (1, float(key[1:].replace("_", ".")))  # p90, p99_9
-    except ValueError:
-        return (2, 0.0)
-
-
-def _counts(counts: dict[str, int]) -> str:
-    return ", ".join(f"{k} {c}" for k, c in counts.items())
-
-
-def _run_markdown(run: dict[str, Any], plots: dict[str, str], single: bool) -> list[str]:
-    md = [f"## Run: {run['name']}", ""]
-    facts = [("Folder", run["dir"]), ("TensorRT", run["tensorrt_version"]),
-             ("Device", run["device"]),
-             ("Command", f"`{run['command']}`" if run["command"] else None)]
-    if run["engine"]:
-        engine = run["engine"]
-        facts += [("Model file", engine["path"]),
-                  ("Size", f"{engine['size_bytes'] / 2**20:.2f} MiB"),
-                  ("sha256", f"`{engine['sha256'][:16]}…`"), ("Modified", engine["mtime"])]
-    md += markdown(["", ""], [(k, v) for k, v in facts if v])
-    timing = run["timing"]
-    if timing:
-        thr = timing["throughput"]
-        md += ["### Latency", "",
-               f"{timing['iterations']} iterations, batch {timing['batch']} window(s) per "
-               f"inference. Throughput {num(thr['qps'])} qps = {num(thr['windows_per_s'])} "
-               f"windows/s over {num(thr['walltime_s'])} s of trace; GPU-bound "
-               f"{num(thr['gpu_bound_qps'])} qps. Jitter (GPU compute p99 − median): "
-               f"{num(timing['jitter_ms']['gpu_compute'].get('p99_minus_median'))} ms.", ""]
-        md += markdown(["ms", *TRTEXEC_KEYS], [[SERIES_LABELS[name], *(
-            timing[name][k] for k in TRTEXEC_KEYS)] for name in SERIES if name in timing])
-        md += _image(plots, "latency_histogram", "latency histogram")
-        md += _image(plots, "latency_series", "latency per iteration")
-        md += _image(plots, "percentile_curve", "percentile curve") if single else []
-    summary = run["trtexec_summary"]
-    if summary:
-        md += ["### trtexec's own summary (from its log)", ""]
-        if summary.get("throughput_qps") is not None:
-            md += [f"Throughput {num(summary['throughput_qps'])} qps.", ""]
-        metrics = summary.get("metrics_ms", {})
-        keys = sorted({k for m in metrics.values() for k in m}, key=_stat_order)
-        md += markdown(["ms", *keys], [[name.replace("_", " "), *(m.get(k) for k in keys)]
-                                       for name, m in metrics.items()])
-    if run.get("top_layers"):
-        prof = run["profile"]
-        md += ["### Slowest layers", "",
-               f"{prof['layers']} layers, summed average {num(prof['total_average_ms'])} ms "
-               f"per inference; profiled iterations: {prof['count'] or '?'}"
-               + (" (file had unescaped layer names; repaired)." if
-                  prof["repaired_invalid_json"] else "."), ""]
-        # Fused layer names run to hundreds of characters; keep both ends (report.json has all).
-        md += markdown(["#", "Layer", "Type", "Avg ms", "Median ms", "Share"], [
-            [r["rank"], "`" + (r["name"] if len(r["name"]) <= 100 else
-                               f"{r['name'][:48]} … {r['name'][-48:]}") + "`",
-             r["type"], r["average_ms"], r["median_ms"], f"{r['share_percent']:.1f}%"]
-            for r in run["top_layers"]])
-        md += [*_image(plots, "top_layers", "slowest layers"), "### Time by layer type", ""]
-        if all(r["type"] == "unknown" for r in run["layer_type_share"]):
-            md += ["Layer types unknown: no detailed layer info (export it with "
-                   "`--exportLayerInfo` from an engine built with "
-                   "`--profilingVerbosity=detailed`).", ""]
-        else:
-            md += markdown(["Type", "Layers", "Avg ms", "Share"],
-                           [[r["type"], r["count"], r["average_ms"],
-                             f"{r['share_percent']:.1f}%"] for r in run["layer_type_share"]])
-        md += _image(plots, "layer_type_share", "time by layer type")
-    info = run.get("layer_info")
-    if info:
-        md += ["### Engine layers", "",
-               f"{info['layers']} layers ({info['form'].replace('_', ' ')} layer info, schema "
-               f"{info['schema']}).", ""]
-        if info["type_counts"]:
-            md += ["Layer types: " + _counts(info["type_counts"]), ""]
-        if info["precision_counts"]:
-            md += ["Output precisions: " + _counts(info["precision_counts"]), ""]
-        if info["io_tensors"]:
-            md += ["I/O tensors: " + ", ".join(
-                f"`{t['name']}`" + (f" {t['mode']} {t['dtype']} {t.get('dims')}"
-                                    if t.get("mode") else "") for t in info["io_tensors"]), ""]
-    if run["build"]:
-        md += ["### Build and memory (from the log)", ""]
-        md += markdown(["", ""], sorted(run["build"].items()))
-    if run["warnings"]:
-        md += ["### Warnings in the log", ""] + [f"- {w}" for w in run["warnings"][:20]] + [""]
-    return md
 
 
 def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = None, *,
