@@ -43,6 +43,9 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                          "-" if share is None else f"{100 * share:.1f} %",
                          "-" if diff is None else f"{diff:.1e}", _margin(r)))
     out = table(head, rows_out, left=2)
+    # What each peer row is (bench/peer.py), once a backend
+    out += [f"{b}: {w}" for b, w in dict.fromkeys((r["backend"], r["what"]) for r in rows
+                                                     if r.get("what"))]
     loads = [r["load_avg"] for r in rows if r.get("load_avg") is not None]
     if loads:
         out.append(f"load average (1 min) while timing: {min(loads):.2f}-{max(loads):.2f} on "
