@@ -1,8 +1,5 @@
-"""One peer row of the bench in its own process (`stgcnd_tools.bench.peer`): the fused module
-as the daemon builds it, compiled the way a user writes it, timed host array to host logits.
-
-    python -m stgcnd_tools.bench.peer_child JOB.json
-"""
+"""A peer row of the bench (bench/runner.py, #35) in its own process: the fused module as the
+daemon builds it, compiled as a user writes it, timed host windows to host logits."""
 
 from __future__ import annotations
 
@@ -18,47 +15,30 @@ from stgcnd.model.loader import load_model
 from stgcnd.model.optimized import optimize
 from stgcnd.model.spec import ModelSpec
 
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
-
-def main(job_path: str) -> int:
+def main(job_path: str) -> None:
     job = json.loads(Path(job_path).read_text())
-    device, dtype = torch.device(job["device"]), _DTYPES[job["precision"]]
-    if device.type == "cuda":  # the math of the torch runtime's rows (TorchRuntime.__init__)
+    device, precision = torch.device(job["device"]), job["precision"]
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+    if device.type == "cuda":  # the torch runtime's math (TorchRuntime.__init__)
         torch.backends.cudnn.benchmark = True
-        if job["precision"] == "fp32":
-            torch.backends.cudnn.allow_tf32 = False
-            torch.backends.cuda.matmul.allow_tf32 = False
-    model = load_model(ModelSpec(**job["spec"]))
-    module = optimize(model.module).to(device, dtype).eval()  # the daemon's fused module
-    for p in module.parameters():
-        p.requires_grad_(False)
-    fn = module if job["mode"] is None else torch.compile(
-        module, mode=job["mode"], dynamic=False)
-    x = np.load(job["windows"])
-    windows, batch = list(x), np.empty_like(x)
-
-    def call() -> np.ndarray:
-        # As every bench row is called: a list of windows into one host batch, logits back.
-        for i, w in enumerate(windows):
+        if precision == "fp32":
+            torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    module = optimize(load_model(ModelSpec(**job["spec"])).module).to(device, dtype).eval()
+    fn = module if job["mode"] is None else torch.compile(module, mode=job["mode"],
+                                                          dynamic=False)
+    x = np.load(f"{job['dir']}/x.npy")
+    windows, batch, times = list(x), np.empty_like(x), []
+    for _ in range(1 + job["warmup"] + job["iterations"]):  # the first call compiles
+        t0 = time.perf_counter()
+        for i, w in enumerate(windows):  # as every bench row is called: windows in, logits out
             np.copyto(batch[i], w)
         with torch.inference_mode():
-            return fn(torch.from_numpy(batch).to(device).to(dtype)).float().cpu().numpy()
-
-    t0 = time.perf_counter()
-    out = call()
-    first_call_s = time.perf_counter() - t0
-    for _ in range(int(job["warmup"])):
-        call()
-    times = []
-    for _ in range(int(job["iterations"])):
-        t0 = time.perf_counter()
-        out = call()
+            out = fn(torch.from_numpy(batch).to(device).to(dtype)).float().cpu().numpy()
         times.append((time.perf_counter() - t0) * 1e3)
-    np.savez(job["result"], times_ms=np.array(times), logits=out,
-             first_call_s=np.array(first_call_s))
-    return 0
+    np.savez(f"{job['dir']}/result.npz", times_ms=np.array(times[1 + job["warmup"]:]),
+             logits=out, first_call_s=np.array(times[0] / 1e3))
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    main(sys.argv[1])

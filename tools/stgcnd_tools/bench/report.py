@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from stgcnd.fsutil import atomic_write_bytes, atomic_write_json
-from stgcnd_tools.bench.peer import PEER_MODES
 from stgcnd_tools.table import cell, table
 
 COLUMNS = ("backend", "precision", "device", "persons", "frames", "batch", "sessions",
@@ -44,35 +43,11 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                          "-" if share is None else f"{100 * share:.1f} %",
                          "-" if diff is None else f"{diff:.1e}", _margin(r)))
     out = table(head, rows_out, left=2)
-    # What each peer row is (bench/peer.py), once a backend
-    out += [f"{b}: {w}" for b, w in dict.fromkeys((r["backend"], r["what"]) for r in rows
-                                                     if r.get("what"))]
     loads = [r["load_avg"] for r in rows if r.get("load_avg") is not None]
     if loads:
         out.append(f"load average (1 min) while timing: {min(loads):.2f}-{max(loads):.2f} on "
                    f"{os.cpu_count()} CPUs; round-robin rounds, ratios within one run")
     return "\n".join(out)
-
-
-def format_peer_ratios(rows: list[dict[str, Any]], ours: str = "torch-compile-cudagraph"
-                      ) -> str:
-    """Per (M, B, precision): `ours` against each peer row (bench/peer.py), by the median;
-    ours/user > 1 is ours faster (windows/s ours over the peer's)."""
-    head = ("M", "B", "prec", "ours ms", "ours windows/s", "user row", "user ms",
-            "user windows/s", "ours/user")
-    key = ("persons", "batch", "precision")
-    mine = {tuple(r[k] for k in key): r for r in rows
-            if r["backend"] == ours and r.get("sessions", 1) == 1}
-    rows_out = []
-    for r in rows:
-        o = mine.get(tuple(r[k] for k in key))
-        if r["backend"] not in PEER_MODES or o is None:
-            continue
-        rows_out.append((r["persons"], r["batch"], r["precision"], cell(o["median_ms"], 2),
-                         1e3 * r["batch"] / o["median_ms"], r["backend"],
-                         cell(r["median_ms"], 2), 1e3 * r["batch"] / r["median_ms"],
-                         f"{r['median_ms'] / o['median_ms']:.2f}x"))
-    return "\n".join(table(head, rows_out, left=3))
 
 
 def write_json(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,6 @@ from stgcnd.runtimes import available, runtime_module
 from stgcnd.runtimes.base import Runtime, RuntimeInfo
 from stgcnd.runtimes.timing import time_round_robin
 from stgcnd.server.config import engines_root
-from stgcnd_tools.bench.peer import PEER_MODES, PeerJob, check_precision, describe, run_peer
 from stgcnd_tools.profiling import (
     RunOptions,
     find_trtexec,
@@ -40,10 +41,14 @@ from stgcnd_tools.stats import latency_stats
 
 log = get_logger(__name__)
 
-# The torch runtime's variants, as the daemon serves them: (compile mode, CUDA graphs of our
-# runner). The peers ("torch.compile*", bench/peer.py) are what a user would write instead.
+# The torch runtime's variants: (compile mode, CUDA graphs of our runner). The peer rows (#35):
+# what a GPU user writes instead, `torch.compile(fused module, mode=..., dynamic=False)` for the
+# one batch size, each in a fresh process (peer_child.py) that inherits no dynamo state.
 TORCH_VARIANTS = {"torch": ("off", False), "torch-cudagraph": ("off", True),
                   "torch-compile-cudagraph": ("reduce-overhead", True)}
+# bench name -> torch.compile's mode as the user writes it
+PEER_MODES = {"torch.compile": "reduce-overhead", "torch.compile-default": "default",
+              "torch.compile-max-autotune": "max-autotune"}
 BENCH_BACKENDS = (*TORCH_VARIANTS, *PEER_MODES, "onnxruntime", "tensorrt", "tensorrt-cudagraph")
 BASELINE_NAME = "torch-eager"
 # Dense peaks (GFLOP/s) from the vendors' data sheets, by a substring of the device's name and
@@ -115,6 +120,33 @@ def default_backends(device: str) -> tuple[str, ...]:
 
 def default_precisions(device: str) -> tuple[str, ...]:
     return ("fp32",) if device == "cpu" else ("fp32", "fp16")
+
+
+def describe(mode: str, device: str) -> str:
+    """What a peer row is, in one line (printed, and the row's note)."""
+    graphs = "inductor's" if device == "cuda" and mode != "default" else "no"
+    return (f"torch.compile(mode={mode!r}, dynamic=False), one compile per batch size, "
+            f"{graphs} CUDA graphs, fresh process")
+
+
+def run_peer(spec: ModelSpec, job: dict[str, object], x: np.ndarray, cache_dir: Path
+             ) -> tuple[list[float], np.ndarray, float]:
+    """One peer row in a fresh process (`job`: precision, device, mode, iterations, warmup):
+    its times (ms), last logits and first call (s); a failure is a BackendUnavailable with the
+    child's last lines. `cache_dir`: inductor's on-disk caches (kernels, not dynamo state)."""
+    job = {**job, "spec": {k: v for k, v in asdict(spec).items() if k not in ("extra", "labels")}}
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}  # torch sets it once used
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this stgcnd and tools
+    with tempfile.TemporaryDirectory(prefix="stgcnd-bench-peer-") as tmp:
+        np.save(f"{tmp}/x.npy", x)
+        Path(tmp, "job.json").write_text(json.dumps({**job, "dir": tmp}, default=str))
+        proc = subprocess.run([sys.executable, "-m", "stgcnd_tools.bench.peer_child",
+                               f"{tmp}/job.json"], capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+            raise BackendUnavailable(f"the child exited {proc.returncode}: {tail[-600:]}")
+        with np.load(f"{tmp}/result.npz") as r:
+            return [float(t) for t in r["times_ms"]], r["logits"], float(r["first_call_s"])
 
 
 class _Loader:
@@ -283,38 +315,35 @@ def run_bench(cfg: BenchConfig) -> list[dict[str, Any]]:
 def _peer_row(cfg: BenchConfig, loader: _Loader, spec: ModelSpec, row_of: tuple[str, str],
               x: np.ndarray, gflop: float | None, base_row: dict[str, Any], ref: np.ndarray
               ) -> list[dict[str, Any]]:
-    """A peer row (bench/peer.py) in its own process, against the baseline; [] if it cannot
-    run. One session: a user's compiled module is driven by one thread (inductor's CUDA
-    graphs keep their state per thread)."""
-    name, precision = row_of
-    label = f"[M={spec.persons} B={len(x)}] {name} {precision}"
+    """A peer row, one session (a user's compiled module on one thread), or []."""
+    (name, precision), label = row_of, f"[M={spec.persons} B={len(x)}] {row_of[0]} {row_of[1]}"
     what = describe(PEER_MODES[name], cfg.device)
     try:
-        check_precision(precision, cfg.device)
+        if precision not in ("fp32", "fp16" if cfg.device == "cuda" else "bf16"):
+            raise BackendUnavailable(f"torch runs {precision} on no {cfg.device}")
         cfg.progress(f"{label}: {what} ...")
-        job = PeerJob({}, precision, cfg.device, PEER_MODES[name], int(cfg.iterations or 1),
-                      int(cfg.warmup or 0))
-        result = run_peer(spec, job, x, loader.store().root / "torch-compile" / "peers")
+        times, logits, first_s = run_peer(spec, {
+            "precision": precision, "device": cfg.device, "mode": PEER_MODES[name],
+            "iterations": cfg.iterations, "warmup": cfg.warmup},
+            x, loader.store().root / "torch-compile" / "peers")
     except BackendUnavailable as exc:
         cfg.progress(f"{label}: skipped ({exc})")
         return []
     info = RuntimeInfo("torch", precision, cfg.device, x.shape[1:], ref.shape[1], len(x))
     row = _row(name, info, x, spec.persons, cfg.frames, 1,
-               {"per_session": [result.times_ms], "parts": {}}, cfg, gflop)
-    _compare(row, [result.logits], ref, base_row)
-    row["what"], row["note"] = what, f"{what}; first call {result.first_call_s:.1f} s"
-    cfg.progress(f"{label}: median {row['median_ms']:.2f} ms ({row['speedup']:.2f}x), min "
-                 f"{row['min_ms']:.2f} ms, max|diff| {row['max_abs_diff']:.1e}, first call "
-                 f"{result.first_call_s:.1f} s")
+               {"per_session": [times], "parts": {}}, cfg, gflop)
+    _compare(row, [logits], ref, base_row)
+    row["note"] = f"{what}; first call {first_s:.1f} s"
+    cfg.progress(f"{label}: median {row['median_ms']:.2f} ms ({row['speedup']:.2f}x), max|diff| "
+                 f"{row['max_abs_diff']:.1e}, first call {first_s:.1f} s")
     return [row]
 
 
 def _bench_shape(cfg: BenchConfig, loader: _Loader, model: Any, x: np.ndarray, persons: int,
                  gflop: float | None, names: list[str]
                  ) -> tuple[list[dict[str, Any]], np.ndarray]:
-    """The in-process rows of one (M, B): the baseline and every variant round-robin, then the
-    variants' concurrent sessions (N > 1), each against the baseline; and the baseline's
-    logits."""
+    """The in-process rows of one (M, B) and the baseline's logits: the baseline and every
+    variant round-robin, then the variants' concurrent sessions (N > 1)."""
     label = f"M={persons} B={len(x)}"
     iters, warm = int(cfg.iterations or 1), int(cfg.warmup or 0)
     opened: list[tuple[str, Runtime]] = [(BASELINE_NAME, runtime_module("torch").TorchRuntime(
