@@ -59,6 +59,14 @@ def resource_counts() -> dict[str, int]:
     return {"threads": threading.active_count(), "fds": len(os.listdir("/proc/self/fd"))}
 
 
+def assert_released(before: dict[str, int]) -> None:
+    """Nothing left over since `before`: the same threads, no more descriptors. Fewer is no
+    leak: an earlier test's leftovers (a child's pipes, a context) may close meanwhile, as one
+    did in a whole-suite run (25 -> 23)."""
+    now = resource_counts()
+    assert now["threads"] == before["threads"] and now["fds"] <= before["fds"], (before, now)
+
+
 def run_in_thread(target, timeout: float = 120.0) -> None:
     """Run `target` in a thread of its own and wait for it: device resources made or driven
     by a thread other than the test's, as executors and the I/O loop do."""
