@@ -14,6 +14,12 @@
 #                                                 # first and second start, saturation
 #   OUT=dir bash scripts/device_check.sh autotune # ours against a user's max-autotune
 #                                                 # (BATCHES, default "1 64")
+#   OUT=dir bash scripts/device_check.sh peers    # #35: ours (torch fp16, compile auto in our
+#                                                 # graphs) against a user's static torch.compile
+#                                                 # (PEERS, default: mode default and
+#                                                 # max-autotune), PERSONS "1 5" x BATCHES "1 64",
+#                                                 # within PEERS_S (450) seconds; a second call on
+#                                                 # the same machine compiles from its caches
 #
 # Wheels in .whl/ (if any) are installed to /tmp/site first (a machine without an index).
 # Every daemon runs the demo model on torch fp16 with CUDA graphs; every load comes from this
@@ -133,6 +139,53 @@ fi
 if [ "$PART" = autotune ]; then
   BENCH_S=${BENCH_S:-500} bench --backends torch-cudagraph torch-compile-cudagraph \
     torch.compile-max-autotune --batch ${BATCHES:-1 64} --persons 1
+fi
+
+if [ "$PART" = peers ]; then
+  # Each user row runs in a fresh process (stgcnd_tools/bench/peer.py). First every row but
+  # max-autotune (seconds a shape), then max-autotune one (M, B) at a time (minutes a shape,
+  # cold), so that running out of time ends a shape, not the rows already measured. The store
+  # (inductor's caches in it) outlives the call: a second call on this machine compiles from it.
+  deadline=$(( SECONDS + ${PEERS_S:-450} ))
+  peers=${PEERS:-torch.compile-default torch.compile-max-autotune}
+  quick=$(echo $peers | tr ' ' '\n' | grep -vx torch.compile-max-autotune | tr '\n' ' ')
+  peer_bench() {  # $1 tag, rest: bench args; the rows to $RAW/peers-$1.json
+    local tag=$1 left=$(( deadline - SECONDS )); shift
+    [ $left -gt 20 ] || { echo "peers $tag: no time left" | tee -a "$OUT/summary-$TAG.txt"; return; }
+    PYTHONPATH=$NEW_PATH timeout $left python3 -m stgcnd bench --device cuda --precisions fp16 \
+      --iterations ${ITERATIONS:-50} --store /tmp/stgcnd-peers-store \
+      --json "$RAW/peers-$tag.json" "$@" >"$RAW/peers-$tag.txt" 2>&1
+    echo "peers $tag: exit $? at ${SECONDS}s" | tee -a "$OUT/summary-$TAG.txt"
+    grep -E '^\[M=.*(median|skipped)' "$RAW/peers-$tag.txt" | tee -a "$OUT/summary-$TAG.txt"
+  }
+  for m in ${PERSONS:-1 5}; do
+    peer_bench "m$m" --backends torch-compile-cudagraph $quick --batch ${BATCHES:-1 64} --persons $m
+  done
+  if echo " $peers " | grep -q ' torch.compile-max-autotune '; then
+    for m in ${PERSONS:-1 5}; do for b in $(echo ${BATCHES:-1 64} | tr ' ' '\n' | sort -rn); do
+      peer_bench "m$m-b$b-autotune" --backends torch.compile-max-autotune --batch $b --persons $m
+    done; done
+  fi
+  PYTHONPATH=$NEW_PATH python3 - "$RAW" <<'EOF' | tee -a "$OUT/summary-$TAG.txt"
+import glob, json, sys
+from stgcnd_tools.bench.runner import PEER_MODES
+from stgcnd_tools.table import table
+rows = [r for p in sorted(glob.glob(sys.argv[1] + "/peers-*.json")) for r in json.load(open(p))]
+rows.sort(key=lambda r: (r["persons"], r["batch"]))  # by (M, B); each file's order within
+ours = {(r["persons"], r["batch"]): r for r in rows if r["backend"] == "torch-compile-cudagraph"}
+out = []
+for r in rows:
+    o = ours.get((r["persons"], r["batch"]))
+    if r["backend"] in PEER_MODES:
+        print(f"{r['backend']} M={r['persons']} B={r['batch']}: {r['note']}")
+    if r["backend"] in PEER_MODES and o:  # by the median; ours/user > 1: ours faster
+        out.append((r["persons"], r["batch"], f"{o['median_ms']:.2f}",
+                    1e3 * r["batch"] / o["median_ms"], r["backend"], f"{r['median_ms']:.2f}",
+                    1e3 * r["batch"] / r["median_ms"], f"{r['median_ms'] / o['median_ms']:.2f}x"))
+print("ours = torch-compile-cudagraph (the daemon's runner: compile auto, our CUDA graphs), fp16")
+print("\n".join(table(("M", "B", "ours ms", "ours windows/s", "user row", "user ms",
+                        "user windows/s", "ours/user"), out, left=0)))
+EOF
 fi
 
 if [ "$PART" = serve ]; then

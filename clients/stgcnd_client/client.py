@@ -31,8 +31,9 @@ from .errors import (
     server_error,
 )
 from .payload import as_frame, as_window
-from .protocol import ErrorCode, Op, ProtocolError, Reply, decode_reply, encode_request
+from .protocol import ErrorCode, Op, ProtocolError
 from .results import Result, ServerInfo
+from .wire import Reply, decode_reply, encode_request
 
 # An attempt shorter than this cannot tell a slow server from a lost message, so short deadlines
 # get fewer, longer attempts instead of many tiny ones.
@@ -112,22 +113,31 @@ class Client:
         return ServerInfo.from_result(result)
 
     def infer(
-        self, window: Any, model: str | None = None, timeout: float | None = None
+        self, window: Any, model: str | None = None, timeout: float | None = None,
+        timestamp: float | None = None,
     ) -> Result:
-        """Classify one full window (3, T, V, M), float32 or float16."""
+        """Classify one full window (3, T, V, M), float32 or float16.
+
+        ``timestamp``: the capture time of the window's last frame, in seconds (Unix time, or
+        a recording's time); the camera's events then run on it (docs/protocol.md, ``ts``).
+        """
         array = as_window(window)
-        result, client_ms = self._call(Op.INFER, model=model, arrays=(array,), timeout=timeout)
+        result, client_ms = self._call(Op.INFER, model=model, arrays=(array,), timeout=timeout,
+                                       **_ts(timestamp))
         return Result.from_result(result, client_ms)
 
     def push(
-        self, frame: Any, model: str | None = None, timeout: float | None = None
+        self, frame: Any, model: str | None = None, timeout: float | None = None,
+        timestamp: float | None = None,
     ) -> Result | None:
         """Append one frame (3, V, M) to this camera's window on the server.
 
         Returns None until the server's window is full, then a Result every ``stride`` frames.
+        ``timestamp``: the frame's capture time, as for `infer`.
         """
         array = as_frame(frame)
-        result, client_ms = self._call(Op.PUSH, model=model, arrays=(array,), timeout=timeout)
+        result, client_ms = self._call(Op.PUSH, model=model, arrays=(array,), timeout=timeout,
+                                       **_ts(timestamp))
         if not result.get("ready"):
             return None
         return Result.from_result(result, client_ms)
@@ -340,6 +350,11 @@ def _checked_timeout(timeout: float) -> float:
     if not (math.isfinite(seconds) and seconds > 0):
         raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
     return seconds
+
+
+def _ts(timestamp: float | None) -> dict[str, float]:
+    """The header's `ts` when one is given (none sent otherwise: the daemon's clocks)."""
+    return {} if timestamp is None else {"ts": float(timestamp)}
 
 
 def _is_expired(reply: Reply) -> bool:

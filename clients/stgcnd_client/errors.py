@@ -26,6 +26,21 @@ class CrossThreadUse(ClientError):
     """A Client was used from two threads; ZeroMQ sockets are not thread-safe."""
 
 
+class EventsGap(ClientError):
+    """`Events`: messages were lost (a slow subscriber past the daemon's queue), or the daemon
+    restarted. ``missed``: how many (None: a restart, whose end is not known). A snapshot of
+    the open events follows: forget what you believed open, and go on reading."""
+
+    def __init__(self, message: str, missed: int | None) -> None:
+        super().__init__(message)
+        self.missed = missed
+
+
+class NoHeartbeat(ClientError):
+    """`Events`: nothing from the daemon for longer than its heartbeats allow: it stopped, or
+    the network between is down (the socket keeps reconnecting: reading on waits for it)."""
+
+
 class BadReply(ClientError):
     """The server's reply does not follow the protocol this client speaks."""
 

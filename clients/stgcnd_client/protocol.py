@@ -2,7 +2,8 @@
 
 Frame 0 is a msgpack header, frames 1..n raw little-endian arrays described by
 ``header["arrays"]`` (docs/protocol.md). Pure (no sockets, no clocks), so daemon, client and
-tests share it.
+tests share it. The client's half (requests encoded, replies decoded) is wire.py, reachable
+from here too: the daemon never loads it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -158,43 +159,7 @@ class ErrorInfo:
     appended: bool | None = None   # push: whether its frame is in the camera's window
 
 
-@dataclass(frozen=True)
-class Reply:
-    id: int | None
-    ok: bool
-    result: dict[str, Any] = field(default_factory=dict)
-    error: ErrorInfo | None = None
-    version: int = PROTOCOL_VERSION
-
-
 # --------------------------------------------------------------------------- requests
-
-
-def encode_request(
-    op: Op | str,
-    req_id: int,
-    camera: str,
-    model: str | None = None,
-    arrays: Iterable[np.ndarray] = (),
-    timeout_ms: float | None = None,
-    **fields: Any,
-) -> list[bytes]:
-    """Build the frames of one request: [header, *array bytes] (no identity frame)."""
-    clash = COMMON_REQUEST_KEYS.intersection(fields)
-    if clash:
-        raise ValueError(f"op fields {sorted(clash)} clash with the common request header keys")
-    wire_arrays = [_to_wire(a) for a in arrays]
-    header: dict[str, Any] = {
-        "v": PROTOCOL_VERSION,
-        "op": _enum_value(op),
-        "id": int(req_id),
-        "camera": camera,
-        "model": model,
-        "timeout_ms": None if timeout_ms is None else float(timeout_ms),
-        "arrays": [{"dtype": name, "shape": list(a.shape)} for name, a in wire_arrays],
-    }
-    header.update(fields)
-    return [_pack(header)] + [a.tobytes() for _, a in wire_arrays]
 
 
 def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Request:
@@ -219,10 +184,8 @@ def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Reque
         )
     header = _unpack(header_buf, limits)
     if not isinstance(header, dict):
-        raise ProtocolError(
-            ErrorCode.MALFORMED,
-            f"header must be a msgpack map, got {type(header).__name__}",
-        )
+        raise ProtocolError(ErrorCode.MALFORMED,
+                            f"header must be a msgpack map, got {type(header).__name__}")
     # Every check runs on every request, on the daemon's I/O loop, so they are written for
     # the common case: what msgpack decodes is exactly int, float, str, list or dict (no
     # subclasses but bool), so `type(x) is int` is `_is_int` there, without a call.
@@ -326,17 +289,8 @@ def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Reque
         if header.keys() <= COMMON_REQUEST_KEYS
         else {k: v for k, v in header.items() if k not in COMMON_REQUEST_KEYS}
     )
-    return Request(
-        op=op,
-        id=req_id,
-        camera=camera,
-        model=model,
-        timeout_ms=timeout_ms,
-        arrays=tuple(arrays),
-        fields=fields,
-        version=version,
-        nbytes=total,
-    )
+    return Request(op=op, id=req_id, camera=camera, model=model, timeout_ms=timeout_ms,
+                   arrays=tuple(arrays), fields=fields, version=version, nbytes=total)
 
 
 def peek_id(header: Any, limits: Limits | None = None) -> int | None:
@@ -402,57 +356,6 @@ def encode_reply(
     return [_pack(header)]
 
 
-def decode_reply(frames: Sequence[Any]) -> Reply:
-    """Decode a reply's frames (as a DEALER receives them). Raises `ProtocolError`."""
-    if not frames:
-        raise ProtocolError(ErrorCode.MALFORMED, "empty reply")
-    try:
-        # The client trusts its daemon more than the daemon trusts clients, but a reply is still
-        # bounded: v1 replies are small maps.
-        header = msgpack.unpackb(
-            _as_bytes_view(frames[0]), raw=False, strict_map_key=False, max_ext_len=0
-        )
-    except Exception as exc:
-        raise ProtocolError(ErrorCode.MALFORMED, f"reply header is not msgpack: {exc}") from None
-    if not isinstance(header, dict):
-        raise ProtocolError(ErrorCode.MALFORMED, "reply header is not a map")
-    version = header.get("v")
-    if not _is_int(version):
-        raise ProtocolError(ErrorCode.MALFORMED, 'reply header lacks an integer "v"')
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(
-            ErrorCode.UNSUPPORTED_VERSION,
-            f"server replied with protocol version {version}; this client speaks "
-            f"{PROTOCOL_VERSION}",
-        )
-    req_id = header.get("id")
-    if req_id is not None and not _is_int(req_id):
-        raise ProtocolError(ErrorCode.MALFORMED, 'reply "id" must be an integer or nil')
-    ok = header.get("ok")
-    if not isinstance(ok, bool):
-        raise ProtocolError(ErrorCode.MALFORMED, 'reply lacks a boolean "ok"', req_id)
-    if ok:
-        result = header.get("result", {})
-        if not isinstance(result, dict):
-            raise ProtocolError(ErrorCode.MALFORMED, 'reply "result" must be a map', req_id)
-        return Reply(id=req_id, ok=True, result=result, version=version)
-    error = header.get("error")
-    if (
-        not isinstance(error, dict)
-        or not isinstance(error.get("code"), str)
-        or not isinstance(error.get("message", ""), str)
-    ):
-        raise ProtocolError(
-            ErrorCode.MALFORMED, 'error reply needs "error": {"code": str, "message": str}', req_id
-        )
-    # Optional keys of a v1 error map; of another type (a newer server's?) they are left out.
-    reason, appended = error.get("reason"), error.get("appended")
-    info = ErrorInfo(code=error["code"], message=error.get("message", ""),
-                     reason=reason if isinstance(reason, str) else None,
-                     appended=appended if isinstance(appended, bool) else None)
-    return Reply(id=req_id, ok=False, error=info, version=version)
-
-
 # --------------------------------------------------------------------------- payload checks
 
 
@@ -484,10 +387,8 @@ def _check_payload(
     array: np.ndarray, expected: tuple[int, ...], what: str, axes: tuple[str, ...]
 ) -> None:
     if array.dtype.kind != "f" or array.dtype.itemsize not in (2, 4):
-        raise ProtocolError(
-            ErrorCode.BAD_DTYPE,
-            f"{what} must be float32 or float16, got {array.dtype.name}",
-        )
+        raise ProtocolError(ErrorCode.BAD_DTYPE,
+                            f"{what} must be float32 or float16, got {array.dtype.name}")
     if tuple(array.shape) != expected:
         names = ", ".join(axes)
         raise ProtocolError(
@@ -556,19 +457,6 @@ def _as_bytes_view(frame: Any) -> memoryview:
     return view
 
 
-def _to_wire(array: Any) -> tuple[str, np.ndarray]:
-    arr = np.asarray(array)
-    for name, dtype in DTYPES.items():
-        if arr.dtype.kind == dtype.kind and arr.dtype.itemsize == dtype.itemsize:
-            # Fixes byte order and memory layout in one copy at most.
-            return name, np.ascontiguousarray(arr, dtype=dtype)
-    raise ProtocolError(
-        ErrorCode.BAD_DTYPE,
-        f"arrays travel as float32 or float16, got {arr.dtype.name}; convert with "
-        ".astype(numpy.float32)",
-    )
-
-
 def _msgpack_default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return obj.tolist()
@@ -593,16 +481,9 @@ def _pack(obj: Any) -> bytes:
 
 def _unpack(buf: memoryview, limits: Limits) -> Any:
     try:
-        return msgpack.unpackb(
-            buf,
-            raw=False,
-            strict_map_key=True,
-            max_str_len=limits.max_str_len,
-            max_bin_len=limits.max_bin_len,
-            max_array_len=limits.max_array_len,
-            max_map_len=limits.max_map_len,
-            max_ext_len=0,
-        )
+        return msgpack.unpackb(buf, raw=False, strict_map_key=True, max_str_len=limits.max_str_len,
+                               max_bin_len=limits.max_bin_len, max_array_len=limits.max_array_len,
+                               max_map_len=limits.max_map_len, max_ext_len=0)
     except Exception as exc:
         # msgpack raises several types (ValueError, FormatError, StackError, ExtraData, ...);
         # every one of them means the same thing to the peer.
@@ -700,3 +581,15 @@ def _error_map(error: Any) -> dict[str, Any]:
                 "message": str(error.get("message", ""))}
     code, message = error
     return {"code": str(_enum_value(code)), "message": str(message)}
+
+
+_CLIENT_HALF = frozenset({"Reply", "encode_request", "decode_reply"})
+
+
+def __getattr__(name: str) -> Any:
+    """The client's half, wire.py, imported when first asked for here (PEP 562)."""
+    if name in _CLIENT_HALF:
+        from . import wire
+
+        return getattr(wire, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

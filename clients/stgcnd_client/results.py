@@ -34,17 +34,13 @@ class Result:
     @classmethod
     def from_result(cls, result: Mapping[str, Any], client_ms: float) -> Result:
         try:
-            return cls(
-                model=str(result["model"]),
-                logits=np.asarray(result["logits"], dtype=np.float32),
-                probs=np.asarray(result["probs"], dtype=np.float32),
-                label=int(result["label"]),
-                label_name=str(result["label_name"]),
-                timings=_timings(result.get("timings") or {}),
-                client_ms=float(client_ms),
-                seq=_optional_int(result.get("seq")),
-                frames=_optional_int(result.get("frames")),
-            )
+            return cls(model=str(result["model"]),
+                       logits=np.asarray(result["logits"], dtype=np.float32),
+                       probs=np.asarray(result["probs"], dtype=np.float32),
+                       label=int(result["label"]), label_name=str(result["label_name"]),
+                       timings=_timings(result.get("timings") or {}), client_ms=float(client_ms),
+                       seq=_optional_int(result.get("seq")),
+                       frames=_optional_int(result.get("frames")))
         except (KeyError, TypeError, ValueError) as exc:
             raise BadReply(f"prediction reply is missing or mistypes a field: {exc!r}") from None
 
@@ -99,25 +95,16 @@ class ServerInfo:
                  "stride"}
         try:
             models = tuple(
-                ModelInfo(
-                    name=str(m["name"]),
-                    input_shape=tuple(int(d) for d in m["input_shape"]),
-                    num_class=int(m["num_class"]),
-                    labels=tuple(str(label) for label in m.get("labels", ())),
-                    backend=str(m.get("backend", "")),
-                    precision=str(m.get("precision", "")),
-                    default=bool(m.get("default", False)),
-                    stride=int(m.get("stride", 1)),
-                    extra={k: v for k, v in m.items() if k not in known},
-                )
+                ModelInfo(name=str(m["name"]), input_shape=tuple(int(d) for d in m["input_shape"]),
+                          num_class=int(m["num_class"]),
+                          labels=tuple(str(label) for label in m.get("labels", ())),
+                          backend=str(m.get("backend", "")), precision=str(m.get("precision", "")),
+                          default=bool(m.get("default", False)), stride=int(m.get("stride", 1)),
+                          extra={k: v for k, v in m.items() if k not in known})
                 for m in result["models"]
             )
-            return cls(
-                server=str(result["server"]),
-                protocol=int(result["protocol"]),
-                camera=str(result["camera"]),
-                models=models,
-            )
+            return cls(server=str(result["server"]), protocol=int(result["protocol"]),
+                       camera=str(result["camera"]), models=models)
         except (KeyError, TypeError, ValueError) as exc:
             raise BadReply(f"hello reply is missing or mistypes a field: {exc!r}") from None
 

@@ -53,6 +53,13 @@ class RuntimeFailed(UserError):
         return (type(self), (self.runtime, self.step, self.reason))
 
 
+def first_line(text: str, limit: int = 300) -> str:
+    """The first non-blank line of an error's text, at most `limit` characters: what a log
+    line or a one-line error quotes of a runtime's (often multi-line) message."""
+    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
 @contextmanager
 def at_step(step: str) -> Iterator[None]:
     """Note on any exception raised inside at which step of making a runtime ready it

@@ -57,12 +57,10 @@ def configure_logging(level: str | int = "info", fmt: LogFormat = "auto",
         shared.append(structlog.processors.format_exc_info)
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=False)
-    structlog.configure(
-        processors=[*shared, renderer],
-        wrapper_class=structlog.make_filtering_bound_logger(parse_level(level)),
-        logger_factory=structlog.WriteLoggerFactory(file=stream),
-        cache_logger_on_first_use=False,
-    )
+    structlog.configure(processors=[*shared, renderer],
+                        wrapper_class=structlog.make_filtering_bound_logger(parse_level(level)),
+                        logger_factory=structlog.WriteLoggerFactory(file=stream),
+                        cache_logger_on_first_use=False)
     warnings.showwarning = _log_warning
 
 

@@ -23,8 +23,15 @@ from stgcnd.engines.builders import get_builder
 from stgcnd.engines.keys import key_digest
 from stgcnd.engines.options import BuildOptions
 from stgcnd.engines.store import Artifact, EngineStore
-from stgcnd.errors import BackendUnavailable, BuildCancelled, UserError, at_step, step_of
-from stgcnd.fsutil import atomic_write_json
+from stgcnd.errors import (
+    BackendUnavailable,
+    BuildCancelled,
+    UserError,
+    at_step,
+    first_line,
+    step_of,
+)
+from stgcnd.fsutil import atomic_write_json, read_system_file
 from stgcnd.log import get_logger
 from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
@@ -98,11 +105,6 @@ def serving_options(options: BuildOptions) -> BuildOptions:
 
 # --- loading -------------------------------------------------------------------------------
 
-def _first_line(text: str, limit: int = 300) -> str:
-    line = next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "")
-    return line if len(line) <= limit else line[:limit - 3] + "..."
-
-
 def _load_artifact(model: ModelLike, backend: str, options: BuildOptions,
                    store: EngineStore, before_load: Callable[[], None]
                    ) -> Runtime:
@@ -127,9 +129,9 @@ def _load_artifact(model: ModelLike, backend: str, options: BuildOptions,
     except Exception as exc:
         if not artifact.reused:
             raise _load_failure(backend, artifact, exc) from None
-        reason = f"failed to load: {_first_line(str(exc)) or type(exc).__name__}"
+        reason = f"failed to load: {first_line(str(exc)) or type(exc).__name__}"
         log.warning("engine_load_failed", backend=backend, path=str(artifact.path),
-                    error=_first_line(str(exc)), action="rebuilding it once")
+                    error=first_line(str(exc)), action="rebuilding it once")
     with at_step("build"):
         artifact = store.prepare(model, backend, options, rebuild=reason)
     with at_step("load"):
@@ -144,7 +146,7 @@ def _load_artifact(model: ModelLike, backend: str, options: BuildOptions,
 
 def _load_failure(backend: str, artifact: Artifact, exc: BaseException) -> UserError:
     return UserError(f"the {backend} {artifact.precision} artefact {artifact.path} fails to "
-                     f"load just after it was built: {_first_line(str(exc)) or type(exc).__name__}"
+                     f"load just after it was built: {first_line(str(exc)) or type(exc).__name__}"
                      "; check the runtime install with `stgcnd doctor`, or try another "
                      "backend/precision")
 
@@ -156,8 +158,7 @@ def load_runtime(model: ModelLike, backend: str, options: BuildOptions,
     Exceptions say at which step they happened (errors.step_of). `before_load` is called
     once the artefact exists, right before it is loaded (the memory plan measures from
     there: a build's page cache and libraries are not the model's cost)."""
-    if before_load is None:
-        before_load = _nothing
+    before_load = before_load or (lambda: None)
     reason = available().get(backend, f"unknown backend {backend!r}")
     if reason is not None:
         with at_step("import"):
@@ -189,10 +190,6 @@ def load_runtime(model: ModelLike, backend: str, options: BuildOptions,
             before_load()
             return get_builder(backend).open(artifact, options, model, store.root)
     raise UserError(f"unknown backend {backend!r}; choose auto, {', '.join(NAMES)}")
-
-
-def _nothing() -> None:
-    pass
 
 
 def named_options(backend: str, options: BuildOptions) -> BuildOptions:
@@ -246,14 +243,9 @@ def first_that_serves(model: ModelLike, backend: str, options: BuildOptions,
 # --- auto ----------------------------------------------------------------------------------
 
 def machine_key() -> dict[str, Any]:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = next((line.split(":", 1)[1].strip() for line in (
+        read_system_file(Path("/proc/cpuinfo")) or "").splitlines()
+        if line.startswith("model name")), "")
     return {"machine": platform.machine(), "cpu": cpu or platform.processor(),
             "cpus": os.cpu_count(), "torch": module_version("torch"),
             "onnxruntime": module_version("onnxruntime")}
@@ -462,7 +454,7 @@ def _skipped(runtime: str, reason: str, gpu: bool) -> None:
 
 def fallback(choice: Choice, exc: BaseException) -> str:
     """Log one runtime's failure (one line, no traceback); returns it for the final error."""
-    step, reason = step_of(exc), _first_line(str(exc)) or type(exc).__name__
+    step, reason = step_of(exc), first_line(str(exc)) or type(exc).__name__
     log.warning("backend_fallback", runtime=choice.backend, step=step, reason=reason,
                 error_type=type(exc).__name__)
     return f"{choice.backend} at {step}: {reason}"

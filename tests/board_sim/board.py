@@ -190,9 +190,9 @@ def install(spec: dict[str, Any]) -> None:
     stgcnd.board.ROOT = root
     sys.modules["tensorrt"] = _fake_tensorrt()
 
+    import stgcnd.engines.build as store_build
     import stgcnd.engines.builders.tensorrt as builder
     import stgcnd.engines.device as device
-    import stgcnd.engines.store as store
     import stgcnd.runtimes as runtimes
     import stgcnd.runtimes.cuda as cuda
     import stgcnd.runtimes.tensorrt_runtime as trt_runtime
@@ -228,11 +228,11 @@ def install(spec: dict[str, Any]) -> None:
         out.write_bytes(b"simulated engine")
         return {"tensorrt": "8.5.2.2", "simulated": True}
 
-    validate = store.EngineStore._validate
+    validate = store_build.validate_artifact
 
-    def no_validation(self: Any, builder: Any, ctx: Any, draft: Any) -> Any:
+    def no_validation(builder: Any, ctx: Any, draft: Any) -> Any:
         if builder.name != "tensorrt":
-            return validate(self, builder, ctx, draft)
+            return validate(builder, ctx, draft)
         return {"skipped": "simulated board: the engine cannot be run to validate it"}
 
     def load(self: Any, engine_path: Path, input_shape: tuple[int, ...], num_class: int,
@@ -276,7 +276,7 @@ def install(spec: dict[str, Any]) -> None:
 
     builder.TensorRTBuilder.check = check  # type: ignore[method-assign]
     builder.TensorRTBuilder.build = build  # type: ignore[method-assign]
-    store.EngineStore._validate = no_validation  # type: ignore[method-assign]
+    store_build.validate_artifact = no_validation
     trt_runtime.TensorRTRuntime.__init__ = load  # type: ignore[method-assign]
     trt_runtime.TensorRTRuntime._open_runner = open_runner  # type: ignore[method-assign]
     trt_runtime.TensorRTRuntime.runner_bytes = runner_bytes  # type: ignore[method-assign]

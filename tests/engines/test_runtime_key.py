@@ -9,9 +9,10 @@ import pytest
 
 from stgcnd.engines.device import (
     _DPKG_FORMAT,
+    TENSORRT_DPKG_PATTERNS,
+    dpkg_packages,
     parse_dpkg_packages,
     runtime_identity,
-    tensorrt_packages,
 )
 from stgcnd.engines.keys import describe_key_change, key_digest, make_key_parts
 
@@ -54,7 +55,7 @@ def test_format_is_what_dpkg_query_prints_here():
 
 def test_no_tensorrt_packages_means_no_key_part():
     """Here (no libnvinfer package) the key is what it was, for every backend."""
-    assert tensorrt_packages() == {}  # dpkg-query exits 1 for no match: handled
+    assert dpkg_packages(*TENSORRT_DPKG_PATTERNS) == {}  # dpkg-query exits 1 for no match: handled
     assert runtime_identity("tensorrt") == {} and runtime_identity("onnxruntime") == {}
     base = dict(onnx_sha256="a" * 64, backend="tensorrt", backend_version="8.5.2.2",
                 device={"kind": "cuda"}, options={}, input_shape=[3, 150, 33, 1],

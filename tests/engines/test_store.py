@@ -20,7 +20,7 @@ from stgcnd.engines.keys import key_digest
 from stgcnd.engines.options import BuildOptions
 from stgcnd.engines.store import BUILT_HERE, EngineStore
 from stgcnd.errors import UserError
-from tests.conftest import write_checkpoint
+from tests.conftest import NARROW, write_checkpoint
 from tests.engines.conftest import (
     FRAMES,
     REPO,
@@ -169,7 +169,7 @@ def test_a_changed_checkpoint_is_another_model_and_a_moved_one_the_same(tmp_path
     first = store.prepare(spec, "onnxruntime", BuildOptions(), validate=False)
     art, _, onnx = paths(tmp_path / "engines", spec)
     onnx_sha, art_sha = sha(onnx), sha(art)
-    write_checkpoint(ckpt, demo_state_dict("mediapipe", "spatial", 2, True, seed=8))
+    write_checkpoint(ckpt, demo_state_dict("mediapipe", "spatial", 2, True, seed=8, widths=NARROW))
     with capture_logs() as logs:
         second = store.prepare(spec, "onnxruntime", BuildOptions(), validate=False)
     assert first.path != second.path and not second.reused and second.reason == "missing"

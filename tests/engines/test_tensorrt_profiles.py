@@ -6,21 +6,29 @@ from __future__ import annotations
 import pytest
 
 from stgcnd.engines.builders.tensorrt import (
-    batch_buckets,
     bucket_profiles,
     calibration_batching,
     calibration_cache_name,
 )
+from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import UserError
 from stgcnd.runtimes.base import normalize_buckets
 from stgcnd.runtimes.tensorrt_runtime import plan_contexts
 
 
-@pytest.mark.parametrize(("max_batch", "buckets"), [
-    (1, (1,)), (2, (1, 2)), (6, (1, 2, 4, 6)), (8, (1, 2, 4, 8)), (9, (1, 2, 4, 8, 9)),
+def batch_buckets(max_batch, buckets=None):
+    """The buckets an engine is built with: the model's, cut by max_batch (serving_plan)."""
+    given = {} if buckets is None else {"buckets": buckets}
+    return BuildOptions(max_batch=max_batch, **given).buckets
+
+
+@pytest.mark.parametrize(("max_batch", "given", "buckets"), [
+    (1, None, (1,)), (2, None, (1, 2)), (6, None, (1, 2, 4, 6)), (8, None, (1, 2, 4, 8)),
+    (9, None, (1, 2, 4, 8, 9)), (16, None, (1, 2, 4, 8, 12, 16)),
+    (64, (12, 24, 48), (1, 12, 24, 48)), (16, (4,), (1, 4)),
 ])
-def test_buckets(max_batch, buckets):
-    assert batch_buckets(max_batch) == buckets
+def test_buckets(max_batch, given, buckets):
+    assert batch_buckets(max_batch, given) == buckets
 
 
 def test_one_profile_per_bucket_covers_every_batch_once():
@@ -44,6 +52,10 @@ def test_runner_buckets_map_onto_the_built_profiles():
         assert set(plan.buckets) <= set(batch_buckets(8))
         for b in asked:  # every batch size the scheduler may form has a bucket that holds it
             assert any(bucket >= b for bucket in plan.buckets)
+    # The model's own buckets are the profiles built: each is served as itself.
+    built = batch_buckets(64, (1, 12, 24, 48))
+    plan = plan_contexts(built, bucket_profiles(built), dynamic=True)
+    assert plan.buckets == built == (1, 12, 24, 48)
 
 
 @pytest.mark.parametrize(("windows", "max_batch", "dynamic", "expected"), [

@@ -10,7 +10,6 @@ from stgcnd.engines.calibration import load_windows
 from stgcnd.engines.device import (
     device_slug,
     jetson_identity,
-    parse_dpkg_version,
     parse_nvidia_smi,
 )
 from stgcnd.engines.keys import describe_key_change
@@ -51,8 +50,6 @@ def test_describe_key_change_names_nested_parts():
 def test_jetson_release_parsing(tmp_path):
     assert l4t_release(TEGRA_36_3) == "36.3.0"
     assert l4t_release("garbage") is None
-    assert parse_dpkg_version("nvidia-l4t-core\t36.3.0-20240506102626\n") == \
-        "36.3.0-20240506102626"
     assert parse_nvidia_smi("NVIDIA H100 80GB HBM3, 9.0\n") == {
         "name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}
     assert jetson_identity(tmp_path) is None  # not a Jetson

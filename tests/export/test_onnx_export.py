@@ -5,8 +5,6 @@ that check fails; and the CLI's user errors."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import onnx
@@ -19,7 +17,7 @@ from stgcnd.errors import UserError, ValidationError
 from stgcnd.export.onnx_export import export_model
 from stgcnd.model import ModelSpec, load_model, reference_logits
 from stgcnd.model.synthetic import synthetic_windows
-from tests.conftest import stgcnd_at_once
+from tests.conftest import write_checkpoint
 
 T = 30
 
@@ -29,11 +27,17 @@ def check_with_ort(model, dynamic_batch: bool = False):
     return lambda data: validate_export(model, data, dynamic_batch)
 
 
+@pytest.fixture(scope="module")
+def original_path(tmp_path_factory, original_state):
+    return write_checkpoint(tmp_path_factory.mktemp("orig") / "m.pt", original_state)
+
+
+# The one export checked at the original's full widths (the others export the narrow network).
 # M=5 costs five times M=1 on the CPU; more than one person is also exported (dynamic batch,
 # M=2) in the fast tier.
 @pytest.mark.parametrize("persons", [1, pytest.param(5, marks=pytest.mark.slow)])
-def test_static_export_matches_pytorch(tmp_path, checkpoint_path, persons):
-    model = load_model(ModelSpec(checkpoint=checkpoint_path, persons=persons, frames=T))
+def test_static_export_matches_pytorch(tmp_path, original_path, persons):
+    model = load_model(ModelSpec(checkpoint=original_path, persons=persons, frames=T))
     res = export_model(model, tmp_path / "m.onnx", validate=check_with_ort(model))
     assert res.validation is not None and res.validation["max_abs_diff"] <= 1e-4
     assert res.validation["runtime"] == "onnxruntime-cpu"
@@ -128,46 +132,40 @@ def test_output_must_be_onnx(tmp_path, checkpoint_path):
         export_model(model, tmp_path / "m.bin")
 
 
-def run_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "stgcnd", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300)
-
-
-def test_cli_export_and_user_errors(tmp_path, checkpoint_path):
+def test_cli_export_and_user_errors(tmp_path, checkpoint_path, stgcnd_main):
+    """What `stgcnd export` does and says, in process (a fresh interpreter per command cost
+    seconds each and is no part of what is checked here)."""
     out = tmp_path / "engines" / "single.onnx"
+    r = stgcnd_main("export", "--checkpoint", str(checkpoint_path), "--persons", "1",
+                    "--frames", str(T), "--output", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "validated with ONNX Runtime" in r.stdout and out.is_file()
+    # The README's command makes what a batching daemon needs (issue #31): a dynamic batch.
+    assert json.loads(out.with_name(out.name + ".json").read_text())["dynamic_batch"] is True
     errors = [
         (["--checkpoint", str(tmp_path / "missing.pt")], "not found"),
         (["--checkpoint", str(checkpoint_path), "--layout", "openpose"], "33 joints"),
         (["--checkpoint", str(checkpoint_path), "--labels", "a", "b", "c"], "2 classes"),
         (["--persons", "0"], "persons must be >= 1"),
+        (["--checkpoint", str(out)], "cannot read"),  # an ONNX file: no checkpoint
     ]
-    argvs = [["export", *bad, "--frames", str(T), "--output", str(tmp_path / f"x{i}.onnx")]
-             for i, (bad, _) in enumerate(errors)]
-    # The export and the user errors that do not need its output, at once.
-    r, r_int, *runs = stgcnd_at_once(
-        ["export", "--checkpoint", str(checkpoint_path), "--persons", "1", "--frames", str(T),
-         "--output", str(out)],
-        ["export", "--persons", "one", "--output", "x.onnx"], *argvs)
-    assert r.returncode == 0, r.stderr
-    assert "validated with ONNX Runtime" in r.stdout and out.is_file()
-    # The README's command makes what a batching daemon needs (issue #31): a dynamic batch.
-    assert json.loads(out.with_name(out.name + ".json").read_text())["dynamic_batch"] is True
-    errors.append((["--checkpoint", str(out)], "cannot read"))  # an ONNX file: no checkpoint
-    runs.append(run_cli("export", *errors[-1][0], "--frames", str(T), "--output",
-                        str(tmp_path / "x.onnx")))
-    for (bad, expect), e in zip(errors, runs):
+    for i, (bad, expect) in enumerate(errors):
+        e = stgcnd_main("export", *bad, "--frames", str(T), "--output",
+                        str(tmp_path / f"x{i}.onnx"))
         assert e.returncode == 2, (bad, e.stderr)
         last = e.stderr.strip().splitlines()[-1]
         assert last.startswith("stgcnd export: error:") and expect in last, e.stderr
         assert "Traceback" not in e.stderr
+    r_int = stgcnd_main("export", "--persons", "one", "--output", "x.onnx")
     assert r_int.returncode == 2 and "invalid int value" in r_int.stderr
 
 
-def test_every_command_has_help():
+def test_every_command_has_help(stgcnd_main):
     from stgcnd.cli import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
     assert "export" in sub.choices
-    for name, r in zip(sub.choices, stgcnd_at_once(*[[name, "--help"] for name in sub.choices])):
+    for name in sub.choices:
+        r = stgcnd_main(name, "--help")
         assert r.returncode == 0 and "usage: stgcnd" in r.stdout, name

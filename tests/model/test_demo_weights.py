@@ -5,26 +5,30 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stgcnd.model.architecture import stream_state_layout
+from stgcnd.model.architecture import WIDTHS, state_widths, stream_state_layout
 from stgcnd.model.demo import demo_arrays
 from stgcnd.model.folded import fold_state, folded_logits
 from stgcnd.model.numpy_demo import load_numpy_demo
 from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
+from tests.conftest import NARROW
 from tests.model.numpy_reference import two_stream_forward
 
 
-@pytest.mark.parametrize("edge_importance", [True, False])
-def test_state_layout_is_the_torch_modules_own(edge_importance):
-    """The weights are drawn in this order: it must be exactly what state_dict() lists."""
+@pytest.mark.parametrize("edge_importance,widths", [(True, WIDTHS), (False, WIDTHS),
+                                                    (True, NARROW)])
+def test_state_layout_is_the_torch_modules_own(edge_importance, widths):
+    """The weights are drawn in this order: it must be exactly what state_dict() lists, and
+    a state's widths are read back from its tensors."""
     torch = pytest.importorskip("torch")
     from stgcnd.model.graph import adjacency
     from stgcnd.model.stgcn import STGCN
 
     a = adjacency("mediapipe")
-    module = STGCN(torch.from_numpy(a), 4, 3, edge_importance)
+    module = STGCN(torch.from_numpy(a), 4, 3, edge_importance, widths=widths)
     want = [(k, tuple(v.shape)) for k, v in module.state_dict().items()]
-    assert stream_state_layout(3, 33, 4, 3, edge_importance) == want
+    assert stream_state_layout(3, 33, 4, 3, edge_importance, widths) == want
+    assert state_widths(module.state_dict()) == widths
 
 
 def test_demo_state_dict_loads_strictly_and_equals_the_arrays():

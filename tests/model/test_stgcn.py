@@ -18,9 +18,12 @@ T = 12  # short windows (two stride-2 blocks: 12, 6, 3 frames): these tests are 
 
 
 @pytest.mark.parametrize("formula", ["first-difference", "second-difference"])
-@pytest.mark.parametrize("persons,present", [(1, 1), (5, 2)])
-def test_two_stream_matches_numpy_reference(tmp_path, two_stream_state, formula, persons,
-                                            present):
+@pytest.mark.parametrize("persons,present,width", [(1, 1, "narrow"), (5, 2, "narrow"),
+                                                   (1, 1, "original")])
+def test_two_stream_matches_numpy_reference(tmp_path, request, formula, persons, present,
+                                            width):
+    state_fixture = "two_stream_state" if width == "narrow" else "original_state"
+    two_stream_state = request.getfixturevalue(state_fixture)
     ckpt = write_checkpoint(tmp_path / "m.pt", two_stream_state)
     model = load_model(ModelSpec(checkpoint=ckpt, persons=persons, frames=T, motion=formula))
     x = synthetic_windows(2, T, persons, present=present, seed=11)

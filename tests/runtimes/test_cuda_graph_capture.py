@@ -1,5 +1,5 @@
-"""A failed CUDA-graph capture is cleaned up and not fatal (runtimes/cuda.py DriverGraph, and
-the TensorRT runner's captures).
+"""A failed CUDA-graph capture is cleaned up and not fatal (runtimes/cuda_batch.py
+DriverGraph, and the TensorRT runner's captures).
 
 No GPU here: libcuda is replaced by a recorder that answers like the driver (CUresult codes,
 out-parameters through ctypes). What is checked is the order of driver calls stgcnd makes
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-from stgcnd.runtimes import cuda
+from stgcnd.runtimes import cuda, cuda_batch
 from stgcnd.runtimes.tensorrt_runtime import ContextPlan, TensorIO, TensorRTRuntime, TrtRunner
 
 
@@ -64,7 +64,7 @@ def driver(monkeypatch):
 
 
 def test_capture_success_instantiates_and_gives_the_exec_handle(driver):
-    g = cuda.DriverGraph(0xABC).capture(lambda: True)
+    g = cuda_batch.DriverGraph(0xABC).capture(lambda: True)
     assert g.exec_handle == 0x5678   # what DriverCalls.launch_graph replays
     g.destroy()
     g.destroy()                      # idempotent: nothing destroyed twice
@@ -77,14 +77,15 @@ def test_failing_work_ends_capture_and_destroys_partial_graph(driver):
     def enqueue():
         raise RuntimeError("TensorRT execute_async_v3 failed")
 
-    with pytest.raises(cuda.GraphsUnavailable, match="capture failed: TensorRT execute_async"):
-        cuda.DriverGraph(0xABC).capture(enqueue)
+    with pytest.raises(cuda_batch.GraphsUnavailable,
+                       match="capture failed: TensorRT execute_async"):
+        cuda_batch.DriverGraph(0xABC).capture(enqueue)
     assert driver.calls == ["begin", "end", "graph_destroy"]
 
 
 def test_work_answering_false_is_a_failure_too(driver):
-    graph = cuda.DriverGraph(0xABC)
-    with pytest.raises(cuda.GraphsUnavailable, match="reported failure"):
+    graph = cuda_batch.DriverGraph(0xABC)
+    with pytest.raises(cuda_batch.GraphsUnavailable, match="reported failure"):
         graph.capture(lambda: False)
     assert driver.calls == ["begin", "end", "graph_destroy"]
     assert not graph._graph and not graph._exec and graph.exec_handle == 0
@@ -93,8 +94,8 @@ def test_work_answering_false_is_a_failure_too(driver):
 def test_invalidated_capture_is_an_error_with_the_drivers_code(monkeypatch):
     rec = RecordingDriver(end_status=RecordingDriver.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
     monkeypatch.setattr(cuda, "_libs", (rec, rec))
-    with pytest.raises(cuda.GraphsUnavailable, match="CUresult 901"):
-        cuda.DriverGraph(0xABC).capture(lambda: True)
+    with pytest.raises(cuda_batch.GraphsUnavailable, match="CUresult 901"):
+        cuda_batch.DriverGraph(0xABC).capture(lambda: True)
     assert rec.calls == ["begin", "end", "graph_destroy"]
 
 
@@ -104,8 +105,8 @@ def test_a_driver_without_the_graph_api_disables_graphs(monkeypatch):
             raise AssertionError("never called")
 
     monkeypatch.setattr(cuda, "_libs", (OldDriver(), OldDriver()))
-    with pytest.raises(cuda.GraphsUnavailable, match="cuStreamEndCapture"):
-        cuda.DriverGraph(0xABC)
+    with pytest.raises(cuda_batch.GraphsUnavailable, match="cuStreamEndCapture"):
+        cuda_batch.DriverGraph(0xABC)
 
 
 # --- the TensorRT runner's captures: what a failure leaves behind ---------------------------
@@ -169,7 +170,7 @@ def test_trt_runner_captures_a_graph_per_bucket(driver):
     assert [c.shapes for c in runner.contexts.values()] == [
         [(1, 3, 8, 33, 1)], [(2, 3, 8, 33, 1)], [(4, 3, 8, 33, 1)]]
     assert driver.calls == ["begin", "end", "instantiate"] * 3
-    assert not cuda.CAPTURE_LOCK.locked()
+    assert not cuda_batch.CAPTURE_LOCK.locked()
 
 
 def test_a_failed_capture_is_said_once_and_the_runtime_stops_capturing(driver):
@@ -188,7 +189,7 @@ def test_a_failed_capture_is_said_once_and_the_runtime_stops_capturing(driver):
     assert len(warned) == 1 and warned[0]["what"] == "bucket 1"
     assert "execute_async_v3 failed" in warned[0]["error"]
     assert runtime.graph_failure == warned[0]["error"]
-    assert not cuda.CAPTURE_LOCK.locked()
+    assert not cuda_batch.CAPTURE_LOCK.locked()
 
 
 def test_a_capture_failing_on_a_later_bucket_destroys_the_graphs_already_made(driver):
@@ -218,4 +219,4 @@ def test_a_capture_that_cannot_begin_leaves_the_runner_serving_without_graphs(mo
     assert runner.graphs == {} and rec.calls == ["begin"]
     (warned,) = [e for e in logs if e["event"] == "cuda_graphs_disabled"]
     assert "did not begin" in warned["error"] and "CUresult 900" in warned["error"]
-    assert not cuda.CAPTURE_LOCK.locked()
+    assert not cuda_batch.CAPTURE_LOCK.locked()

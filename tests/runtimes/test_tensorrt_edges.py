@@ -30,7 +30,7 @@ import ctypes, json
 import tensorrt as trt
 from stgcnd.errors import BackendUnavailable
 from stgcnd.log import configure_logging
-from stgcnd.runtimes import cuda
+from stgcnd.runtimes import cuda, cuda_batch
 from stgcnd.runtimes import tensorrt_runtime as tb
 
 configure_logging("info", "json")
@@ -103,7 +103,7 @@ cuda._libs = (Driver(), Driver())
 try:
     tb.capture_graph(0xABC, lambda: True)
     capture = None
-except cuda.GraphsUnavailable as exc:
+except cuda_batch.GraphsUnavailable as exc:
     capture = ["GraphsUnavailable", str(exc)]
 except cuda.CudaError as exc:
     capture = ["CudaError", str(exc)]

@@ -160,7 +160,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_annotated_example_is_made_from_the_schema_and_loads(tmp_path):
-    from stgcnd.server.config import example
+    from stgcnd.server.config_docs import example
 
     assert (REPO / "systemd" / "stgcnd.toml").read_text() == example(), \
         "regenerate it: stgcnd config example > systemd/stgcnd.toml"
@@ -172,7 +172,7 @@ def test_the_annotated_example_is_made_from_the_schema_and_loads(tmp_path):
 
 
 def test_the_readme_lists_every_key_from_the_schema():
-    from stgcnd.server.config import key_table
+    from stgcnd.server.config_docs import key_table
 
     readme = (REPO / "README.md").read_text()
     assert key_table() in readme, "regenerate the README's table: stgcnd config keys"

@@ -213,8 +213,9 @@ def test_a_reachable_events_endpoint_turns_curve_on_or_is_refused():
     check_security(_config(ipc, events_endpoint=reach, curve="off", insecure=True))
 
 
+# Empty windows (no person) from throwaway cameras left silent: neither #34 gate applies.
 EVENTS_NOOP = NOOP + 'labels = ["normal", "shoplifting"]\n[models.events]\nenter = 0.5\n' \
-                     'exit = 0.4\nmin_duration_s = 0.0\n'
+                     'exit = 0.4\nmin_duration_s = 0.0\nmin_usable = 0.0\nevent_idle_s = 600.0\n'
 
 
 @pytest.mark.slow

@@ -27,6 +27,7 @@ enter = 0.5
 exit = 0.4
 min_duration_s = 0.0
 quiet_classes = {quiet}
+min_usable = 0.0
 """
 
 

@@ -12,9 +12,10 @@ from stgcnd.server.events import Events
 LABELS = ("normal", "shoplifting")
 
 
-def watching() -> Events:
+def watching(exit_hold_s: float = 0.0) -> Events:
     events = Events()
-    events.configure({"m": (EventsConfig(min_duration_s=0.0), LABELS)}, now=0.0, wall=0.0)
+    config = EventsConfig(min_duration_s=0.0, exit_hold_s=exit_hold_s)
+    events.configure({"m": (config, LABELS)}, now=0.0, wall=0.0)
     return events
 
 

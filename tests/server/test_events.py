@@ -107,7 +107,7 @@ def test_reload_keeps_an_open_event_and_a_removed_model_ends_it():
     events = watching(EventsConfig(min_duration_s=0.0))
     assert kinds(run([0.9] * 3, events=events)) == ["start"]
     # New thresholds: the event stays open (no end, no second start) and ends by them.
-    stricter = EventsConfig(min_duration_s=0.0, enter=0.9, exit=0.85)
+    stricter = EventsConfig(min_duration_s=0.0, enter=0.9, exit=0.85, exit_hold_s=0.0)
     assert events.configure({"m": (stricter, LABELS)}, now=3.0, wall=1003.0) == []
     assert events.open_events() == 1
     assert kinds(run([0.9], events=events, start=4.0)) == []
@@ -168,7 +168,7 @@ def test_bad_event_settings_are_refused_with_the_fix(text, message):
         load_config_text(text)
 
 
-EVENTS_MODEL = """[[models]]
+NOOP_EVENTS = """[[models]]
 name = "demo"
 backend = "noop"
 demo = true
@@ -179,6 +179,9 @@ enter = 0.5
 exit = {exit}
 min_duration_s = 0.0
 """
+# The tests below send empty windows (no person: they start no event by default, #34) and
+# pause for reloads and evictions (a camera silent event_idle_s ends its events).
+EVENTS_MODEL = NOOP_EVENTS + "min_usable = 0.0\nevent_idle_s = 600.0\n"
 
 
 def test_the_daemon_publishes_events_and_closes_them_at_shutdown(tmp_path):

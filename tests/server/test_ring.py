@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from stgcnd.server.ring import FrameRing
+from stgcnd.server.cameras import FrameRing
 
 
 def test_window_is_the_last_t_frames_oldest_first():

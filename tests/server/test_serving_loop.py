@@ -99,7 +99,7 @@ def test_without_a_timerfd_the_loop_looks_in_whole_milliseconds_and_serves(tmp_p
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "sitecustomize.py").write_text(
-        "import stgcnd.server.timer as timer\n"
+        "import stgcnd.server.wakeup as timer\n"
         "timer._libc = lambda: None  # as on a system without timerfd\n")
     path = os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH")) if p)
     d = Daemon(tmp_path, queue_size=8, models=_models(20_000),

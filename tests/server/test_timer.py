@@ -7,7 +7,7 @@ import time
 import pytest
 import zmq
 
-from stgcnd.server.timer import WakeTimer
+from stgcnd.server.wakeup import WakeTimer
 
 
 @pytest.fixture

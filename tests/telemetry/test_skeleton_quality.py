@@ -52,13 +52,15 @@ def test_empty_frames_lost_joints_and_joints_outside_the_picture_are_counted():
     assert record["usable"] == pytest.approx((20 / 30) * (22 / 33), abs=1e-3)
 
 
-def test_pixel_coordinates_are_not_judged_out_of_frame_and_frames_count_alike():
+def test_pixel_coordinates_are_out_of_frame_and_frames_count_alike():
+    """The protocol's coordinates are normalised (0..1): pixels were not judged before #34,
+    and such a feed went unnoticed."""
     q = SkeletonQuality()
     frame = window(persons=1)[:, 0] * np.array([1280, 720, 1], np.float32)[:, None, None]
     for _ in range(5):
         q.add("cam1", frame)            # push mode: (3, V, M)
     record, _ = one(q)
-    assert record["frames"] == 5 and record["out_of_frame"] is None
+    assert record["frames"] == 5 and record["out_of_frame"] == 1.0
 
 
 def test_a_window_counts_its_newest_frame():
@@ -75,7 +77,7 @@ def test_a_window_counts_its_newest_frame():
 
 def test_silent_and_blocked_cameras():
     q = SkeletonQuality()
-    q.refused_busy("busy-cam")
+    q.refused("busy-cam", busy=True, push=False, known=True)
     records, _ = q.drain(["quiet-cam", "busy-cam"])
     by = {r["camera"]: r for r in records}
     assert by["quiet-cam"]["silent"] and not by["quiet-cam"]["blocked"]

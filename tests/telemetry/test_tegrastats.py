@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from stgcnd.telemetry.tegrastats import hottest_c, parse_line, total_power_mw
+from stgcnd.telemetry.sampler import hottest_c, total_power_mw
+from stgcnd.telemetry.tegrastats import parse_line
 
 from .conftest import DATA
 

@@ -247,3 +247,32 @@ def test_skeleton_quality_is_a_table_per_camera_weighted_by_frames():
     assert "== skeleton quality" in text
     assert "cam1       400    0.25    0.90  0.10     0.00          0.00       1        0" \
         in text
+
+
+def test_the_timeline_names_each_event_s_class_and_shows_feed_health():
+    """#34: each event bar says its class; a camera's bad feed states (feed_health lines)
+    are a band under its row, named, from the change to the next (ok ends it)."""
+    pytest.importorskip("matplotlib")
+    from stgcnd_tools.logs.plot import figure
+
+    t0 = 1764079200.0  # 2025-11-25 14:00:00 UTC
+
+    def feed(camera, at, state, previous):
+        return json.dumps({"event": "feed_health", "timestamp": "2025-11-25T14:00:00Z",
+                           "kind": "feed", "camera": camera, "state": state,
+                           "previous": previous, "at": t0 + at})
+
+    lines = [json.dumps({"event": "action_event", "timestamp": "2025-11-25T14:00:00Z",
+                         "kind": "start", "id": "cam1/m/1/1", "camera": "cam1", "model": "m",
+                         "class": "shoplifting", "started": t0 + 10, "peak": 0.9}),
+             feed("cam2", 5, "out-of-frame", "ok"), feed("cam2", 25, "ok", "out-of-frame"),
+             feed("cam2", 30, "silent", "ok"),
+             json.dumps({"event": "latency", "timestamp": "2025-11-25T14:00:40Z",
+                         "camera": "cam1", "model": "m", "p50_ms": 5.0, "p99_ms": 9.0,
+                         "count": 10})]
+    log = scan(lines)
+    assert len(log.feeds) == 3 and len(scan(lines, camera="cam1").feeds) == 0
+    timeline = figure(log).axes[1]
+    assert [t.get_text() for t in timeline.get_yticklabels()] == ["cam1", "cam2"]
+    assert [t.get_text() for t in timeline.texts] == ["shoplifting", "out-of-frame", "silent"]
+    assert len(timeline.collections) == 3      # cam1's events, cam2's two bad spells

@@ -13,6 +13,13 @@ def cell(value: object, digits: int = 1) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def num(value: object, digits: int = 4, none: str = "–") -> str:
+    """A float to `digits` significant digits, None as `none`, anything else as str()."""
+    if value is None:
+        return none
+    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
 def table(head: Sequence[str], rows: Iterable[Sequence[object]], left: int = 1,
           digits: int = 1, indent: str = "", rule: bool = True) -> list[str]:
     """Lines of columns as wide as their widest cell, the first `left` left-aligned and the
@@ -30,9 +37,7 @@ def table(head: Sequence[str], rows: Iterable[Sequence[object]], left: int = 1,
 def markdown(head: Sequence[str], rows: Iterable[Sequence[object]], digits: int = 4) -> list[str]:
     """A Markdown table (then a blank line); floats to `digits` significant digits."""
     def md(value: object) -> str:
-        text = "–" if value is None else f"{value:.{digits}g}" if isinstance(value, float) \
-            else str(value)
-        return text.replace("|", "\\|").replace("\n", " ")
+        return num(value, digits).replace("|", "\\|").replace("\n", " ")
 
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     return lines + ["| " + " | ".join(md(c) for c in row) + " |" for row in rows] + [""]

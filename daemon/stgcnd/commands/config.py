@@ -15,8 +15,9 @@ from typing import Any
 
 import msgspec
 
-from stgcnd.server.config import example, key_table, load_config
+from stgcnd.server.config import load_config
 from stgcnd.server.config_checks import check_config
+from stgcnd.server.config_docs import example, key_table
 
 
 def register(subparsers: Any) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from stgcnd import __version__
 from stgcnd.board import detect
-from stgcnd.commands.doctor_checks import run_checks
+from stgcnd.commands.doctor_checks import jetson_stack, run_checks
 from stgcnd.cpupower import cpu_power
 from stgcnd.engines.device import gpu_identity
 from stgcnd.engines.store import EngineStore
@@ -20,7 +20,7 @@ from stgcnd.runtimes import available, import_tensorrt, import_torch
 from stgcnd.runtimes.free_memory import free_memory, reserve_mb
 from stgcnd.runtimes.tensorrt_runtime import missing_api
 from stgcnd.server.config import engines_root
-from stgcnd.versions import jetson_stack, module_version
+from stgcnd.versions import module_version
 
 
 def register(sub: argparse._SubParsersAction) -> None:

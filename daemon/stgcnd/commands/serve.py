@@ -16,8 +16,10 @@ from stgcnd.errors import BuildCancelled, UserError
 from stgcnd.log import configure_logging, get_logger, log_is_json
 from stgcnd.server.config import Config, load_config
 from stgcnd.server.config_checks import check_config
-from stgcnd.server.server import Server
+from stgcnd.server.notify import Notifier
+from stgcnd.server.server import Server, startup_cancelled
 from stgcnd.server.transport import check_endpoint
+from stgcnd.server.wakeup import Wakeup
 
 STARTUP_HINT = ("fix what the error names, then start the daemon again "
                 "(systemctl restart stgcnd)")
@@ -83,14 +85,12 @@ def run(args: argparse.Namespace) -> int:
             configure_logging(config.server.log_level, args.log_format, stream=sys.stdout)
         check_config(config)
         check_endpoint(config.endpoint)
-        server = Server(config, reread, follow_log_level=args.log_level is None)
-        server.install_signal_handlers()
-    except Exception as exc:
-        return report_fatal("startup_failed", exc)
-    try:
-        server.startup()
+        wakeup, notifier = Wakeup(), Notifier()
+        wakeup.install_signal_handlers()
+        server = Server(config, wakeup, notifier, reread,
+                        follow_log_level=args.log_level is None)
     except BuildCancelled:
-        return server.startup_cancelled()
+        return startup_cancelled(notifier)
     except Exception as exc:
         return report_fatal("startup_failed", exc)
     try:

@@ -1,8 +1,9 @@
 """Builds that can be abandoned: the slow work runs in a child process that a cancel kills.
 
-An export, calibration or TensorRT build runs for minutes inside C++, and the daemon must
-still stop within seconds on SIGTERM: so `prepare` runs in a spawned interpreter that a cancel
-terminates, and its temp files are removed by pid. A current artefact spawns nothing.
+An export, calibration or TensorRT build runs for minutes inside C++, where Python cannot
+interrupt it, and the daemon must still stop within seconds on SIGTERM: so a store with a
+cancel event builds in a spawned interpreter (no CUDA context or lock inherited) that a cancel
+terminates. A current artefact spawns nothing.
 """
 
 from __future__ import annotations
@@ -74,16 +75,10 @@ def _stop_child(proc: Any) -> None:
         proc.join()
 
 
-# An export, an INT8 calibration or a TensorRT build runs for seconds to many minutes, mostly
-# inside C++ where Python cannot interrupt it. The daemon must still stop within seconds when
-# systemd sends SIGTERM during its first start. So `EngineStore(root, cancel=event)` does the
-# whole `prepare` in a fresh interpreter (multiprocessing "spawn": no CUDA context or lock is
-# inherited) and waits for it while watching `event`; the store's class is passed in (the
-# store calls this module, never the other way round). On cancel the child gets SIGTERM, which
-# it turns into `BuildCancelled` so its own clean-up runs; a child stuck in C++ is killed after
-# CHILD_GRACE_S. Whatever it left in the store is then removed by its pid (every temp file the
-# store writes is named `.<name>.tmp-<pid>...`), and its flocks died with it. Committed files
-# are only ever renamed into place, so nothing partial is left either way.
+# On cancel the child gets SIGTERM, which it turns into `BuildCancelled` so its own clean-up
+# runs; a child stuck in C++ is killed after CHILD_GRACE_S. What it left in the store is then
+# removed by its pid (every temp file the store writes is `.<name>.tmp-<pid>...`), and its
+# flocks died with it. Committed files are only ever renamed into place.
 def run_in_child(store: Callable[[Path], Any], root: Path, spec: Any, backend: str,
                  options: Any, rebuild: str | None, validate: bool, cancel: threading.Event
                  ) -> tuple[bool, str | None]:

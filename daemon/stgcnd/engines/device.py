@@ -20,23 +20,6 @@ from stgcnd.board import detect
 from stgcnd.runtimes.cuda import device_properties
 
 
-def parse_dpkg_version(text: str) -> str | None:
-    """The version column of `dpkg-query -W PKG` output: 'nvidia-l4t-core\t36.3.0-2024...'."""
-    parts = text.strip().split()
-    return parts[1] if len(parts) >= 2 else None
-
-
-def _dpkg(package: str) -> str | None:
-    if not shutil.which("dpkg-query"):
-        return None
-    try:
-        out = subprocess.run(["dpkg-query", "-W", "-f", "${Package}\t${Version}\n", package],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_dpkg_version(out.stdout) if out.returncode == 0 else None
-
-
 # The TensorRT libraries an engine is tied to, as Debian packages: JetPack 5 and 6.0 ship
 # libnvinfer8 (8.5.2-1+cuda11.4, 8.6.2.3-1+cuda12.2), JetPack 6.1+ and 7 libnvinfer10
 # (10.3.0.30-1+cuda12.5, ...); NVIDIA's x86 apt repository uses the same names. The Python
@@ -63,15 +46,14 @@ def parse_dpkg_packages(text: str) -> dict[str, str]:
     return out
 
 
-@lru_cache(maxsize=1)
-def tensorrt_packages() -> dict[str, str]:
-    """{package: version} of the installed TensorRT libraries; {} without dpkg (pip wheels,
-    non-Debian systems) or without the packages. Asked once per process (~30 ms)."""
+@lru_cache(maxsize=None)
+def dpkg_packages(*patterns: str) -> dict[str, str]:
+    """{package: version} of the installed packages matching `patterns`; {} without dpkg
+    (pip wheels, non-Debian systems) or without the packages. Asked once per process (~30 ms)."""
     if not shutil.which("dpkg-query"):
         return {}
     try:
-        out = subprocess.run(["dpkg-query", "-W", "-f", _DPKG_FORMAT,
-                              *TENSORRT_DPKG_PATTERNS],
+        out = subprocess.run(["dpkg-query", "-W", "-f", _DPKG_FORMAT, *patterns],
                              capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return {}
@@ -83,7 +65,7 @@ def runtime_identity(backend: str) -> dict[str, Any]:
     """Backend libraries beyond the Python module's version that an artefact depends on
     (part of the cache key when not empty): TensorRT's Debian packages."""
     if backend == "tensorrt":
-        packages = tensorrt_packages()
+        packages = dpkg_packages(*TENSORRT_DPKG_PATTERNS)
         return {"packages": packages} if packages else {}
     return {}
 
@@ -95,12 +77,10 @@ def jetson_identity(root: Path | None = None) -> dict[str, Any] | None:
         return None
     info: dict[str, Any] = {"module": board.model, "l4t": board.l4t}
     if root is None:
-        core = _dpkg("nvidia-l4t-core")
-        if core:
-            info["l4t_core"] = core
-        jetpack = _dpkg("nvidia-jetpack")
-        if jetpack:
-            info["jetpack"] = jetpack
+        packages = dpkg_packages("nvidia-l4t-core", "nvidia-jetpack")
+        for key, name in (("l4t_core", "nvidia-l4t-core"), ("jetpack", "nvidia-jetpack")):
+            if packages.get(name):
+                info[key] = packages[name]
     return info
 
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from stgcnd.engines.validate import INPUT_NAME, OUTPUT_NAME
 from stgcnd.errors import UserError
+from stgcnd.export import INPUT_NAME, OUTPUT_NAME
 from stgcnd.fsutil import file_sha256
 from stgcnd.model.spec import ModelSpec
-from stgcnd.runtimes.onnxruntime_runtime import ort_session
+from stgcnd.runtimes import runtime_module
 
 ONNX_SUFFIX = ".onnx"
 
@@ -100,7 +100,7 @@ class ExportedModel:
 
     def reference_logits(self, windows: np.ndarray) -> np.ndarray:
         """fp32 logits of ONNX Runtime on the CPU: the reference where torch is absent."""
-        session = ort_session(self.onnx_path)
+        session = runtime_module("onnxruntime").ort_session(self.onnx_path)
         x = np.ascontiguousarray(windows, dtype=np.float32)
         if self.dynamic_batch:
             return np.asarray(session.run([OUTPUT_NAME], {INPUT_NAME: x})[0])

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from stgcnd.errors import UserError
+from stgcnd.runtimes.base import normalize_buckets
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")  # bf16: the torch runtime on a CPU
 DEVICES = ("cpu", "cuda")
@@ -15,6 +16,10 @@ BACKENDS = ("tensorrt", "torch", "onnxruntime")
 # TensorRT >= 8.6 and ONNX Runtime run it). "calibrator": TensorRT's implicit INT8 calibration
 # with an entropy calibrator, only where TensorRT still offers it (<= 10.x).
 INT8_MODES = ("qdq", "calibrator")
+# The batch shapes prepared (a batch runs in the smallest that holds it): TensorRT's
+# optimization profiles, the memory plan's buckets and the runners' are these, cut by
+# max_batch (the [[models]] key `buckets`).
+DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class BuildOptions:
     # profile serve one execution context at a time, so the engine carries one set of
     # profiles per instance (and a dynamic batch axis, even for max_batch 1).
     instances: int = 1
+    buckets: tuple[int, ...] = DEFAULT_BUCKETS  # normalized by __post_init__ (max_batch)
     # Filled in by the store, not by users: sha256 of the calibration data (see key_dict).
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
@@ -46,6 +52,7 @@ class BuildOptions:
             object.__setattr__(self, "dynamic_batch", self.max_batch > 1 or self.instances > 1)
         if self.calibration is not None and not isinstance(self.calibration, Path):
             object.__setattr__(self, "calibration", Path(self.calibration))
+        object.__setattr__(self, "buckets", normalize_buckets(self.buckets, self.max_batch))
         if self.precision not in PRECISIONS:
             raise UserError(f"unknown precision {self.precision!r}; choose one of "
                             f"{', '.join(PRECISIONS)}")
@@ -75,7 +82,8 @@ class BuildOptions:
     def key_dict(self, backend: str | None = None) -> dict[str, Any]:
         """The options that change what gets built, for the cache key.
 
-        Runtime-only options (threads, cuda_graph, compile) are left out: changing them must not rebuild.
+        Runtime-only options (threads, cuda_graph, compile) are left out: changing them must
+        not rebuild.
         With `backend`, options that backend ignores are left out too, so that e.g. a new
         --workspace-mb does not rebuild an ONNX Runtime model.
         """
@@ -92,6 +100,6 @@ class BuildOptions:
             key.update(workspace_mb=self.workspace_mb, opt_level=self.opt_level,
                        layer_info=self.layer_info,
                        # One optimization profile per batch bucket (the batched executors'
-                       # contexts); engines built before that layout are rebuilt.
-                       profiles="per-bucket", profile_sets=self.instances)
+                       # contexts), for each of `instances` runners.
+                       profiles=list(self.buckets), profile_sets=self.instances)
         return key

@@ -145,16 +145,11 @@ def _quantize(onnx_path: Path, output: Path, windows: np.ndarray, dynamic_batch:
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)
     try:
-        quantize_static(
-            str(onnx_path), str(output), reader,
-            quant_format=QuantFormat.QDQ,
-            op_types_to_quantize=list(ops),
-            per_channel=True,
-            activation_type=QuantType.QUInt8 if unsigned else QuantType.QInt8,
-            weight_type=QuantType.QInt8,
-            calibrate_method=methods[method],
-            extra_options=dict(options),
-        )
+        quantize_static(str(onnx_path), str(output), reader, quant_format=QuantFormat.QDQ,
+                        op_types_to_quantize=list(ops), per_channel=True,
+                        activation_type=QuantType.QUInt8 if unsigned else QuantType.QInt8,
+                        weight_type=QuantType.QInt8, calibrate_method=methods[method],
+                        extra_options=dict(options))
     finally:
         logging.disable(previous)
     return {"format": "qdq", "method": method, "per_channel": True, "ops": list(ops),

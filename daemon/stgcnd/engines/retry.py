@@ -1,8 +1,14 @@
 """When a failed build is tried again: a failure remembers why and how much memory was free.
 
-On a Jetson a build usually fails for a passing reason (memory), so a failure is retried when
-more memory is free or after `build_retry_after_s`, at most `build_attempts` times, instead of
-never or at every start.
+On a Jetson a TensorRT build usually fails for a passing reason: the cameras held memory at
+that moment, or the out-of-memory killer took the build process. Refusing it forever would
+leave the board on the CPU until someone runs `stgcnd build --rebuild`; retrying at every
+start would spend minutes each systemd restart. So a failure's record (`<stem>.failed.json`,
+engines/build.py) holds the error, the free memory when that build started and the attempts
+so far, and the same build is tried again when `MORE_FREE` times that memory is free now, or
+`after_s` (`build_retry_after_s`) has passed, at most `attempts` (`build_attempts`) times in
+all; after that it sticks until the configuration, the versions or the device change, or
+`stgcnd build --rebuild`.
 """
 
 from __future__ import annotations
@@ -12,25 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 MB = 1 << 20
-MORE_FREE = 1.25
+MORE_FREE = 1.25  # 25% more free memory than when it failed
 
 
 def iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-# On a Jetson a TensorRT build usually fails for a passing reason: the cameras held memory at
-# that moment, or the out-of-memory killer took the build process. Refusing it forever would
-# leave the board on the CPU until someone runs `stgcnd build --rebuild`; retrying at every
-# start would spend minutes each systemd restart. So a failure's record
-# (`<stem>.failed.json`, engines/store.py) holds the error, the free memory when that build
-# started and the attempts so far, and the same build is tried again when
-#
-# - at least `MORE_FREE` times that memory is free now (25% more), or
-# - `after_s` seconds have passed since the failure (the key `build_retry_after_s`),
-#
-# at most `attempts` times in all (the key `build_attempts`); after that the failure sticks
-# until the configuration, the versions or the device change, or `stgcnd build --rebuild`.
 @dataclass(frozen=True)
 class BuildRetry:
     after_s: float = 3600.0

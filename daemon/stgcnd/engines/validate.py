@@ -7,12 +7,12 @@ the same way with ONNX Runtime before the store keeps it.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from stgcnd.errors import ValidationError
+from stgcnd.export import INPUT_NAME, OUTPUT_NAME
 from stgcnd.log import get_logger
 from stgcnd.model.reference import reference_logits
 from stgcnd.model.synthetic import synthetic_windows
@@ -23,7 +23,6 @@ log = get_logger(__name__)
 DEFAULT_VALIDATION_WINDOWS = 8
 VALIDATION_SEED = 4242
 EXPORT_TOLERANCE = 1e-4
-INPUT_NAME, OUTPUT_NAME = "input", "output"
 
 
 def compare_logits(ref: np.ndarray, got: np.ndarray) -> dict[str, Any]:

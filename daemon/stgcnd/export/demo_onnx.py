@@ -11,13 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from stgcnd.export import INPUT_NAME, OPSET, OUTPUT_NAME
 from stgcnd.model.architecture import TEMPORAL_KERNEL
 from stgcnd.model.folded import FoldedBlock, FoldedStream
 
-OPSET = 17
 IR_VERSION = 8          # what opset 17 needs; accepted by every ONNX Runtime and TensorRT 8.6+
-INPUT_NAME = "input"
-OUTPUT_NAME = "output"
 VARIANT = "numpy-demo"
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stgcnd.errors import UserError, ValidationError
+from stgcnd.export import INPUT_NAME, OPSET, OUTPUT_NAME
 from stgcnd.fsutil import atomic_write_bytes, atomic_write_json
 from stgcnd.log import get_logger
 from stgcnd.versions import tool_versions
@@ -29,9 +30,6 @@ if TYPE_CHECKING:  # torch is optional: only the export of a PyTorch network imp
 
 log = get_logger(__name__)
 
-OPSET = 17
-INPUT_NAME = "input"
-OUTPUT_NAME = "output"
 
 
 @dataclass

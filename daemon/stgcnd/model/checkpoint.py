@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from stgcnd.errors import CheckpointError
+from stgcnd.model.architecture import WIDTHS, state_widths
 from stgcnd.model.filekind import (
     EXPECTED,
     describe_object,
@@ -41,6 +42,7 @@ class CheckpointInfo:
     in_channels: int
     edge_importance: bool
     adjacency: dict[str, torch.Tensor]  # stream prefix ("" for single stream) -> A
+    widths: tuple[int, ...] = WIDTHS    # each block's output channels
 
 
 def read_state_dict(path: Path | str) -> dict[str, torch.Tensor]:
@@ -124,6 +126,7 @@ def inspect_state_dict(state: Mapping[str, torch.Tensor], source: str = "checkpo
         in_channels=bn.numel() // v,
         edge_importance=f"{p0}edge_importance.0" in state,
         adjacency={p: state[f"{p}A"] for p in prefixes},
+        widths=state_widths(state, p0),
     )
 
 

@@ -7,11 +7,12 @@ can serve it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stgcnd.model.architecture import stream_state_layout
+from stgcnd.model.architecture import WIDTHS, stream_state_layout
 from stgcnd.model.graph import adjacency
 
 if TYPE_CHECKING:
@@ -21,14 +22,11 @@ DEMO_WARNING = ("demo model: random weights, its predictions mean nothing; "
                 "configure a checkpoint for real use")
 
 
-def random_stream_arrays(a: np.ndarray, num_class: int, rng: np.random.Generator,
-                         in_channels: int = 3, edge_importance: bool = True
-                         ) -> dict[str, np.ndarray]:
-    """A single stream's weights with the original key names and randomised BN statistics."""
+def random_stream_arrays(a: np.ndarray, keys: list[tuple[str, tuple[int, ...]]],
+                         rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A single stream's weights (`keys`: stream_state_layout) with randomised BN statistics."""
     state: dict[str, np.ndarray] = {}
-    layout = stream_state_layout(a.shape[0], a.shape[1], num_class, in_channels,
-                                 edge_importance)
-    for key, shape in layout:
+    for key, shape in keys:
         if key == "A":
             arr = a
         elif key.endswith("num_batches_tracked"):
@@ -52,17 +50,16 @@ def random_stream_arrays(a: np.ndarray, num_class: int, rng: np.random.Generator
 
 
 def demo_arrays(layout: str = "mediapipe", strategy: str = "spatial", num_class: int = 2,
-                two_stream: bool = True, seed: int = 0, edge_importance: bool = True
-                ) -> dict[str, np.ndarray]:
-    """An original-format (two-stream or single-stream) state as numpy arrays."""
+                two_stream: bool = True, seed: int = 0, edge_importance: bool = True,
+                widths: Sequence[int] = WIDTHS) -> dict[str, np.ndarray]:
+    """An original-format (two-stream or single-stream) state as numpy arrays; `widths`
+    other than the original's make the tests' narrow network."""
     rng = np.random.default_rng(seed)
     a = adjacency(layout, strategy)
-    if not two_stream:
-        return random_stream_arrays(a, num_class, rng, edge_importance=edge_importance)
+    keys = stream_state_layout(a.shape[0], a.shape[1], num_class, 3, edge_importance, widths)
     state: dict[str, np.ndarray] = {}
-    for stream in ("origin_stream", "motion_stream"):
-        sub = random_stream_arrays(a, num_class, rng, edge_importance=edge_importance)
-        state.update({f"{stream}.{k}": v for k, v in sub.items()})
+    for prefix in ("origin_stream.", "motion_stream.") if two_stream else ("",):
+        state.update({prefix + k: v for k, v in random_stream_arrays(a, keys, rng).items()})
     return state
 
 
@@ -73,11 +70,11 @@ def spec_arrays(spec: Any) -> dict[str, np.ndarray]:
 
 
 def demo_state_dict(layout: str = "mediapipe", strategy: str = "spatial", num_class: int = 2,
-                    two_stream: bool = True, seed: int = 0, edge_importance: bool = True
-                    ) -> dict[str, torch.Tensor]:
+                    two_stream: bool = True, seed: int = 0, edge_importance: bool = True,
+                    widths: Sequence[int] = WIDTHS) -> dict[str, torch.Tensor]:
     """`demo_arrays` as a PyTorch state_dict (needs torch)."""
     import torch
 
-    arrays = demo_arrays(layout, strategy, num_class, two_stream, seed, edge_importance)
+    arrays = demo_arrays(layout, strategy, num_class, two_stream, seed, edge_importance, widths)
     return {k: torch.from_numpy(v.copy()) if v.ndim else torch.tensor(int(v), dtype=torch.long)
             for k, v in arrays.items()}

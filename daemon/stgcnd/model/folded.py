@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stgcnd.model.architecture import BN_EPS, TEMPORAL_KERNEL, block_channels
+from stgcnd.model.architecture import BN_EPS, block_channels, state_widths
 
 
 # Per block: y = relu(graph(gcn_w * x) + bias_cw); y = tcn_w *t y + tcn_b; out = relu(y + res)
@@ -42,7 +42,7 @@ class FoldedStream:
     in_scale: np.ndarray          # (C, 1, V, 1): data BN on (N, C, T, V, M)
     in_shift: np.ndarray
     blocks: tuple[FoldedBlock, ...]
-    fc_weight: np.ndarray         # (num_class, 256)
+    fc_weight: np.ndarray         # (num_class, last block's channels)
     fc_bias: np.ndarray
 
 
@@ -70,7 +70,7 @@ def fold_stream(state: dict[str, np.ndarray], prefix: str = "") -> FoldedStream:
     in_scale = scale.reshape(v, c_in).T.reshape(c_in, 1, v, 1)
     in_shift = shift.reshape(v, c_in).T.reshape(c_in, 1, v, 1)
     blocks = []
-    for i, (_cin, cout, stride, kind) in enumerate(block_channels(c_in)):
+    for i, (_cin, cout, stride, kind) in enumerate(block_channels(c_in, state_widths(state, p))):
         q = f"{p}st_gcn_networks.{i}."
         imp_key = f"{p}edge_importance.{i}"
         a_i = a * _f64(state, imp_key) if imp_key in state else a
@@ -164,6 +164,3 @@ def folded_logits(streams: tuple[FoldedStream, ...], x: np.ndarray,
     if len(streams) == 2:
         out = out + stream_logits(streams[1], motion_np(x, motion_formula))
     return out.astype(np.float32)
-
-
-__all__ = ["TEMPORAL_KERNEL", "FoldedBlock", "FoldedStream", "fold_state", "folded_logits"]

@@ -56,9 +56,9 @@ def build_network(info: CheckpointInfo, spec: ModelSpec) -> nn.Module:
     a = next(iter(info.adjacency.values()))
     if info.two_stream:
         return TwoStreamSTGCN(a, info.num_class, info.in_channels, info.edge_importance,
-                              spec.motion, spec.graph_op)  # type: ignore[arg-type]
+                              spec.motion, spec.graph_op, info.widths)  # type: ignore[arg-type]
     return STGCN(a, info.num_class, info.in_channels, info.edge_importance,
-                 spec.graph_op)  # type: ignore[arg-type]
+                 spec.graph_op, info.widths)  # type: ignore[arg-type]
 
 
 def load_model(spec: ModelSpec) -> LoadedModel:

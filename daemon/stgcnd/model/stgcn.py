@@ -6,12 +6,13 @@ so its checkpoints load strictly; the names and shapes are listed above TwoStrea
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
 from torch import nn
 
-from stgcnd.model.architecture import BLOCKS, TEMPORAL_KERNEL
+from stgcnd.model.architecture import TEMPORAL_KERNEL, WIDTHS, block_channels
 from stgcnd.model.spec import MOTION_FORMULAS
 
 MotionFormula = Literal["first-difference", "second-difference"]
@@ -97,7 +98,8 @@ class STGCN(nn.Module):
     A: torch.Tensor  # a buffer (K, V, V), saved in the checkpoint
 
     def __init__(self, a: torch.Tensor, num_class: int, in_channels: int = 3,
-                 edge_importance: bool = True, graph_op: GraphOp = "einsum") -> None:
+                 edge_importance: bool = True, graph_op: GraphOp = "einsum",
+                 widths: Sequence[int] = WIDTHS) -> None:
         super().__init__()
         if a.dim() != 3 or a.shape[1] != a.shape[2]:
             raise ValueError(f"A must have shape (K, V, V), got {tuple(a.shape)}")
@@ -105,15 +107,15 @@ class STGCN(nn.Module):
         self.register_buffer("A", a.detach().clone().float())
         self.data_bn = nn.BatchNorm1d(in_channels * num_node)
         self.st_gcn_networks = nn.ModuleList(
-            STGCNBlock(cin or in_channels, cout, partitions, stride, residual, graph_op)
-            for cin, cout, stride, residual in BLOCKS
+            STGCNBlock(cin, cout, partitions, stride, kind != "none", graph_op)
+            for cin, cout, stride, kind in block_channels(in_channels, widths)
         )
         self.edge_importance: nn.ParameterList | None = None
         if edge_importance:
             self.edge_importance = nn.ParameterList(
                 nn.Parameter(torch.ones_like(self.A)) for _ in self.st_gcn_networks
             )
-        self.fcn = nn.Conv2d(BLOCKS[-1][1], num_class, kernel_size=1)
+        self.fcn = nn.Conv2d(widths[-1], num_class, kernel_size=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, c, t, v, m = x.shape
@@ -150,13 +152,13 @@ class TwoStreamSTGCN(nn.Module):
 
     def __init__(self, a: torch.Tensor, num_class: int, in_channels: int = 3,
                  edge_importance: bool = True, motion_formula: MotionFormula = "first-difference",
-                 graph_op: GraphOp = "einsum") -> None:
+                 graph_op: GraphOp = "einsum", widths: Sequence[int] = WIDTHS) -> None:
         super().__init__()
         if motion_formula not in MOTION_FORMULAS:
             raise ValueError(f"unknown motion formula {motion_formula!r}")
         self.motion_formula = motion_formula
-        self.origin_stream = STGCN(a, num_class, in_channels, edge_importance, graph_op)
-        self.motion_stream = STGCN(a, num_class, in_channels, edge_importance, graph_op)
+        self.origin_stream = STGCN(a, num_class, in_channels, edge_importance, graph_op, widths)
+        self.motion_stream = STGCN(a, num_class, in_channels, edge_importance, graph_op, widths)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.origin_stream(x) + self.motion_stream(motion(x, self.motion_formula))

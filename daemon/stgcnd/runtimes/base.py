@@ -1,10 +1,8 @@
-"""The contract every runtime meets (Polygraphy's loader/runner split).
-
-A `Runtime` is a model loaded into one inference library; it makes `Runner`s, one executor's
-prepared buckets and per-client lanes, all warmed before READY. A runner whose compute blocks
-the calling thread says so (`blocking`) and is run by an `InWorker` thread that wakes the
-loop (an InWorker is blocking too: the executor reads the one flag); a non-blocking one only
-enqueues device work and is polled.
+"""The contract every runtime meets (Polygraphy's loader/runner split): `Runtime` and
+`Runner`, described above `Runner`. A runner whose compute blocks the calling thread says so
+(`blocking`) and is run by an `InWorker` thread that wakes the loop (an InWorker is blocking
+too: the executor reads the one flag); a non-blocking one only enqueues device work and is
+polled.
 """
 
 from __future__ import annotations

@@ -15,14 +15,12 @@ from typing import Any
 import numpy as np
 
 from stgcnd.errors import BackendUnavailable, UserError
+from stgcnd.export import INPUT_NAME, OUTPUT_NAME
 from stgcnd.log import get_logger
 from stgcnd.runtimes import import_onnxruntime
 from stgcnd.runtimes.base import HostRunner, Runner, Runtime, RuntimeInfo
 
 log = get_logger(__name__)
-
-INPUT_NAME = "input"
-OUTPUT_NAME = "output"
 
 
 def providers(device: str) -> list[str | tuple[str, dict[str, int]]]:

@@ -22,16 +22,14 @@ from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.log import get_logger
 from stgcnd.runtimes import import_tensorrt
 from stgcnd.runtimes.base import Runner, Runtime, RuntimeInfo, normalize_buckets
-from stgcnd.runtimes.cuda import (
+from stgcnd.runtimes.cuda import CudaError, error_name, make_current
+from stgcnd.runtimes.cuda_batch import (
     CAPTURE_LOCK,
-    CudaError,
     DriverGraph,
     DriverMemory,
     GraphsUnavailable,
-    error_name,
-    make_current,
+    LanedBatch,
 )
-from stgcnd.runtimes.cuda_batch import LanedBatch
 
 log = get_logger(__name__)
 

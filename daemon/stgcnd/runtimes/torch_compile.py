@@ -1,9 +1,5 @@
 """torch.compile for the torch runtime on CUDA: inductor's fused Triton kernels inside the
-runner's own CUDA graphs.
-
-Modes (config key `compile`): "reduce-overhead", "off", and "auto" (the first where Triton is
-installed); "max-autotune" is bench-only. Compiled graphs are cached under the engine store.
-torch.compile is refused on the CPU, where it gained little or nothing (docs/performance.md).
+runner's own CUDA graphs (the modes, the cache and why not on the CPU: above `unavailable`).
 """
 
 from __future__ import annotations
@@ -20,9 +16,8 @@ import torch
 from stgcnd.versions import module_version
 
 MODES = ("auto", "off", "reduce-overhead", "max-autotune")
-# (inside our graphs, as the user would write it)
-_INDUCTOR_MODE = {"reduce-overhead": ("default", "reduce-overhead"),
-                  "max-autotune": ("max-autotune-no-cudagraphs", "max-autotune")}
+# Inductor's kernels only: our runner captures the graphs around them.
+_INDUCTOR_MODE = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
 # Every bucket is a static shape of each stream of every model served: well above dynamo's
 # default of 8 recompilations of one function before it falls back to eager.
 _RECOMPILE_LIMIT = 1024
@@ -32,16 +27,10 @@ _RECOMPILE_LIMIT = 1024
 # - "reduce-overhead": inductor's default kernels (seconds to compile a bucket);
 # - "off": the uncompiled module;
 # - "auto": "reduce-overhead" where Triton is installed, else "off";
-# - "max-autotune" (bench only): inductor benchmarks kernel choices. Not offered to the daemon:
-#   its compiles are slow, and a kernel it chose faulted inside our graph
-#   ("unspecified launch failure", which ends the CUDA context): docs/performance.md.
-#
-# Inductor is asked for kernels only ("default", "max-autotune-no-cudagraphs"): the runner
-# captures the graphs, one per bucket, around them. With `inductor_graphs` the mode is passed as
-# a user writes it, inductor capturing its own graphs: the bench's "what a user would pick"
-# rows. Those graphs keep their state in thread-local storage that only the thread which first
-# imported them has, so that form is for a single-threaded caller.
-#
+# - "max-autotune": inductor benchmarks kernel choices. Not offered to the daemon: its compiles
+#   are slow, and a kernel it chose faulted inside our graph ("unspecified launch failure",
+#   which ends the CUDA context): docs/performance.md. A user's torch.compile, as the bench
+#   measures it, runs in a process of its own (stgcnd_tools/bench/peer_child.py).
 # Inductor's compiled graphs and autotuning results are cached on disk (its FX graph and
 # autotune caches) under the engine store, per torch and Triton version and device, so that a
 # second start compiles from cache. On the CPU torch.compile is refused: against the
@@ -87,7 +76,7 @@ def use_cache(root: Path, device: torch.device) -> Path:
     return path
 
 
-def compiled(module: torch.nn.Module, mode: str, static: bool, inductor_graphs: bool = False
+def compiled(module: torch.nn.Module, mode: str, static: bool
              ) -> Callable[[torch.Tensor], torch.Tensor]:
     """`module` compiled lazily: each new batch shape compiles at its first call (`static`),
     or the second shape makes the kernels dynamic in the batch."""
@@ -96,10 +85,6 @@ def compiled(module: torch.nn.Module, mode: str, static: bool, inductor_graphs: 
     for limit in ("cache_size_limit", "recompile_limit"):  # renamed in torch 2.6
         if hasattr(config, limit):
             setattr(config, limit, max(getattr(config, limit), _RECOMPILE_LIMIT))
-    kernels_only, as_written = _INDUCTOR_MODE[mode]
-    if inductor_graphs:
-        importlib.import_module("torch._inductor.cudagraph_trees")  # on this thread, first
     fn: Callable[[torch.Tensor], torch.Tensor] = torch.compile(
-        module, mode=as_written if inductor_graphs else kernels_only,
-        dynamic=False if static else None)
+        module, mode=_INDUCTOR_MODE[mode], dynamic=False if static else None)
     return fn

@@ -26,8 +26,7 @@ from stgcnd.model.optimized import Form, FusedTwoStream, optimize
 from stgcnd.model.stgcn import MotionFormula, motion
 from stgcnd.runtimes import cpu_bf16, torch_compile
 from stgcnd.runtimes.base import HostRunner, Runner, Runtime, RuntimeInfo
-from stgcnd.runtimes.cuda import CAPTURE_LOCK, GraphsUnavailable
-from stgcnd.runtimes.cuda_batch import LanedBatch
+from stgcnd.runtimes.cuda_batch import CAPTURE_LOCK, GraphsUnavailable, LanedBatch
 
 log = get_logger(__name__)
 
@@ -62,7 +61,7 @@ class TorchRuntime(Runtime):
     def __init__(self, model: LoadedModel, precision: str = "fp32", device: str = "cpu",
                  cuda_graph: bool = False, max_batch: int = 64, optimized: bool = True,
                  threads: int = 0, form: Form = "channels_last", compile_mode: str = "off",
-                 compile_cache: Path | None = None, inductor_graphs: bool = False) -> None:
+                 compile_cache: Path | None = None) -> None:
         if precision not in PRECISIONS:
             raise BackendUnavailable(f"the torch runtime runs fp32, fp16 (CUDA) or bf16 (CPU), "
                                      f"not {precision!r}; use tensorrt or onnxruntime for int8")
@@ -108,7 +107,6 @@ class TorchRuntime(Runtime):
         self.compile_mode = "off"
         self._compiled: set[int] = set()  # batch sizes compiled (each logs once)
         self.compile_failed = False
-        self._inductor_graphs = inductor_graphs and not self.cuda_graph
         self._whole: Callable[[torch.Tensor], torch.Tensor] = self.module
         self._streams: tuple[Callable[[torch.Tensor], torch.Tensor], ...] = ()
         self._formula: MotionFormula = getattr(model.module, "motion_formula",
@@ -127,7 +125,6 @@ class TorchRuntime(Runtime):
                 self._compile_failed(exc, mode)
         variant = (("optimized" if optimized else "eager")
                    + (f"+compile({self.compile_mode})" if self.compile_mode != "off" else "")
-                   + ("+inductor-graphs" if self._inductor_graphs else "")
                    + ("+cudagraph" if self.cuda_graph else ""))
         self.info = RuntimeInfo(
             name="torch", precision=precision, device=str(self.device),
@@ -145,8 +142,7 @@ class TorchRuntime(Runtime):
         module = self.module
 
         def as_run(m: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-            return m if mode == "off" else torch_compile.compiled(
-                m, mode, static=self.cuda_graph, inductor_graphs=self._inductor_graphs)
+            return m if mode == "off" else torch_compile.compiled(m, mode, static=self.cuda_graph)
 
         self._whole = as_run(module)
         if isinstance(module, FusedTwoStream) and self.parallel_streams:
@@ -276,7 +272,7 @@ class CudaGraphRunner(Runner):
     downloads its row (`cuda_batch.LanedBatch`, shared with TensorRT, in plain driver calls).
     With lanes=0 the batch moves in one copy each way on the compute stream.
 
-    Capture and replay hold cuda.CAPTURE_LOCK: torch refuses a replay while any thread
+    Capture and replay hold cuda_batch.CAPTURE_LOCK: torch refuses a replay while any thread
     captures ("Cannot prepare for replay during capturing stage"), which a reload's new runners
     would otherwise do while the old ones serve; a replay holds it for microseconds, and the
     loop retries a launch while another thread captures (`can_launch`). Where captures are

@@ -1,10 +1,7 @@
-"""One accept at a time: the daemon, not libzmq, decides when a listener takes a connection.
-
-libzmq aborts on EMFILE in an ipc accept, so the listener's epoll registration is made
-one-shot (EPOLLONESHOT) and re-armed only while descriptors are to spare; further connections
-wait in the kernel's backlog. Without /proc or an epoll-based libzmq the gate is unavailable
-and the connection count alone keeps the budget (server/connections.py).
-"""
+"""One accept at a time: a listener's epoll registration is made one-shot (EPOLLONESHOT) and
+re-armed only while descriptors are to spare, so the daemon, not libzmq, decides when a
+connection is taken (libzmq aborts on EMFILE; server/connections.py). Without /proc or an
+epoll-based libzmq there is no gate: the connection count alone keeps the budget."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Admission: every reason a decoded `infer` or `push` is refused before it is queued.
-
-The model must exist, the array must fit it and the camera must get a slot
-(server/cameras.py); its queue's room is the scheduler's to say, as the job is queued
-(RequestPath._submit). A refusal is a ProtocolError carrying the request's id.
-"""
+"""Every reason a decoded `infer` or `push` is refused before it is queued (the model, the
+array's shape, a camera slot), as a ProtocolError carrying the request's id; its queue's room
+is the scheduler's to say."""
 
 from __future__ import annotations
 

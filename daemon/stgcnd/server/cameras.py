@@ -1,9 +1,5 @@
-"""Per-camera state, owned by the I/O loop alone: push rings, resend records, lane, activity.
-
-A camera costs no thread and nothing on the device. Slots in the `max_cameras` table are
-shared by *peer* (peers.peer_key), never by camera id, which clients invent; who gives way to
-whom when the table is full is the comment above CameraTable.
-"""
+"""Per-camera state, owned by the I/O loop alone: push rings (FrameRing), resend records,
+clock, lane, activity; the `max_cameras` table, whose slots are shared by peer (peers.peer_key)."""
 
 from __future__ import annotations
 
@@ -13,27 +9,92 @@ from typing import Any
 
 import numpy as np
 
-from stgcnd.server.ring import FrameRing
+from stgcnd.server.scheduler import Job
 
 MIN_IDLE_S = 1.0     # a peer over its share replaces its own cameras quiet this long
 EVICT_IDLE_S = 5.0   # otherwise, a full table gives up cameras quiet this long
 SERVED_MEMORY = 4    # ids of served cameras remembered: this many times max_cameras
 CHURN_PER_S = 1      # evictions a peer may cause per second: this many times max_cameras
+FIRST_CAPACITY = 8   # frames; the buffer doubles up to the window as frames arrive
+
+
+class FrameRing:
+    """The last T frames (3, V, M) of one camera for one model, as a window (3, T, V, M).
+
+    A prediction is due when the frame that fills the window arrives, then every `stride`
+    frames. Frames before the window is full give no prediction (a zero-padded window would be
+    a different input than the model was trained on).
+
+    The buffer starts small and doubles while the window fills, so that a camera that sent a
+    few frames holds kilobytes, not a whole window (59 KB per person at 150 frames).
+    """
+
+    def __init__(self, window_shape: tuple[int, int, int, int], stride: int = 1) -> None:
+        c, t, v, m = window_shape
+        self.shape = (c, t, v, m)
+        self.frames = t
+        self.stride = stride
+        self._buf = np.zeros((min(FIRST_CAPACITY, t), c, v, m), dtype=np.float32)
+        self.received = 0  # frames appended since creation or the last reset
+
+    def append(self, frame: np.ndarray) -> bool:
+        """Store one frame (3, V, M); True if a prediction is due for it."""
+        received = self.received
+        buf = self._buf
+        if received == len(buf) < self.frames:  # still filling: grow, frames stay in order
+            grown = np.empty((min(2 * len(buf), self.frames), *buf.shape[1:]), np.float32)
+            grown[:received] = buf
+            self._buf = buf = grown
+        buf[received % self.frames] = frame
+        self.received = received = received + 1
+        if received < self.frames:
+            return False
+        return (received - self.frames) % self.stride == 0
+
+    @property
+    def buffered(self) -> int:
+        return min(self.received, self.frames)
+
+    @property
+    def nbytes(self) -> int:
+        return self._buf.nbytes
+
+    def window(self) -> np.ndarray:
+        """The last T frames, oldest first, as a contiguous (3, T, V, M) float32 window;
+        only once the window is full (`append` said a prediction is due)."""
+        if self.received < self.frames:
+            raise ValueError(f"the window holds {self.received} of {self.frames} frames")
+        start = self.received % self.frames
+        ordered = np.concatenate((self._buf[start:], self._buf[:start])) if start else self._buf
+        return np.ascontiguousarray(ordered.transpose(1, 0, 2, 3))
+
+    def reset(self) -> None:
+        self._buf = np.zeros((min(FIRST_CAPACITY, self.frames), *self._buf.shape[1:]),
+                             np.float32)
+        self.received = 0
+
+
+MAX_WAITING = 4      # resends of one request answered when it is (the client's 3 retries)
 
 
 @dataclass
-class PushRecord:
-    """The last push of one camera for one model, for resends after a client timeout.
+class Sent:
+    """The last infer, or push, of one camera for one model, so that a resend (the same id,
+    after a client timeout) makes no second prediction: the events see each window once.
 
-    A resent id never appends its frame again. If the frame made a prediction due, `window`
-    keeps that window, so a resend after `expired`, `busy` or a lost reply runs it again; a
-    successful answer is kept in `reply` and sent again as it is.
+    A resent push never appends its frame again. While the prediction is queued or running
+    (`job`), a resend waits for its answer (`waiting`: the latest MAX_WAITING resends' routing
+    ids); a successful answer is kept in `reply` and sent again as it is; after `expired` or
+    `busy` a resend runs `window` again. An infer's `window` also tells a resend from a new
+    window sent with a reused id (which is a new request).
     """
 
     req_id: int
-    extra: dict[str, Any]                 # ready / frames / seq, as the reply reports them
+    extra: dict[str, Any]                 # push: ready / frames / seq, as the reply reports
     window: np.ndarray | None = None      # the window to predict on, when one was due
     reply: list[bytes] | None = None      # the final answer, once there is one
+    job: Job | None = None                # the prediction queued or running
+    waiting: list[bytes] = field(default_factory=list)
 
 
 @dataclass
@@ -46,7 +107,10 @@ class CameraState:
     served: bool = False                  # a prediction answered ok, here or before
     requests: int = 0
     rings: dict[str, FrameRing] = field(default_factory=dict)
-    pushes: dict[str, PushRecord] = field(default_factory=dict)
+    pushes: dict[str, Sent] = field(default_factory=dict)
+    infers: dict[str, Sent] = field(default_factory=dict)
+    ts: float | None = None               # the latest `ts` (docs/protocol.md): its clock
+    untimed: bool = False                 # an infer or push without ts: never on a ts clock
 
     def ring(self, model: str, window_shape: tuple[int, ...], stride: int) -> FrameRing:
         ring = self.rings.get(model)
@@ -57,9 +121,12 @@ class CameraState:
         return ring
 
     def reset(self, models: list[str]) -> None:
+        """Push state and resend records; a clock (ts) starts over."""
         for name in models:
             self.rings.pop(name, None)
             self.pushes.pop(name, None)
+            self.infers.pop(name, None)
+        self.ts = None
 
 
 @dataclass(frozen=True)
@@ -70,33 +137,13 @@ class Eviction:
     rule: str          # "own-share", "over-share", "idle" or "unserved"
 
 
-# Who gives way to whom. Slots are shared by *peer* (the process of an ipc client, the address
-# of a tcp one, the user of a loopback tcp one: peers.peer_key). When the table is full, a new
-# camera takes the slot of:
-#
-# 1. the least recently active camera quiet for EVICT_IDLE_S, whoever holds it;
-# 2. else, if its peer already holds its share (max_cameras / peers, rounded up): one of that
-#    peer's own cameras quiet for MIN_IDLE_S; a peer inventing ids churns its own slots only;
-# 3. else the least recently active camera of a peer holding more than its share, the biggest
-#    first (a client that filled the table gives way to a newcomer at once).
-#
-# A camera is *served* once one of its predictions was answered `ok` (a push that only buffered
-# a frame does not count: a served camera cost its client a valid window run on the device).
-# The ids of served cameras are remembered after they leave the table (the SERVED_MEMORY x
-# max_cameras most recent, with the peer they were served for), and two rules keep the slots of
-# served cameras out of reach of invented ids:
-#
-# - cameras never served hold at most max_cameras - reserve slots (reserve: max_cameras // 8,
-#   at least 1): a never-served newcomer past that, or in a table where rule 1 finds nothing,
-#   takes only the slot of another never-served camera (by the same rules: idle, own share,
-#   over share among the never-served), never one of a served camera;
-# - a served camera coming back takes a free slot, else the least recently active never-served
-#   camera of anyone, else rules 1-3.
-#
-# Churn is bounded per peer: at most max_cameras evictions a second (CHURN_PER_S x max_cameras);
-# past it, a peer's new cameras are answered `busy` at once, nothing evicted.
-#
-# A camera with a request in flight is never taken. No slot: the request is answered `busy`.
+# Who gives way to whom when the table is full (docs/hardening.md, "Camera slots", says it in
+# full): 1. the least recently active camera quiet for EVICT_IDLE_S; 2. else, if its peer holds
+# its share already, one of that peer's own cameras quiet for MIN_IDLE_S; 3. else the least
+# recently active camera of a peer over its share, the biggest first. Never-served cameras hold
+# at most max_cameras - reserve slots and take only each other's beyond that; a served camera
+# coming back takes a free slot, else a never-served one's. At most CHURN_PER_S x max_cameras
+# evictions a second per peer; a camera with a request in flight is never taken.
 class CameraTable:
     def __init__(self, max_cameras: int, reserve: int | None = None) -> None:
         self.max_cameras = max_cameras
@@ -116,9 +163,8 @@ class CameraTable:
 
     def get(self, name: str, now: float, peer: str = "") -> tuple[CameraState | None,
                                                                   Eviction | None]:
-        """The camera's state, created on first sight (taking a slot as the comment above the class
-        says when the table is full), and the eviction that made room, if any. (None, None)
-        when no slot can be had."""
+        """The camera's state, created on first sight (taking a slot as the comment above the
+        class says), and the eviction that made room, if any; (None, None): no slot."""
         cam = self.cameras.get(name)
         if cam is not None:
             cam.last_activity = now

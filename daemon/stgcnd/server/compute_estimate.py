@@ -1,9 +1,6 @@
-"""How long a batch will compute, per bucket: what the executor refuses `expired` jobs by.
-
-The estimate is the lower median of the bucket's recent batches (one outlier does not move
-it), and a bucket that has refused everything for a while runs one batch anyway as a probe
-(an estimate that refuses every batch would never be corrected). I/O loop thread only.
-"""
+"""How long a batch will compute, per bucket (what the executor refuses `expired` jobs by):
+the lower median of its recent batches; a bucket that refused everything for a while runs one
+batch anyway as a probe, or a wrong estimate would never be corrected. I/O loop only."""
 
 from __future__ import annotations
 

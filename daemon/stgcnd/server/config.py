@@ -17,13 +17,14 @@ import difflib
 import os
 import re
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any, Dict, Literal, NamedTuple, Optional, Tuple, cast
+from urllib.parse import urlsplit
 
 import msgspec
 from msgspec import Meta
 
+from stgcnd.engines.options import DEFAULT_BUCKETS
 from stgcnd.errors import UserError
 from stgcnd.model.graph import LAYOUTS
 from stgcnd.model.spec import MOTION_FORMULAS, ModelSpec, default_labels
@@ -84,6 +85,10 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     events_endpoint: Annotated[str, restart_key(
         "where action events are published (ZeroMQ PUB, topic = camera id; "
         "docs/protocol.md); empty: events only in the log")] = ""
+    events_heartbeat_s: Annotated[float, restart_key(
+        "seconds between heartbeats on events_endpoint: a subscriber that hears none for "
+        "three knows the daemon is gone (docs/protocol.md); 0: none",
+        "must be from 0 to 3600 seconds", ge=0, le=3600)] = 2.0
     engines_dir: Annotated[Optional[str], engine_key(
         "engine store: exported ONNX and one artefact per runtime/precision/device; unset: "
         "systemd's StateDirectory/engines, else ./engines when started in a checkout, else the "
@@ -111,6 +116,19 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         "skeleton quality: a camera whose usable share of joints (frames with a person x "
         "joints not lost) falls below this in a stats interval logs one warning",
         "must be in 0..1", ge=0, le=1)] = 0.5
+    feed_enter: Annotated[float, policy_key(
+        "feed health: a camera's feed goes silent, refused, blocked, no-person, "
+        "low-visibility or out-of-frame when that share of what it sent is bad for "
+        "feed_intervals stats intervals (docs/protocol.md)", "must be > 0 and at most 1",
+        gt=0, le=1)] = 0.5
+    feed_exit: Annotated[float, policy_key(
+        "feed health: a bad feed's state holds while its share stays at or above this (at "
+        "most feed_enter); below it for feed_intervals intervals, the feed is ok again",
+        "must be > 0 and at most 1", gt=0, le=1)] = 0.2
+    feed_intervals: Annotated[int, policy_key(
+        "feed health: stats intervals in a row a feed's state must have stopped holding "
+        "before it changes (event `feed` and log line feed_health)", "must be >= 1",
+        ge=1)] = 2
     socket_mode: Annotated[int, restart_key(
         "permissions of the ipc socket file (0o660: camera processes in the daemon's group)",
         "must be a file mode from 0 to 0o777", ge=0, le=0o777)] = 0o660
@@ -200,6 +218,21 @@ class EventsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     cooldown_s: Annotated[float, policy_key(
         "after an end, how long before the same camera's class may start again",
         "must be >= 0 seconds", ge=0)] = 30.0
+    exit_hold_s: Annotated[float, policy_key(
+        "how long the smoothed probability must stay below exit (or the windows without a "
+        "person) before the end: a dropout shorter than this ends nothing; the cooldown "
+        "counts from the end", "must be >= 0 seconds", ge=0)] = 1.5
+    event_idle_s: Annotated[float, policy_key(
+        "a camera with an open event and neither a request nor a prediction for this long "
+        "has it ended (camera-silent), dated at its last prediction", "must be > 0 seconds",
+        gt=0)] = 5.0
+    min_usable: Annotated[float, policy_key(
+        "a window starts and feeds events only when at least this share of its frames has "
+        "a person (mean joint visibility >= usable_visibility); 0: every window",
+        "must be in 0..1", ge=0, le=1)] = 0.5
+    usable_visibility: Annotated[float, policy_key(
+        "min_usable: the mean visibility of a person's joints that counts them in a frame "
+        "(empty slots are 0)", "must be in 0..1", ge=0, le=1)] = 0.3
     smoothing: Annotated[Literal["ema", "k-of-n"], policy_key(
         "ema: exponential moving average of the probability; k-of-n: its k-th highest "
         "value over the last n predictions")] = "ema"
@@ -262,9 +295,10 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         "plan may keep fewer buckets)",
         "must be >= 0 (0 = auto)", ge=0)] = 0
     buckets: Annotated[Tuple[int, ...], engine_key(
-        "batch shapes prepared before READY (a batch runs in the smallest that holds it)",
+        "batch shapes prepared before READY (a batch runs in the smallest that holds it); "
+        "TensorRT builds one optimization profile for each",
         "must be batch sizes >= 1, e.g. [1, 2, 4, 8]",
-        min_length=1)] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+        min_length=1)] = DEFAULT_BUCKETS
     max_queue_delay_us: Annotated[int, policy_key(
         "how long a batch may wait to fill while the device is idle (0: never)",
         "must be in 0..1000000", ge=0, le=1_000_000)] = 0
@@ -296,9 +330,64 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         return tuple(getattr(self, k) for k in ENGINE)
 
 
+class MqttConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """[events.mqtt]: every message of the events feed on an MQTT broker too (QoS 1, a
+    retained state per camera; docs/protocol.md, "Events over MQTT")."""
+
+    broker: Annotated[str, restart_key(
+        "the broker: mqtt://HOST[:PORT] (1883), or mqtts://HOST[:PORT] (TLS, 8883)")] = ""
+    client_id: Annotated[str, restart_key(
+        "the MQTT client id, which names the broker's session of this daemon (one per "
+        "daemon); empty: stgcnd-HOSTNAME")] = ""
+    topic_prefix: Annotated[str, restart_key(
+        "topics are PREFIX/CAMERA/event and PREFIX/CAMERA/state (retained)",
+        "must be a non-empty topic", min_length=1)] = "stgcnd"
+    qos: Annotated[int, restart_key(
+        "1: at least once (a resend after a reconnect may repeat a message: mqtt_id tells); "
+        "2: once per hop; 0: at most once", "must be 0, 1 or 2", ge=0, le=2)] = 1
+    username: Annotated[Optional[str], restart_key("the broker's user name")] = None
+    password_file: Annotated[Optional[str], restart_key(
+        "a file whose first line is the password (mode 0600: a config is often world-readable)",
+        path=True)] = None
+    ca_file: Annotated[Optional[str], restart_key(
+        "mqtts: the CA certificates that sign the broker's (PEM); unset: the system's",
+        path=True)] = None
+    cert_file: Annotated[Optional[str], restart_key(
+        "mqtts: this daemon's client certificate (PEM), where the broker asks for one",
+        path=True)] = None
+    key_file: Annotated[Optional[str], restart_key(
+        "mqtts: the client certificate's private key (PEM)", path=True)] = None
+    buffer: Annotated[int, restart_key(
+        "messages kept while the broker is away; when full the oldest goes (counted: stats' "
+        "events_mqtt.dropped, one warning an outage)", "must be >= 1", ge=1)] = 10000
+
+    @property
+    def address(self) -> tuple[str, int, bool]:
+        """(host, port, TLS) of `broker`; a UserError where it is not an mqtt(s) URL."""
+        url = urlsplit(self.broker)
+        try:
+            port = url.port
+        except ValueError:
+            port = -1
+        if url.scheme not in ("mqtt", "mqtts") or not url.hostname or port == -1 or \
+                url.path not in ("", "/"):
+            raise UserError(f"broker must be mqtt://HOST[:PORT] or mqtts://HOST[:PORT], "
+                            f"got {self.broker!r}")
+        tls = url.scheme == "mqtts"
+        return url.hostname, port or (8883 if tls else 1883), tls
+
+
+class EventsSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """[events]: where the events feed goes besides the log and events_endpoint."""
+
+    mqtt: Annotated[Optional[MqttConfig], restart_key(
+        "an MQTT broker: an [events.mqtt] table (keys below); unset: none")] = None
+
+
 class Config(msgspec.Struct, frozen=True, kw_only=True):
     server: ServerConfig = msgspec.field(default_factory=ServerConfig)
     models: Tuple[ModelConfig, ...] = (ModelConfig(demo=True),)
+    events: EventsSection = msgspec.field(default_factory=EventsSection)
     source: str = "built-in defaults (demo model)"
 
     @property
@@ -325,14 +414,6 @@ class KeyDoc(NamedTuple):
     applies: str
     path: bool
 
-    @property
-    def engine(self) -> bool:
-        return self.applies == "engine"
-
-    @property
-    def restart(self) -> bool:
-        return self.applies == "restart"
-
 
 def _meta(annotation: Any) -> KeyDoc:
     meta = next(a for a in getattr(annotation, "__metadata__", ()) if isinstance(a, Meta))
@@ -345,11 +426,14 @@ def schema(cls: type[msgspec.Struct]) -> list[tuple[str, Any, KeyDoc]]:
     return [(f.name, f.default, _meta(f.type)) for f in msgspec.structs.fields(cls)]
 
 
-ENGINE = tuple(name for name, _, meta in schema(ModelConfig) if meta.engine)
+ENGINE = tuple(name for name, _, meta in schema(ModelConfig) if meta.applies == "engine")
 MODEL_FILES = tuple(name for name, _, meta in schema(ModelConfig) if meta.path)
-RESTART = tuple(name for name, _, meta in schema(ServerConfig) if meta.restart)
-SERVER_ENGINE = tuple(name for name, _, meta in schema(ServerConfig) if meta.engine)
-PATHS = frozenset(n for c in (ServerConfig, ModelConfig) for n, _, m in schema(c) if m.path)
+RESTART = tuple(name for name, _, meta in schema(ServerConfig) if meta.applies == "restart")
+SERVER_ENGINE = tuple(name for name, _, meta in schema(ServerConfig)
+                      if meta.applies == "engine")
+PATHS = frozenset(n for c in (ServerConfig, ModelConfig, MqttConfig) for n, _, m in schema(c)
+                  if m.path)
+MQTT_FILES = tuple(name for name, _, meta in schema(MqttConfig) if meta.path)
 
 
 def default_runtime_dir() -> Path:
@@ -442,9 +526,6 @@ def _said(cls: type[msgspec.Struct], message: str, values: dict[str, Any], where
         return UserError(f"{source}: invalid value {value!r} (expected {want})")
     if meta is not None and meta.rule:
         return UserError(f"{source}: {name} {meta.rule}, got {value!r}")
-    choices = re.match(r"Invalid enum value", message)
-    if choices:
-        return UserError(f"{source}: invalid value {value!r} ({message.split(' - ')[0]})")
     return UserError(f"{source}: invalid value {value!r} ({message.split(' - ')[0]})")
 
 
@@ -478,7 +559,24 @@ def _check(config: Config) -> Config:
                                 f"{getattr(m, name)!r}")
         if m.events is not None:
             _check_events(m.events, known_labels(m), where)
+    if config.events.mqtt is not None:
+        _check_mqtt(config.events.mqtt, f"{config.source}: [events.mqtt]")
     return config
+
+
+def _check_mqtt(mqtt: MqttConfig, where: str) -> None:
+    try:
+        _, _, tls = mqtt.address  # an empty broker too
+    except UserError as exc:
+        raise UserError(f"{where}: {exc}") from None
+    if "+" in mqtt.topic_prefix or "#" in mqtt.topic_prefix:
+        raise UserError(f"{where}: topic_prefix must be a topic without + or #, got "
+                        f"{mqtt.topic_prefix!r}")
+    tls_files = [k for k in ("ca_file", "cert_file", "key_file") if getattr(mqtt, k)]
+    if tls_files and not tls:
+        raise UserError(f"{where}: {tls_files[0]} is for TLS; write the broker as mqtts://")
+    if mqtt.password_file and not mqtt.username:
+        raise UserError(f"{where}: password_file needs username")
 
 
 def known_labels(m: ModelConfig) -> Tuple[str, ...] | None:
@@ -516,6 +614,10 @@ def check_files(config: Config) -> Config:
     missing = [f"model {m.name!r}: {name} not found: {getattr(m, name)}"
                for m in config.models for name in MODEL_FILES
                if getattr(m, name) and not Path(getattr(m, name)).expanduser().is_file()]
+    mqtt = config.events.mqtt
+    missing += [f"[events.mqtt] {name} not found: {getattr(mqtt, name)}"
+                for name in MQTT_FILES if mqtt is not None and getattr(mqtt, name)
+                and not Path(getattr(mqtt, name)).expanduser().is_file()]
     if missing:
         raise UserError(f"{config.source}: {'; '.join(missing)}. Fix the path (in the file, a "
                         "relative one is relative to the file's directory) or put the file there")
@@ -562,10 +664,10 @@ def load_config(path: Path | None = None, env: dict[str, str] | None = None,
         except tomllib.TOMLDecodeError as exc:
             raise UserError(f"{path}: invalid TOML: {exc}") from None
         source = str(path)
-    unknown = sorted(set(raw) - {"server", "models"})
+    unknown = sorted(set(raw) - {"server", "models", "events"})
     if unknown:
-        raise UserError(f"{source}: unknown section(s) {', '.join(unknown)}; use [server] and "
-                        "[[models]]")
+        raise UserError(f"{source}: unknown section(s) {', '.join(unknown)}; use [server], "
+                        "[[models]] and [events]")
     server_raw: Dict[str, Any] = dict(raw.get("server", {}))
     # Where each value came from, so that an error points at the right place to fix it.
     where = {name: f"{source} [server] {name}" for name, _, _ in schema(ServerConfig)}
@@ -594,7 +696,21 @@ def load_config(path: Path | None = None, env: dict[str, str] | None = None,
     else:
         models = tuple(_model(m, f"{source} [[models]] #{i + 1}", base)
                        for i, m in enumerate(models_raw))
-    return _check(Config(server=server, models=models, source=source))
+    return _check(Config(server=server, models=models, events=_events(raw, source, base),
+                         source=source))
+
+
+def _events(raw: dict[str, Any], source: str, base: Path | None) -> EventsSection:
+    """[events], its [events.mqtt] decoded as a table of its own (its paths anchored)."""
+    section = dict(raw.get("events", {}))
+    mqtt = section.pop("mqtt", None)
+    _decode(EventsSection, section, f"{source} [events]", {}, frozenset(section))
+    if mqtt is None:
+        return EventsSection()
+    where = f"{source} [events.mqtt]"
+    return EventsSection(mqtt=_decode(MqttConfig, mqtt, where,
+                                      {k: f"{where} {k}" for k in mqtt},
+                                      strict_keys=frozenset(mqtt), base=base))
 
 
 def _model(raw: dict[str, Any], where: str, base: Path | None) -> ModelConfig:
@@ -605,85 +721,3 @@ def _model(raw: dict[str, Any], where: str, base: Path | None) -> ModelConfig:
     # After its checkpoint (epoch60_model), as the engine store names it: not "demo", which
     # would pass a real model off as the random-weights one in logs and replies.
     return msgspec.structs.replace(model, name=Path(model.checkpoint).stem)
-
-
-# --- the annotated example, made from the schema ----------------------------------------------
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    if isinstance(value, tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return repr(value)
-
-
-def _comment(text: str) -> list[str]:
-    return textwrap.wrap(text, 92, initial_indent="# ", subsequent_indent="# ")
-
-
-def _tag(meta: KeyDoc, form: str) -> str:
-    """How the generated documentation marks what a reload does with a key (policy: no mark)."""
-    return "" if meta.applies == "policy" else " " + form.format(meta.applies)
-
-
-def example() -> str:
-    """The annotated configuration: every key with its doc and default (the defaults of the
-    example's own values where it sets them: a systemd deployment serving a checkpoint)."""
-    shown = {"endpoint": "ipc:///run/stgcnd/stgcnd.sock",
-             "engines_dir": "/var/lib/stgcnd/engines", "keys_dir": "/var/lib/stgcnd/keys",
-             "socket_mode": 0o660}
-    model = {"name": "single", "checkpoint": "/var/lib/stgcnd/models/epoch60_model.pt",
-             "labels": ("normal", "shoplifting"), "precision": "fp16", "stride": 25}
-    out = ["# /etc/stgcnd/stgcnd.toml - stgcnd daemon configuration (annotated example; "
-           "`stgcnd config",
-           "# example` prints it). Every [server] key can be overridden by an environment",
-           "# variable STGCND_<KEY> (e.g. STGCND_STATS_INTERVAL=5). Unknown keys, and unknown",
-           "# STGCND_* variables, are errors. Keys marked (engine) are what models are built",
-           "# and loaded from: a reload (SIGHUP) that changes one loads the model anew",
-           "# ([server]: every model). Keys marked (restart) take effect at a restart only (a",
-           "# reload that changes one logs reload_key_ignored). A reload applies every other key",
-           "# at once. A relative path (checkpoint, calibration, engines_dir) is relative to the",
-           "# file's directory.", "",
-           "[server]"]
-    for name, default, meta in schema(ServerConfig):
-        out += _comment(meta.description + _tag(meta, "({})"))
-        value = shown.get(name, default)
-        if value is None:
-            out.append(f"# {name} = ")
-        elif name == "socket_mode":
-            out.append(f"{name} = 0o{value:o}")
-        else:
-            out.append(f"{name} = {_toml_value(value)}")
-    out += ["", "[[models]]"]
-    for name, default, meta in schema(ModelConfig):
-        if name == "events":
-            continue  # its own table, below
-        out += _comment(meta.description + _tag(meta, "({})"))
-        value = model.get(name, default)
-        out.append(f"# {name} = " if value is None else f"{name} = {_toml_value(value)}")
-    out += ["", "# Action events from this model's predictions (docs/protocol.md, Events): "
-            "uncomment", "# the table to turn them on.", "# [models.events]"]
-    for name, default, meta in schema(EventsConfig):
-        if name in ("classes", "cameras"):
-            continue
-        out += _comment(meta.description)
-        sample = ("normal",) if name == "quiet_classes" else default  # not left blank
-        out.append(f"# {name} = {_toml_value(sample)}")
-    out += ["# One class's thresholds, one camera's overrides:",
-            "# [models.events.classes.shoplifting]", "# enter = 0.9",
-            "# [models.events.cameras.door-1]", "# cooldown_s = 120.0"]
-    return "\n".join(out) + "\n"
-
-
-def key_table() -> str:
-    """The README's list of keys, as a markdown table made from the schema."""
-    rows = ["| key | default | what |", "| --- | --- | --- |"]
-    for section, cls in (("server", ServerConfig), ("models", ModelConfig),
-                         ("models.events", EventsConfig)):
-        for name, default, meta in schema(cls):
-            shown = "unset" if default is None else _toml_value(default)
-            tag = _tag(meta, "*{}*")
-            rows.append(f"| `[{section}] {name}` | `{shown}` | {meta.description}{tag} |")
-    return "\n".join(rows) + "\n"

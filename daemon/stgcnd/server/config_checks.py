@@ -1,9 +1,5 @@
-"""Every check of a configuration that needs no model loaded, in one place.
-
-Run by `stgcnd config check`, by `stgcnd serve` before anything loads and by a reload, so that
-a config that passes `check` is not then refused by `serve` (issue #32). Problems are reported
-all at once, each with the key that fixes it.
-"""
+"""Every check of a configuration that needs no model loaded: run by `config check`, by
+`serve` before anything loads and by a reload, so that what passes `check` is served (#32)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Who is connected, and how many: the daemon's file-descriptor budget.
-
-libzmq 4.3 aborts the process when an ipc accept meets EMFILE (and spins on tcp), so each
-listening socket counts its connections through its monitor and gates accepts
-(server/accept_gate.py) to stay under its share of the budget. Connections are closed with
-shutdown(2), never close(2): libzmq owns the fd. Who a connection belongs to is server/peers.py's.
-"""
+"""Who is connected, and how many: each listening socket's connections, counted from its
+monitor against its share of the file-descriptor budget, and closed to make room."""
 
 from __future__ import annotations
 
@@ -96,6 +91,17 @@ def split_budget(cap: int, events: bool) -> tuple[int, int]:
         return cap, 0
     subscribers = max(cap // EVENTS_SHARE, 1)
     return cap - subscribers, subscribers
+
+
+def connection_caps(configured: int, events: bool) -> tuple[int, int]:
+    """The connection caps, (requests, events), from the fd limit raised and the fds open."""
+    before, soft, hard = raise_fd_limit()
+    in_use = open_fds()
+    cap = connection_budget(soft, in_use, configured)
+    requests_cap, events_cap = split_budget(cap, events)
+    log.info("fd_limit", soft_before=before, soft=soft, hard=hard, open=in_use,
+             max_connections=cap, requests=requests_cap, events=events_cap)
+    return requests_cap, events_cap
 
 
 def _libc_shutdown() -> Callable[[int, int], int] | None:

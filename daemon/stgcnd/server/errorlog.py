@@ -1,10 +1,5 @@
-"""Rate-limited logging of what clients do wrong: a hostile or broken camera must not flood the
-log (or the journal) any more than it can slow the daemon.
-
-Limits hold per daemon, keyed by kind (an error code, a dropped reply, a crash), never by
-camera or client identity: both are the client's to invent, and a limit per invented name is
-no limit.
-"""
+"""Rate-limited logging of what clients do wrong, keyed by kind (an error code, a dropped
+reply, a crash), never by camera or client identity: both are the client's to invent."""
 
 from __future__ import annotations
 

@@ -1,28 +1,34 @@
 """Action events: per camera, model and class, a small state machine over the predictions,
 so that a site gets "started on cam3 at 14:02:11, ended 14:02:19, peak 0.93" instead of one
 probability a window. Plain Python on the I/O loop; times come from the caller, so scripted
-sequences test it exactly.
+sequences test it exactly: the daemon's clocks, or a camera's own (its frames' `ts`), so that
+a loaded daemon answering late neither makes nor hides an event.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Mapping, Sequence
+from typing import Dict, Mapping, Protocol, Sequence
 
 import msgpack
+import numpy as np
 import zmq
 
 from stgcnd.errors import UserError
 from stgcnd.log import get_logger
-from stgcnd.server.config import Config, EventsConfig
+from stgcnd.server.cameras import CameraState
+from stgcnd.server.config import Config, EventsConfig, ServerConfig
 from stgcnd.server.connections import Connections
 from stgcnd.server.curve import Curve
+from stgcnd.server.feed_health import FeedHealth
 from stgcnd.server.models import ServedModel
 from stgcnd.server.peers import peer_key
 from stgcnd.server.transport import HANDSHAKE_MS, bind_endpoint
+from stgcnd.telemetry.skeleton_quality import Record
 
 log = get_logger(__name__)
 
@@ -33,6 +39,8 @@ MAX_SUBSCRIPTION_BYTES = 1024  # a camera id is at most 128 characters (512 byte
 MAX_SUBSCRIPTIONS = 1024       # topics one events connection may hold
 MAX_SUBSCRIPTION_MESSAGES = 8192  # (un)subscriptions one connection may send, ever
 READ_BURST = 256               # subscriptions read per loop pass
+HEARTBEAT_TOPIC = b"\xffheartbeat"  # no camera id's topic: 0xFF is never in UTF-8
+SNAPSHOT_EVERY_S = 0.2  # a peer subscribing in a loop floods no subscriber with snapshots
 _SRCFD = int(zmq.SRCFD)
 
 
@@ -46,13 +54,16 @@ def _user(frame: zmq.Frame) -> str:
 # The state machine of one (camera, model, class):
 #
 #     idle --(smoothed >= enter, outside the cooldown)--> pending
-#     pending --(smoothed < enter)--> idle                       (a spike is not an event)
+#     pending --(smoothed < enter, or a window without a person)--> idle  (a spike is no event)
 #     pending --(held for min_duration_s)--> active: "start"
-#     active --(smoothed < exit)--> idle: "end", then cooldown_s before it may start again
+#     active --(smoothed < exit, or no person, for exit_hold_s; or no prediction for
+#         event_idle_s)--> idle: "end", then cooldown_s (from the end) before a new start
 #
 # Smoothing is an EMA of the class's probability, or k-of-n: the k-th highest of the last n
 # windows' probabilities (k of the last n windows were at least that). exit < enter is the
-# hysteresis that keeps a probability hovering at the threshold from flickering.
+# hysteresis that keeps a probability hovering at the threshold from flickering; the exit
+# hold keeps a dropout window from ending an event (and its cooldown from hiding the rest).
+# A window without a person (usable_share below min_usable) says nothing of the action.
 @dataclass(frozen=True)
 class Rule:
     """What one class of one camera's model needs to start and end an event."""
@@ -61,6 +72,7 @@ class Rule:
     exit: float
     min_duration_s: float
     cooldown_s: float
+    exit_hold_s: float
     smoothing: str        # "ema" or "k-of-n"
     alpha: float
     k: int
@@ -86,6 +98,7 @@ def rules_for(config: EventsConfig, labels: Sequence[str], camera: str
             enter=enter, exit=min(exit_, enter),
             min_duration_s=_first(cam.min_duration_s if cam else None, config.min_duration_s),
             cooldown_s=_first(cam.cooldown_s if cam else None, config.cooldown_s),
+            exit_hold_s=config.exit_hold_s,
             smoothing=config.smoothing, alpha=config.ema_alpha, k=config.k, n=config.n)
     return out
 
@@ -93,6 +106,16 @@ def rules_for(config: EventsConfig, labels: Sequence[str], camera: str
 def _first(*values: float | None) -> float:
     """The most specific setting: the first one given (the model's own is always given)."""
     return float(next(v for v in values if v is not None))
+
+
+def usable_share(window: np.ndarray, visibility: float) -> float:
+    """The share of a window's frames (3, T, V, M: x, y, visibility) with a person whose
+    joints' mean visibility is at least `visibility` (an empty slot is all 0). A matmul sums
+    the joints: ~30 us for 150 frames, where .mean(axis=1) took 60-400 us (M = 1-5)."""
+    vis = window[2]                                            # (T, V, M)
+    sums = np.ones(vis.shape[1], vis.dtype) @ vis              # (T, M)
+    seen = (sums >= visibility * vis.shape[1]).any(axis=1)     # (T,)
+    return float(np.count_nonzero(seen)) / max(len(seen), 1)
 
 
 @dataclass
@@ -106,6 +129,11 @@ class Track:
     since: float = 0.0                  # monotonic: pending since, or active since
     started_wall: float = 0.0
     last_wall: float = 0.0              # the camera's latest prediction (an idle camera's end)
+    last_now: float = 0.0               # ... its monotonic time
+    heard: float = 0.0                  # ... the daemon's monotonic time (a silent camera's)
+    timed: bool = False                 # on the camera's clock (ts): `now` and `wall` are it
+    below_since: float | None = None    # monotonic: the exit hold's first window
+    below_wall: float = 0.0             # ... its wall time: when the event ended, if it does
     peak: float = 0.0
     cooldown_until: float = float("-inf")
 
@@ -134,7 +162,7 @@ class Events:
     """Every (camera, model)'s tracks; `observe` returns the events a prediction caused."""
 
     def __init__(self) -> None:
-        self._configs: dict[str, tuple[EventsConfig, tuple[str, ...]]] = {}
+        self.configs: dict[str, tuple[EventsConfig, tuple[str, ...]]] = {}
         self._tracks: dict[tuple[str, str], dict[int, Track]] = {}
 
     def configure(self, models: dict[str, tuple[EventsConfig, tuple[str, ...]]],
@@ -158,30 +186,36 @@ class Events:
                     tracks[i].retarget(rules[i])
             for i in rules.keys() - tracks.keys():
                 tracks[i] = Track(rules[i])
-        self._configs = dict(models)
+        self.configs = dict(models)
         return ended
 
-    def watches(self, model: str) -> bool:
-        return model in self._configs
-
     def observe(self, camera: str, model: str, probs: Sequence[float], now: float,
-                wall: float) -> list[Event]:
+                wall: float, usable: float = 1.0, heard: float | None = None) -> list[Event]:
+        """`usable`: the window's usable_share (1.0: a person in every frame). `heard`: the
+        daemon's monotonic time when `now` and `wall` are the camera's clock (its `ts`)."""
         key = (camera, model)
         tracks = self._tracks.get(key)
         if tracks is None:
-            if model not in self._configs:
+            if model not in self.configs:
                 return []
-            config, labels = self._configs[model]
+            config, labels = self.configs[model]
             tracks = self._tracks[key] = {
                 i: Track(rule) for i, rule in rules_for(config, labels, camera).items()}
         out: list[Event] = []
-        labels = self._configs[model][1]
+        config, labels = self.configs[model]
+        person = usable >= config.min_usable
         for i, track in tracks.items():
             if i >= len(probs):
                 continue
+            track.last_wall, track.last_now = wall, now
+            track.heard, track.timed = (now, False) if heard is None else (heard, True)
+            if not person:  # no smoothing, no start (a pending one waits anew), the hold runs
+                if track.state == "active":
+                    out += self._hold(camera, model, labels, i, track, now, wall, "no-person")
+                track.state = "idle" if track.state == "pending" else track.state
+                continue
             p = float(probs[i])
             s = track.smooth(p)
-            track.last_wall = wall
             rule = track.rule
             if track.state == "idle":
                 if s >= rule.enter and now >= track.cooldown_until:
@@ -197,8 +231,39 @@ class Events:
                 track.state = "active"
                 out.append(self._event("start", camera, model, labels, i, track, wall))
             elif track.state == "active" and s < rule.exit:
-                out.append(self._end(camera, model, labels, i, track, now, wall, "below-exit"))
+                out += self._hold(camera, model, labels, i, track, now, wall, "below-exit")
+            elif track.state == "active":
+                track.below_since = None   # back above exit: the dropout is forgiven
         return out
+
+    def _hold(self, camera: str, model: str, labels: Sequence[str], i: int, track: Track,
+              now: float, wall: float, reason: str) -> list[Event]:
+        """An event's window below exit (or without a person): the end once such windows have
+        lasted exit_hold_s, dated at the first (the activity last seen); the last's reason."""
+        if track.below_since is None:
+            track.below_since, track.below_wall = now, wall
+        if now - track.below_since < track.rule.exit_hold_s:
+            return []
+        return [self._end(camera, model, labels, i, track, now, wall, reason,
+                          track.below_wall)]
+
+    def expire_silent(self, now: float, wall: float, cameras: Mapping[str, CameraState]
+                      ) -> list[Event]:
+        """Open events of a camera with neither a prediction nor a request (`cameras`: the
+        camera table) for its model's event_idle_s end (camera-silent), dated at its last
+        prediction: a dead camera's event does not stay open for idle_timeout, nor count the
+        silence in its duration; a live camera whose predictions lag (an overloaded daemon,
+        a long stride) keeps its events."""
+        ended: list[Event] = []
+        for (camera, model), tracks in self._tracks.items():  # a removed model's are gone
+            cam = cameras.get(camera)
+            heard = now - (cam.last_activity if cam is not None else float("-inf"))
+            idle_s = self.configs[model][0].event_idle_s
+            silent = {i: t for i, t in tracks.items()
+                      if min(now - t.heard, heard) >= idle_s}
+            ended += self._end_all(camera, model, silent, now, wall, "camera-silent",
+                                   at_last_prediction=True)
+        return ended
 
     def forget(self, camera: str, now: float, wall: float, reason: str) -> list[Event]:
         """A camera gone (idle, evicted): its open events end, dated by its last prediction
@@ -219,12 +284,26 @@ class Events:
     def open_events(self) -> int:
         return sum(t.state == "active" for ts in self._tracks.values() for t in ts.values())
 
+    def snapshot(self, wall: float) -> list[Event]:
+        """Every open event as it stands now (kind "snapshot"): what a late subscriber missed."""
+        return [self._event("snapshot", cam, model, self.configs[model][1], i, t, wall)
+                for (cam, model), ts in self._tracks.items() for i, t in ts.items()
+                if t.state == "active"]  # a model unwatched is forgotten (configure)
+
     def _end_all(self, camera: str, model: str, tracks: dict[int, Track], now: float,
                  wall: float, reason: str, at_last_prediction: bool = False) -> list[Event]:
-        labels = self._configs[model][1] if model in self._configs else ()
-        return [self._end(camera, model, labels, i, t, now, wall, reason,
-                          t.last_wall if at_last_prediction else wall)
-                for i, t in tracks.items() if t.state == "active"]
+        """Ends the daemon decides (no prediction): on a timed track's clock, its last
+        prediction's time plus the daemon's time since (its cooldown, `at`, a shutdown's end)."""
+        labels = self.configs[model][1] if model in self.configs else ()
+        out = []
+        for i, t in tracks.items():
+            if t.state == "active":
+                since = now - t.heard if t.timed else 0.0
+                t_now, t_wall = (t.last_now + since, t.last_wall + since) if t.timed \
+                    else (now, wall)
+                out.append(self._end(camera, model, labels, i, t, t_now, t_wall, reason,
+                                     t.last_wall if at_last_prediction else t_wall))
+        return out
 
     def _end(self, camera: str, model: str, labels: Sequence[str], i: int, track: Track,
              now: float, wall: float, reason: str, ended: float | None = None) -> Event:
@@ -233,7 +312,7 @@ class Events:
         ended_ms, started_ms = _ms(wall if ended is None else ended), _ms(track.started_wall)
         event.update(ended=ended_ms / 1e3, duration_s=(ended_ms - started_ms) / 1e3,
                      reason=reason)
-        track.state = "idle"
+        track.state, track.below_since = "idle", None
         track.cooldown_until = now + track.rule.cooldown_s
         return event
 
@@ -256,10 +335,20 @@ def _ms(wall: float) -> int:
     return round(wall * 1e3)
 
 
+class Sink(Protocol):
+    """Where the feed's messages go besides the XPUB socket (server/mqtt_sink.py)."""
+
+    def send(self, message: Mapping[str, object]) -> None: ...
+    def stats(self) -> dict[str, object]: ...
+    def close(self) -> None: ...
+
+
 class EventFeed:
     """The events of every watched model: each one a log line (`action_event`) and, where
     `events_endpoint` is set, a message on an XPUB socket: [camera id, msgpack map]. A slow
-    subscriber loses messages at its high-water mark; the daemon never waits for one.
+    subscriber loses messages at its high-water mark (the daemon never waits for one) and sees
+    the gap by their numbers; heartbeats and snapshots: docs/protocol.md §11. Each event goes
+    to the sinks too ([events.mqtt]), which never wait either.
 
     The socket is guarded like the requests one: its connections are counted and gated
     (server/connections.py), a subscription longer than any camera id drops its connection
@@ -274,6 +363,7 @@ class EventFeed:
         subscriber then needs an authorized key (any: camera bindings are not applied).
         `cap`: the most subscriber connections (server/connections.py's split_budget)."""
         self.events = Events()
+        self.health = FeedHealth()
         self.curve = curve
         self._pub: zmq.Socket[bytes] | None = None
         self.connections: Connections | None = None
@@ -281,6 +371,10 @@ class EventFeed:
         self._subscribed: dict[int, tuple[int, int, int]] = {}  # fd -> (inode, now, ever)
         self._users: dict[int, tuple[int, str]] = {}  # fd -> (inode, CURVE key)
         self.refused_subscribers = 0
+        self.run = os.urandom(8).hex()  # a restart is a new run: its seq starts again at 1
+        self._seq, self._next_beat, self._next_snapshot = 0, 0.0, 0.0
+        self._heartbeat_s = config.server.events_heartbeat_s
+        self._snapshot_topics: set[bytes] = set()  # subscribed since the last snapshot
         endpoint = config.server.events_endpoint
         if endpoint:
             pub = ctx.socket(zmq.XPUB)
@@ -303,6 +397,10 @@ class EventFeed:
                 raise
             self.connections.gate_listeners()
             self._pub = pub
+        self.sinks: dict[str, Sink] = {}
+        if config.events.mqtt is not None:  # paho loads only where a broker is configured
+            from stgcnd.server.mqtt_sink import MqttSink
+            self.sinks["mqtt"] = MqttSink(config.events.mqtt)
 
     @property
     def socket(self) -> zmq.Socket[bytes] | None:
@@ -348,7 +446,26 @@ class EventFeed:
                 self._users[fd] = (conn.ino, user)
                 if user not in self.curve.keys:
                     self._cut(fd, user, "key-revoked")
+                    continue
+            if subscribe:
+                self._snapshot_topics.add(frame.bytes[1:])
         return False
+
+    def beat(self, now: float) -> None:
+        """Every loop pass: the snapshot subscriptions asked for (at most every
+        SNAPSHOT_EVERY_S), then a heartbeat, which also comes every `events_heartbeat_s`."""
+        if self._pub is None:
+            return
+        topics = self._snapshot_topics
+        if topics and now >= self._next_snapshot:
+            self._snapshot_topics, self._next_snapshot = set(), now + SNAPSHOT_EVERY_S
+            self.emit([e for e in self.events.snapshot(time.time())
+                       if any(str(e["camera"]).encode().startswith(t) for t in topics)])
+        elif not self._heartbeat_s or now < self._next_beat:
+            return
+        self._next_beat = now + self._heartbeat_s
+        self.emit([{"kind": "heartbeat", "at": round(time.time(), 3),
+                    "open": self.events.open_events(), "interval_s": self._heartbeat_s}])
 
     def drop_revoked(self) -> None:
         """After a reload of the authorized keys: cut every subscriber whose key went (its
@@ -385,9 +502,25 @@ class EventFeed:
                    if m.config.events is not None}
         self.emit(self.events.configure(watched, time.monotonic(), time.time()))
 
-    def observe(self, camera: str, model: str, probs: Sequence[float], now: float) -> None:
-        if self.events.watches(model):
-            self.emit(self.events.observe(camera, model, probs, now, time.time()))
+    def observe(self, camera: str, model: str, probs: Sequence[float], now: float,
+                window: np.ndarray, ts: float | None = None) -> None:
+        """A prediction of `window` (3, T, V, M); its usable share is computed only here,
+        for a watched model. `ts`: the client's time of the window (its last frame), which
+        is then the events' clock (docs/protocol.md, `ts`)."""
+        watched = self.events.configs.get(model)
+        if watched is not None:
+            usable = usable_share(window, watched[0].usable_visibility)
+            self.emit(self.events.observe(camera, model, probs, now, time.time(), usable)
+                      if ts is None else
+                      self.events.observe(camera, model, probs, ts, ts, usable, heard=now))
+
+    def expire_silent(self, now: float, cameras: Mapping[str, CameraState]) -> None:
+        """The loop's frequent check (every CHECK_EVERY_S): cameras gone silent."""
+        self.emit(self.events.expire_silent(now, time.time(), cameras))
+
+    def judge_feeds(self, records: list[Record], config: ServerConfig) -> None:
+        """Every stats interval: the feeds whose health changed (kind feed)."""
+        self.emit(self.health.update(records, time.time(), config))
 
     def forget(self, camera: str, reason: str) -> None:
         self.emit(self.events.forget(camera, time.monotonic(), time.time(), reason))
@@ -395,6 +528,8 @@ class EventFeed:
     def close(self) -> None:
         """End every open event (reason: shutdown), then close the socket."""
         self.emit(self.events.close_all(time.monotonic(), time.time(), "shutdown"))
+        for sink in self.sinks.values():
+            sink.close()
         if self.connections is not None:
             self.connections.close()
         if self._pub is not None:
@@ -404,11 +539,29 @@ class EventFeed:
             self._ipc_path.unlink(missing_ok=True)
 
     def emit(self, events: list[Event]) -> None:
+        """Every message the daemon publishes goes through here: numbered, starts and ends
+        logged (`action_event`), feeds' changes too (`feed_health`, at warning but for a
+        recovery), sent. An XPUB drops at a subscriber's high-water mark."""
         for event in events:
-            log.info("action_event", **event)
+            self._seq += 1
+            message = {**event, "seq": self._seq, "run": self.run}
+            kind = event["kind"]
+            if kind in ("start", "end"):
+                log.info("action_event", **message)
+            elif kind == "feed":
+                (log.info if event["state"] == "ok" else log.warning)("feed_health", **message)
             if self._pub is not None:
-                try:
-                    self._pub.send_multipart(
-                        [str(event["camera"]).encode(), msgpack.packb(event)], zmq.NOBLOCK)
-                except zmq.Again:  # PUB drops at its high-water mark rather than block
-                    pass
+                topic = HEARTBEAT_TOPIC if kind == "heartbeat" else str(event["camera"]).encode()
+                self._pub.send_multipart([topic, msgpack.packb(message)], zmq.NOBLOCK)
+            if kind not in ("heartbeat", "snapshot"):  # a broker keeps its own state topic
+                for sink in self.sinks.values():
+                    sink.send(message)
+
+    def stats(self) -> dict[str, object]:
+        """`stats`' feeds, events_connections (with an events socket), events_SINK (each sink)."""
+        out: dict[str, object] = {f"events_{name}": s.stats() for name, s in self.sinks.items()}
+        out["feeds"] = self.health.states()
+        if self.connections is not None:
+            out["events_connections"] = {**self.connections.stats(),
+                                         "subscribers_refused": self.refused_subscribers}
+        return out

@@ -1,9 +1,5 @@
-"""Refused ZeroMQ handshakes: who, why, and what to do, logged rate-limited.
-
-A client whose handshake fails gets no reply, so the daemon's log is the only place that can
-say why. Refusals come from the ZAP handler (its own thread) and the socket monitors (the I/O
-loop), so a lock guards the counts; one line per reason per LOG_EVERY_S at most.
-"""
+"""Refused ZeroMQ handshakes: who, why and what to do, logged at most once per reason per
+LOG_EVERY_S (the client gets no reply, so the log is the only place that says why)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The daemon's memory against what peers can make it hold.
-
-libzmq bounds a frame's size but not a message's, and assembles a message before the daemon
-sees it, so the loop watches its own RSS (RssWatch) and closes connections that grow it
-without delivering requests. Freed memory is returned with malloc_trim(0), off the request
-path and rate-limited.
-"""
+"""The daemon's memory against what peers can make libzmq hold: the RSS watch, and giving
+freed memory back (malloc_trim)."""
 
 from __future__ import annotations
 
@@ -13,10 +8,7 @@ import os
 from collections import deque
 from collections.abc import Callable
 
-# Ten checks a second: a message of five million frames is cut while it arrives
-# (docs/performance.md); fifty a second (0.02) slowed the other cameras under a flood of pushes
-# from a peer that never reads (tests/server/test_abuse.py, after the soak test: calls over
-# 2 s), which the growth watch does not pay for.
+# Ten checks a second (docs/hardening.md, "What a huge message still costs").
 CHECK_EVERY_S = 0.1
 AUTO_HEADROOM_BYTES = 512 << 20   # auto limit: the RSS at READY plus this
 # A message arriving grows libzmq's pipe far faster than the daemon's own memory grows after
@@ -50,27 +42,14 @@ def give_back_free_memory() -> bool:
     return True
 
 
-# libzmq assembles a message whole before the daemon sees its first frame, and bounds a frame's
-# size but not a message's: a peer that sends frames with the "more" flag and never the last one
-# makes the daemon's I/O thread buffer them without end, invisibly to the loop, until the kernel
-# kills the process; a message of millions of empty frames
-# stalls every other camera once it is complete, because the ROUTER reads its frames in order
-# before anyone else's. The loop watches its resident size instead (RssWatch, a cheap read of
-# /proc/self/statm, ten times a second) and closes the connections that have not delivered a
-# request lately (server/connections.py) when it is over the limit, or, when it grew by
-# GROWTH_BYTES within GROWTH_WINDOW_S, those that never delivered one: a message arriving that
-# fast on a new connection is cut before it is complete (libzmq drops a half-received message
-# when its connection goes), so nobody waits behind it. A batch's own allocations grow the heap
-# as fast, so growth alone never closes a connection that delivered a request: a camera waiting
-# for its reply keeps it.
-#
-# What a hostile peer, or a burst of large messages, made the daemon hold is freed when the
-# messages are read or the peer goes, but glibc keeps freed blocks in its heaps and the
-# process's RSS stays up: malloc_trim(0) returns the free pages to the system. It walks the heap
-# (milliseconds), so the loop calls it only when the RSS settled TRIM_SLACK_BYTES above what it
-# was after the last trim, or after something abusive happened, at most once every
-# TRIM_EVERY_S, and never on the request path. A trim that gave memory back is followed by one
-# more (libzmq's I/O thread may still be freeing); one that gave nothing back ends the chain.
+# libzmq assembles a message whole before the daemon sees it, bounding a frame's size but
+# not a message's (docs/hardening.md). So the loop watches its resident size and closes the
+# connections that have not delivered a request lately when it is over the limit, or, when it
+# grew by GROWTH_BYTES within GROWTH_WINDOW_S, those that never delivered one: a message
+# arriving that fast is cut before it is complete. A batch's own allocations grow the heap as
+# fast, so growth alone never closes a connection that delivered a request. Freed memory goes
+# back with malloc_trim(0), which walks the heap (milliseconds): only once the RSS settled
+# TRIM_SLACK_BYTES above the last trim's, or after abuse, at most every TRIM_EVERY_S.
 class RssWatch:
     """The process's resident size, read cheaply; `limit` in bytes (0: never over).
 

@@ -1,10 +1,6 @@
-"""Device memory, planned before it is taken: every model's buckets against a budget.
-
-The budget is the free device memory (runtimes/free_memory.py) less `memory_reserve_mb`, or
-`memory_budget_mb`; models are placed in configuration order, their largest buckets dropped
-until they fit. A model's cost is a per-runtime fixed part, its load, and a per-runner part
-scaled from measurement, so a wrong estimate is corrected and the budget holds.
-"""
+"""Device memory, planned before it is taken: every model's buckets against a budget (the
+free memory less memory_reserve_mb, or memory_budget_mb), models placed in configuration
+order; docs/jetson.md, "The memory plan", says how a model's cost is modelled and corrected."""
 
 from __future__ import annotations
 
@@ -64,44 +60,11 @@ class Placed:
         return self.loaded_bytes + self.runner_bytes * self.instances
 
 
-# On an 8 GB Jetson the GPU shares memory with the CPU and the user's camera processes, and
-# on any GPU a model's largest batch shapes cost the most (a TensorRT context's activations,
-# a CUDA graph's pool: both sized by the largest bucket). At start the daemon takes the free
-# memory (stgcnd/runtimes/free_memory.py: MemAvailable on a Jetson, cuMemGetInfo on a discrete GPU)
-# less `memory_reserve_mb` (1.5 GB on a Jetson, left to the cameras), or `memory_budget_mb`
-# when set lower, as its budget, and places the models in configuration order.
-#
-# What a model costs is modelled in three parts, each fitted from what is measured:
-#
-# - per process and runtime, a fixed part: on CUDA 11.4 (JetPack 5, no lazy module loading)
-#   the first runner of a runtime loads every kernel image of its libraries and makes its
-#   cuDNN/cuBLAS handles, hundreds of MB paid once however many buckets or models follow
-#   (`fixed`, measured as what the first runners took beyond the runtime's own estimate);
-# - per model, what loading it took (weights or engine: the drop in free memory measured once
-#   its artefact exists, never across a build, whose page cache and libraries are not the
-#   model's);
-# - per runner, a part that grows with the largest bucket (`Runtime.runner_bytes`: TensorRT's
-#   own device_memory_size, torch's measured peak), times a scale fitted when a runtime's later
-#   runners take more than it says.
-#
-# 1. before anything is built, a model whose batch of one cannot fit even by the model's own
-#    arithmetic (`window_bytes`: weights plus the largest layer's activations) is refused,
-#    with the numbers;
-# 2. once its runtime is loaded the largest buckets are dropped until every instance fits,
-#    and a model that cannot fit its batch of one fails at step "memory" (with backend
-#    "auto": the next runtime, down to the CPU, which needs none of it);
-# 3. once its runners are made and warm, what they took is measured; runners that no longer
-#    fit are made again with the buckets that fit at the fitted cost (`memory_plan_corrected`):
-#    first taking the excess as the runtime's fixed part (paid already: it does not shrink
-#    with the buckets), or, where even that cannot fit, as a per-bucket scale; the remade
-#    runners' measurement then splits the two. The estimate need not be exact: the budget
-#    holds;
-# 4. the plan is logged (`memory_plan`: the fixed parts, per model its buckets, bytes per
-#    runner, total; free memory before and after), and what READY actually left free beside it.
-#
-# An explicit `memory_budget_mb` is the process's whole figure as nvidia-smi shows it: the CUDA
-# context's share (CONTEXT_ALLOWANCE) is taken off it first. The automatic budget starts from
-# the free memory measured with the context already made.
+# A model's cost: per runtime a fixed part paid once per process (`fixed`: kernel images,
+# library handles, measured as what its first runners took beyond its estimate), per model
+# what loading it took (never measured across a build), per runner a part that grows with its
+# largest bucket (`Runtime.runner_bytes`) times a scale fitted from measurement. An explicit
+# memory_budget_mb is the process's whole figure (nvidia-smi's): CONTEXT_ALLOWANCE comes off it.
 @dataclass
 class MemoryPlan:
     """The budget, and the models placed in it so far."""

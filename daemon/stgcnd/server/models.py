@@ -255,7 +255,8 @@ def _serve_with(mc: ModelConfig, choice: Choice, spec: ModelSpec, store: EngineS
     runtime = choice.load(spec, store, noop_compute_us=mc.noop_compute_us,
                           before_load=artefact_ready if plan is not None else None)
     max_batch = min(choice.options.max_batch, int(runtime.info.max_batch))
-    buckets = [b for b in mc.buckets if b <= max_batch] or [1]
+    # The options' buckets (serving_plan: the one source), cut by what the artefact takes.
+    buckets = [b for b in choice.options.buckets if b <= max_batch]
     planned = 0
     if plan is not None:
         try:

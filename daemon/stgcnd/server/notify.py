@@ -1,8 +1,5 @@
-"""The systemd notify protocol, spoken directly: one datagram per message to $NOTIFY_SOCKET.
-
-A path starting with '@' is in the abstract namespace (leading NUL byte). Without
-NOTIFY_SOCKET (not under systemd, or Type=simple) every call is a no-op.
-"""
+"""The systemd notify protocol: one datagram per message to $NOTIFY_SOCKET (a leading '@'
+is the abstract namespace); without it every call is a no-op."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Who a connection belongs to: its *peer*, the unit that camera slots are shared by and that
-bans refuse (server/cameras.py, server/connections.py): the process for an ipc client, the
-address for tcp, and the user for a tcp client on the loopback (asked of the kernel at accept).
-"""
+"""Who a connection belongs to: its *peer*, by which camera slots are shared and bans refuse
+(the comment above peer_key says who is keyed how)."""
 
 from __future__ import annotations
 

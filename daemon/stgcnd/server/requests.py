@@ -8,18 +8,20 @@ stable code (stgcnd_client.protocol.ErrorCode); a daemon bug answers `internal`,
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import zmq
 
 from stgcnd import __version__
 from stgcnd.log import debug_enabled, get_logger
 from stgcnd.server.admission import admit, model_for
-from stgcnd.server.cameras import CameraState, CameraTable, PushRecord
+from stgcnd.server.cameras import MAX_WAITING, CameraState, CameraTable, Sent
 from stgcnd.server.connections import Connections
 from stgcnd.server.curve import ClientKey, Curve
 from stgcnd.server.errorlog import ClientErrorLog
@@ -168,12 +170,13 @@ class RequestPath:
         req_id = exc.req_id if exc.req_id is not None else getattr(req, "id", None)
         self.errors.report(exc.code.value, camera=getattr(req, "camera", None),
                            message=exc.message)
-        if req is not None and req.op in ("infer", "push") and req.camera in \
-                self.cameras.cameras:
-            self.latency.record(req.camera, req.model or next(iter(self.models)), 0.0,
-                                "busy" if busy else "error")
-            if busy:
-                self.quality.refused_busy(req.camera)
+        if req is not None and req.op in ("infer", "push"):
+            known = req.camera in self.cameras.cameras
+            if known:
+                self.latency.record(req.camera, req.model or next(iter(self.models)), 0.0,
+                                    "busy" if busy else "error")
+            if exc.code != ErrorCode.SHUTTING_DOWN:  # a reload's refusal, not the feed's
+                self.quality.refused(req.camera, busy, req.op == "push", known)
         if req is not None and req.op == "push" and exc.appended is None:
             exc.appended = False  # refused before its frame reached the window (_push)
         self.send(identity, encode_reply(req_id, error=exc))
@@ -197,8 +200,9 @@ class RequestPath:
         if op == "stats":
             stats = self.stats()
             if key is not None and key.cameras:  # a camera's key sees its own cameras only
-                stats["cameras"] = {c: s for c, s in stats["cameras"].items()
-                                    if c in key.cameras}
+                for part in ("cameras", "feeds"):
+                    stats[part] = {c: s for c, s in stats.get(part, {}).items()
+                                   if c in key.cameras}
             self.send(identity, encode_reply(req.id, stats))
             return
         if op == "reset":
@@ -207,6 +211,8 @@ class RequestPath:
                 else list(self.models)
             cam = self.cameras.cameras.get(req.camera)
             if cam is not None:
+                if cam.ts is not None and self.events is not None:
+                    self.events.forget(cam.name, "reset")  # its clock starts over
                 cam.reset(names)
             self.send(identity, encode_reply(req.id, {"reset": names}))
             return
@@ -220,20 +226,45 @@ class RequestPath:
                 self.events.forget(ev.camera, "camera-evicted")
         cam.requests += 1
         deadline = None if req.timeout_ms is None else received + req.timeout_ms / 1e3
+        ts = timestamp(req, cam)
         if op == "infer":
-            self._submit(identity, req, cam, model, req.arrays[0], {}, received, deadline)
-            self.quality.add(cam.name, req.arrays[0])  # a window refused busy is no frame seen
+            self._infer(identity, req, cam, model, received, deadline, ts)
         else:
             self.quality.add(cam.name, req.arrays[0])  # the frame is kept even when busy
-            self._push(identity, req, cam, model, received, deadline)
+            self._push(identity, req, cam, model, received, deadline, ts)
+
+    def _infer(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
+               received: float, deadline: float | None, ts: float | None) -> None:
+        window = req.arrays[0]
+        rec = cam.infers.get(model.name)
+        if rec is not None and rec.req_id == req.id and rec.window is not None and \
+                np.array_equal(rec.window, window):
+            self._resend(identity, req, cam, model, rec, received, deadline, ts)
+            return
+        rec = cam.infers[model.name] = Sent(req.id, {}, window=window)
+        rec.job = self._submit(identity, req, cam, model, window, {}, received, deadline, ts)
+        self.quality.add(cam.name, window)  # a window refused busy is no frame seen
+
+    def _resend(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
+                rec: Sent, received: float, deadline: float | None, ts: float | None) -> None:
+        """A request sent again with the same id (a client's retry): answered by its first
+        attempt's prediction, never by a second one (cameras.Sent)."""
+        if rec.reply is not None:
+            self.send(identity, rec.reply)
+        elif rec.job is not None:  # queued or running: its answer goes here too
+            rec.waiting = [*rec.waiting[1 - MAX_WAITING:], identity]
+            rec.job.deadline = deadline  # the first attempt's client has given up on it
+        elif rec.window is not None:  # refused busy or expired: run it now
+            rec.job = self._submit(identity, req, cam, model, rec.window, rec.extra, received,
+                                   deadline, ts)
 
     def _submit(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
                 window: Any, extra: dict[str, Any], received: float,
-                deadline: float | None) -> None:
+                deadline: float | None, ts: float | None) -> Job:
         """Queue the prediction, or refuse it: the one place a camera's queue limit is met
         (for a push, once its frame made one due; the frame is kept either way)."""
         job = Job(identity, req.id, cam.name, model.name, req.op, window, cam.lane, received,
-                  deadline, extra)
+                  deadline, extra, ts)
         scheduler = model.scheduler
         if not scheduler.submit(job):
             if scheduler.closed:  # a reload replaces the model (the daemon's own stop
@@ -244,11 +275,12 @@ class RequestPath:
                 f"camera {cam.name!r} already has {scheduler.queue_size} requests queued; "
                 "slow down or raise [server] queue_size"), req.id, Reason.QUEUE_FULL)
         cam.in_flight += 1
+        return job
 
     def _push(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
-              received: float, deadline: float | None) -> None:
+              received: float, deadline: float | None, ts: float | None) -> None:
         try:
-            self._push_frame(identity, req, cam, model, received, deadline)
+            self._push_frame(identity, req, cam, model, received, deadline, ts)
         except ProtocolError as exc:
             # Past admission, the frame is in the window (appended now, or by the attempt
             # this one resends): only its prediction was refused.
@@ -256,16 +288,13 @@ class RequestPath:
             raise
 
     def _push_frame(self, identity: bytes, req: Request, cam: CameraState,
-                    model: ServedModel, received: float, deadline: float | None) -> None:
+                    model: ServedModel, received: float, deadline: float | None,
+                    ts: float | None) -> None:
         rec = cam.pushes.get(model.name)
         if rec is not None and rec.req_id == req.id:
             # A resend (the client timed out or got busy/expired): the frame is in the ring
             # already and is never appended twice.
-            if rec.reply is not None:
-                self.send(identity, rec.reply)
-            elif rec.window is not None:
-                self._submit(identity, req, cam, model, rec.window, rec.extra, received,
-                             deadline)
+            self._resend(identity, req, cam, model, rec, received, deadline, ts)
             return
         ring = cam.ring(model.name, model.input_shape, model.config.stride)
         due = ring.append(req.arrays[0])
@@ -273,13 +302,14 @@ class RequestPath:
                  "seq": ring.received}
         if not due:
             reply = encode_reply(req.id, extra)
-            cam.pushes[model.name] = PushRecord(req.id, extra, reply=reply)
+            cam.pushes[model.name] = Sent(req.id, extra, reply=reply)
             self.send(identity, reply)
             return
         window = ring.window()  # a copy: later frames do not change this prediction
-        cam.pushes[model.name] = PushRecord(req.id, extra, window=window)
+        rec = cam.pushes[model.name] = Sent(req.id, extra, window=window)
         # Busy keeps the frame (appended above): a resend runs this window.
-        self._submit(identity, req, cam, model, window, extra, received, deadline)
+        rec.job = self._submit(identity, req, cam, model, window, extra, received, deadline,
+                               ts)
 
     # -- replies ---------------------------------------------------------------------------
     def complete(self, reply: Reply, now: float) -> None:
@@ -288,19 +318,22 @@ class RequestPath:
         job = reply.job
         frames = encode_reply(job.req_id, reply.result, error=reply.error)
         cam = self.cameras.cameras.get(job.camera)
+        waiting: list[bytes] = []
         if cam is not None:
             cam.in_flight -= 1
-            if reply.outcome == "ok":
-                if not cam.served:  # its first answer: its slot is out of invented ids' reach
-                    self.cameras.mark_served(cam)
-                if job.op == "push":
-                    rec = cam.pushes.get(job.model)
-                    if rec is not None and rec.req_id == job.req_id:
-                        rec.reply = frames
+            rec = (cam.pushes if job.op == "push" else cam.infers).get(job.model)
+            if rec is not None and rec.job is job:
+                rec.job, waiting, rec.waiting = None, rec.waiting, []
+                if reply.outcome == "ok":
+                    rec.reply = frames
+            if reply.outcome == "ok" and not cam.served:
+                self.cameras.mark_served(cam)  # its slot is out of invented ids' reach
         self._record(job, reply)
-        self.send(job.identity, frames)
+        for identity in [job.identity, *waiting]:
+            self.send(identity, frames)
         if reply.result is not None and self.events is not None:
-            self.events.observe(job.camera, job.model, reply.result["probs"], now)
+            self.events.observe(job.camera, job.model, reply.result["probs"], now, job.window,
+                                job.ts)
 
     def _record(self, job: Job, reply: Reply) -> None:
         outcome = reply.outcome
@@ -363,6 +396,32 @@ def forbidden(key: ClientKey, camera: str) -> str:
     return (f"camera {camera!r} is not one of this client's key ({key.name}): it may use "
             f"{', '.join(key.cameras)}; use one of those ids, or bind the key to more cameras "
             "(`stgcnd keys create NAME --cameras ...`)")
+
+
+def timestamp(req: Request, cam: CameraState) -> float | None:
+    """The request's `ts`, checked against its camera's clock: never back in time, and a
+    camera is on its own clock (ts on every infer and push) or on the daemon's (none)."""
+    ts = req.fields.get("ts")
+    if ts is None:
+        if cam.ts is not None:
+            raise ProtocolError(ErrorCode.MALFORMED, f"camera {cam.name!r} sent \"ts\" before: "
+                                "send it with every infer and push, or send reset first",
+                                req.id)
+        cam.untimed = True
+        return None
+    if type(ts) not in (int, float) or not math.isfinite(ts):
+        raise ProtocolError(ErrorCode.MALFORMED, f'"ts" must be a finite number of seconds '
+                            f"or nil, got {ts!r}", req.id)
+    if cam.untimed:
+        raise ProtocolError(ErrorCode.MALFORMED, f"camera {cam.name!r} sent infer or push "
+                            "without \"ts\": a camera id is on one clock; send ts from its "
+                            "first request, or use a new camera id", req.id)
+    if cam.ts is not None and ts < cam.ts:
+        raise ProtocolError(ErrorCode.MALFORMED, f'"ts" {ts} is before camera {cam.name!r}\'s '
+                            f"last, {cam.ts}: a camera's frames go forward in time; send reset "
+                            "when its stream starts over", req.id)
+    cam.ts = float(ts)
+    return cam.ts
 
 
 def request_id(header: Any, limits: Limits) -> int | None:

@@ -28,6 +28,7 @@ class Job:
     received: float             # monotonic seconds, when the I/O loop read it
     deadline: float | None      # monotonic seconds, or None
     extra: dict[str, Any] = field(default_factory=dict)  # push: ready/frames/seq for the reply
+    ts: float | None = None     # the client's time of the window (`ts`): the events' clock
 
 
 class Scheduler:

@@ -1,22 +1,17 @@
-"""The daemon's life (uvicorn's Server): startup -> I/O loop -> bounded graceful shutdown.
-
-One thread, the I/O loop, owns the ROUTER socket, all per-camera state and every model's
-executors, and sends every reply. Its poll wakes on a request, a monitor event, the timer or
-the self-pipe; signal handlers only set flags.
-"""
+"""The daemon's life: made complete (models warmed, sockets bound), then the I/O loop, then a
+bounded graceful shutdown. The loop's one thread owns the sockets, the cameras and every
+executor, and sends every reply."""
 
 from __future__ import annotations
 
 import math
 import os
-import signal
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 import msgspec
@@ -25,16 +20,9 @@ import zmq
 from stgcnd import __version__, cpupower
 from stgcnd.log import configure_logging, debug_enabled, get_logger, logging_config
 from stgcnd.server.cameras import CameraTable
-from stgcnd.server.config import RESTART, SERVER_ENGINE, Config, load_config
+from stgcnd.server.config import RESTART, SERVER_ENGINE, Config
 from stgcnd.server.config_checks import check_config
-from stgcnd.server.connections import (
-    CLOSE_IDLE_S,
-    Connections,
-    connection_budget,
-    open_fds,
-    raise_fd_limit,
-    split_budget,
-)
+from stgcnd.server.connections import CLOSE_IDLE_S, Connections, connection_caps
 from stgcnd.server.curve import Curve, curve_enabled
 from stgcnd.server.events import EventFeed
 from stgcnd.server.handshakes import Refusals, monitor_reporter
@@ -47,9 +35,8 @@ from stgcnd.server.heap import (
 from stgcnd.server.models import ServedModel, load_models
 from stgcnd.server.notify import Notifier
 from stgcnd.server.requests import RequestPath
-from stgcnd.server.timer import WakeTimer
 from stgcnd.server.transport import bind_router, make_router
-from stgcnd.server.wakeup import SelfPipe
+from stgcnd.server.wakeup import WakeTimer, Wakeup
 from stgcnd.telemetry.sampler import SystemSampler
 from stgcnd.telemetry.skeleton_quality import SkeletonQuality
 from stgcnd_client.protocol import Limits
@@ -99,108 +86,74 @@ def in_thread(name: str, work: Callable[[], T]) -> Future[T]:
 
 
 class Server:
-    def __init__(self, config: Config, reread: Callable[[], Config] | None = None,
-                 notifier: Notifier | None = None, follow_log_level: bool = True) -> None:
-        """`reread`: the configuration as a reload reads it (the file, the environment, and
-        the flags serve was started with); default: the default file and the environment."""
+    """The daemon, complete once made: its models loaded and warmed, its sockets bound.
+    `serve` runs the loop until a signal, then shuts down (uvicorn's Server.run)."""
+
+    def __init__(self, config: Config, wakeup: Wakeup, notifier: Notifier,
+                 reread: Callable[[], Config], follow_log_level: bool = True) -> None:
+        """`wakeup`: its signal handlers installed (a stop abandons a first-start build:
+        BuildCancelled, nothing partial kept). `reread`: the configuration as a reload reads
+        it. `follow_log_level`: a reload applies [server] log_level (no --log-level)."""
         self.config = config
-        self._reread = reread or (lambda: load_config(None))
-        # A reload applies [server] log_level, unless --log-level set the level.
+        self.wakeup = wakeup
+        self.notifier = notifier
+        self._reread = reread
         self._follow_log_level = follow_log_level
-        self.notifier = notifier or Notifier()
-        self.models: dict[str, ServedModel] = {}
-        self.retiring: list[ServedModel] = []
-        self.cameras = CameraTable(config.server.max_cameras)
         self.generation = 1
         self.started = time.monotonic()
-        self.limits = Limits(max_message_bytes=config.server.max_message_bytes)
-        self._stop = threading.Event()
-        self._reload_requested = threading.Event()
-        self._reload: Future[Reloaded] | None = None  # done: it wakes the loop (self._pipe)
-        self._fatal: BaseException | None = None
-        self._ctx = zmq.Context()
+        self.retiring: list[ServedModel] = []
+        self._reload: Future[Reloaded] | None = None  # done: it wakes the loop
         self._timer = WakeTimer()  # polled runners' next look (poll wakes on it)
-        self._pipe = SelfPipe()    # signals and worker threads wake the loop through it
-        self._router: zmq.Socket[bytes] | None = None
-        self.curve: Curve | None = None  # CURVE's keys and ZAP handler (server/curve.py)
-        self._ipc_path: Path | None = None
-        self.connections: Connections | None = None
-        self.requests: RequestPath | None = None
-        self._rss: RssWatch | None = None
         self._next_trim = 0.0
         self._last_stats = time.monotonic()  # the latency lines' interval ends here
         self._growth_deferred = 0  # memory checks that put a growth cut off (_read_waiting)
-        self._sampler: SystemSampler | None = None
-        self.events: EventFeed | None = None
-
-    # -- signals ---------------------------------------------------------------------------
-    def install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
-        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
-        signal.signal(signal.SIGHUP, lambda *_: self._reload_requested.set())
-        self._pipe.route_signals()
-
-    def _on_fatal(self, exc: BaseException) -> None:
-        self._fatal = exc
-        self._stop.set()
-
-    # -- startup ---------------------------------------------------------------------------
-    def startup(self) -> None:
-        keepalive = threading.Event()
-
-        def extend() -> None:  # first-run engine builds take minutes on a Jetson
-            while not keepalive.wait(20.0):
-                self.notifier.extend_timeout(60.0)
-
-        self.notifier.extend_timeout(60.0)
-        self.notifier.status("building or loading engines")
-        ext = threading.Thread(target=extend, name="extend-timeout", daemon=True)
-        ext.start()
-        try:
-            # SIGTERM/SIGINT (self._stop) abandons a first-start build: BuildCancelled,
-            # nothing partial kept.
-            config = self.config
-            self.models = load_models(config, self.generation,
-                                      start=lambda model: self._start_model(model, config),
-                                      cancel=self._stop)
-        finally:
-            keepalive.set()
-        if curve_enabled(self.config):  # before the binds: no connection without a key
-            self.curve = Curve(self._ctx, self.config)
-        requests_cap, events_cap = self._connection_budget()
+        self.models = self._load_first(config)
+        s = config.server
+        self._ctx = zmq.Context()
+        # CURVE before the binds: no connection without a key (server/curve.py).
+        self.curve = Curve(self._ctx, config) if curve_enabled(config) else None
+        requests_cap, events_cap = connection_caps(s.max_connections, bool(s.events_endpoint))
         # Refused handshakes: the client never hears why, so the log says it
         # (server/handshakes.py); with CURVE, as curve_denied with the ZAP handler's.
         refusals = self.curve.refusals if self.curve is not None else \
             Refusals("handshake_failed", "failed")
         report_handshakes = monitor_reporter(refusals, curve=self.curve is not None)
-        self.events = EventFeed(self._ctx, self.config, self.curve, events_cap)
+        self.events = EventFeed(self._ctx, config, self.curve, events_cap)
         if self.events.connections is not None:
             self.events.connections.on_handshake_failed = report_handshakes
         self.events.configure(self.models)
-        self._router = make_router(self._ctx, self.config)
+        self._router = make_router(self._ctx, config)
         if self.curve is not None:
             self.curve.secure(self._router)
-        # Before the bind: no connection is accepted unseen.
-        self._watch_connections(requests_cap, report_handshakes)
-        self._ipc_path = bind_router(self._router, self.config)
-        assert self.connections is not None
+        # Counted before the bind: no connection is accepted unseen (server/connections.py).
+        self.connections = Connections(self._ctx, self._router, requests_cap)
+        self.connections.on_handshake_failed = report_handshakes
+        self._rss = RssWatch(s.max_rss_mb)  # what a peer can make libzmq hold (heap.py)
+        log.info("memory_limit", rss_mb=round(self._rss.rss() / 2**20, 1),
+                 limit_mb=round(self._rss.limit / 2**20, 1),
+                 action="over it, connections that send nothing are closed")
+        self._ipc_path = bind_router(self._router, config)
         self.connections.gate_listeners()
-        self.requests = RequestPath(self._router, self.connections, self.cameras, self.limits,
-                                    self.stats,
-                                    SkeletonQuality(self.config.server.visibility_threshold,
-                                                    self.config.server.quality_floor),
-                                    self.events)
+        self.cameras = CameraTable(s.max_cameras)
+        self.requests = RequestPath(
+            self._router, self.connections, self.cameras,
+            Limits(max_message_bytes=s.max_message_bytes), self.stats,
+            SkeletonQuality(s.visibility_threshold, s.quality_floor), self.events)
         self.requests.models = self.models
         if self.curve is not None:
             self.requests.use_curve(self.curve)
-        self._start_sampler()
+        self._sampler = SystemSampler(s.stats_interval,
+                                      lambda fields: log.info("system", **fields),
+                                      tegrastats_path=s.tegrastats) if s.system_stats else None
+        if self._sampler is not None:
+            self._sampler.start()
         names = ", ".join(f"{m.name} ({m.runtime.info.name}/{m.runtime.info.precision})"
                           for m in self.models.values())
-        self.notifier.ready(f"serving {names} on {self.config.endpoint}")
+        notifier.ready(f"serving {names} on {config.endpoint}")
         # Without a timerfd the loop comes back for a batch in whole milliseconds (see
-        # server/timer.py), and deep idle states and low clocks slow every request that
+        # server/wakeup.py), and deep idle states and low clocks slow every request that
         # follows an idle gap (stgcnd/cpupower.py): both worth a line where latency is read.
-        log.info("ready", endpoint=self.config.endpoint,
+        log.info("ready", endpoint=config.endpoint,
                  models={n: {"runtime": m.runtime.info.name, "precision":
                              m.runtime.info.precision, "device": m.runtime.info.device,
                              "motion": m.config.motion, "why": m.why}
@@ -209,53 +162,40 @@ class Server:
                  loop_timer="timerfd" if self._timer.fd is not None else "poll-ms",
                  cpu_power=cpupower.summary(cpupower.cpu_power()))
 
-    def _connection_budget(self) -> tuple[int, int]:
-        """The fd budget's connection caps, (requests, events): server/connections.py."""
-        before, soft, hard = raise_fd_limit()
-        in_use = open_fds()
-        cap = connection_budget(soft, in_use, self.config.server.max_connections)
-        requests_cap, events_cap = split_budget(cap, bool(self.config.server.events_endpoint))
-        log.info("fd_limit", soft_before=before, soft=soft, hard=hard, open=in_use,
-                 max_connections=cap, requests=requests_cap, events=events_cap)
-        return requests_cap, events_cap
+    def _load_first(self, config: Config) -> dict[str, ServedModel]:
+        """The first start's models, systemd kept waiting meanwhile (a first-run engine
+        build takes minutes on a Jetson)."""
+        keepalive = threading.Event()
 
-    def _watch_connections(self, cap: int,
-                           report_handshakes: Callable[[int, int, str], None]) -> None:
-        """Count connections against the fd budget (server/connections.py), and watch the
-        memory a peer can make libzmq hold (server/heap.py)."""
-        assert self._router is not None
-        self.connections = Connections(self._ctx, self._router, cap)
-        self.connections.on_handshake_failed = report_handshakes
-        self._rss = RssWatch(self.config.server.max_rss_mb)
-        log.info("memory_limit", rss_mb=round(self._rss.rss() / 2**20, 1),
-                 limit_mb=round(self._rss.limit / 2**20, 1),
-                 action="over it, connections that send nothing are closed")
+        def extend() -> None:
+            while not keepalive.wait(20.0):
+                self.notifier.extend_timeout(60.0)
+
+        self.notifier.extend_timeout(60.0)
+        self.notifier.status("building or loading engines")
+        threading.Thread(target=extend, name="extend-timeout", daemon=True).start()
+        try:
+            return load_models(config, self.generation,
+                               start=lambda model: self._start_model(model, config),
+                               cancel=self.wakeup.stop)
+        finally:
+            keepalive.set()
 
     def _start_model(self, model: ServedModel, config: Config) -> None:
         s = config.server
         lanes = s.max_cameras if model.config.client_streams else 0
-        model.start(s.queue_size, lanes, s.warmup_runs, self._pipe.wake, self._on_fatal)
-
-    def _start_sampler(self) -> None:
-        if not self.config.server.system_stats:
-            return
-        self._sampler = SystemSampler(self.config.server.stats_interval,
-                                      lambda fields: log.info("system", **fields),
-                                      tegrastats_path=self.config.server.tegrastats)
-        self._sampler.start()
+        model.start(s.queue_size, lanes, s.warmup_runs, self.wakeup.wake, self.wakeup.fail)
 
     # -- the I/O loop ----------------------------------------------------------------------
     def serve(self) -> int:
         router, connections, requests = self._router, self.connections, self.requests
-        assert router is not None and connections is not None and requests is not None
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         poller.register(connections.monitor, zmq.POLLIN)
-        poller.register(self._pipe.read_fd, zmq.POLLIN)
+        poller.register(self.wakeup.read_fd, zmq.POLLIN)
         feed = self.events
-        subscribers = feed.socket if feed is not None else None
-        feed_conns = feed.connections if feed is not None else None
+        subscribers, feed_conns = feed.socket, feed.connections
         if subscribers is not None and feed_conns is not None:
             poller.register(subscribers, zmq.POLLIN)
             poller.register(feed_conns.monitor, zmq.POLLIN)
@@ -269,15 +209,15 @@ class Server:
         wd_interval = self.notifier.watchdog_interval
         next_watchdog = time.monotonic()
         stalled_logged = False
-        while not self._stop.is_set():
+        while not self.wakeup.stop.is_set():
             events = dict(poller.poll(timeout))
             if timer.fd in events:
                 timer.clear()
-            if self._pipe.read_fd in events:
-                self._pipe.drain()
+            if self.wakeup.read_fd in events:
+                self.wakeup.drain()
             if connections.monitor in events:
                 connections.on_monitor(time.monotonic())
-            if subscribers is not None and feed is not None and feed_conns is not None:
+            if subscribers is not None and feed_conns is not None:
                 if feed_conns.monitor in events:
                     feed_conns.on_monitor(time.monotonic())
                 if subscribers in events:
@@ -285,15 +225,18 @@ class Server:
             if router in events or requests.discarding:
                 requests.read()
             now = time.monotonic()
+            feed.beat(now)  # snapshots for new subscribers, the heartbeat
             timeout = 0 if requests.discarding else self._drive(now)
-            if self._reload_requested.is_set():
-                self._reload_requested.clear()
+            if self.wakeup.reload.is_set():
+                self.wakeup.reload.clear()
                 self._begin_reload()
             if self._reload is not None and self._reload.done():
                 self._finish_reload(self._reload)
             if now >= next_memory_check:
                 next_memory_check = now + CHECK_EVERY_S
                 self._check_memory(now)
+                # A dead camera's events end in seconds, not minutes.
+                feed.expire_silent(now, self.cameras.cameras)
             if now >= next_stats:
                 next_stats = now + self.config.server.stats_interval  # a reload may change it
                 self._tick(now)
@@ -314,7 +257,6 @@ class Server:
         """Turn every executor (finish done batches, launch queued work), send their
         replies, arm the timer for the next look; the poll timeout to use (ms)."""
         requests = self.requests
-        assert requests is not None
         next_look: float | None = None
         for model in (*self.models.values(), *self.retiring):
             for ex in model.executors:
@@ -328,7 +270,7 @@ class Server:
                     log.error("executor_failed", executor=ex.name,
                               error=f"{type(exc).__name__}: {exc}",
                               traceback=traceback.format_exc(limit=8))
-                    self._on_fatal(exc)
+                    self.wakeup.fail(exc)
                     ex.close_quietly()
                     queued = model.scheduler.drain() if not any(
                         e.alive for e in model.executors) else []
@@ -351,7 +293,6 @@ class Server:
         """Every stats_interval: the latency lines, idle cameras, retired models, the
         connection budget's log line, memory left behind by abuse."""
         requests, connections = self.requests, self.connections
-        assert requests is not None and connections is not None
         # The interval that passed, not the configured one: a reload may have changed
         # stats_interval since the last tick, and shutdown ticks early (rates per second).
         interval_s, self._last_stats = now - self._last_stats, now
@@ -363,23 +304,22 @@ class Server:
         for note in notes:
             event = str(note.pop("event"))
             (log.warning if event.endswith("_low") else log.info)(event, **note)
+        if self.events is not None and interval_s >= self.config.server.stats_interval / 2:
+            self.events.judge_feeds(records, self.config.server)  # not the shutdown's stub
         requests.errors.flush()
         for camera, idle in self.cameras.reclaim_idle(now, self.config.server.idle_timeout):
             log.info("camera_reclaimed", camera=camera, idle_s=round(idle))
-            if self.events is not None:
-                self.events.forget(camera, "camera-idle")
-        if self.events is not None:
-            self.events.tidy()
-            if self.events.connections is not None:
-                self.events.connections.enforce(now)
+            self.events.forget(camera, "camera-idle")
+        self.events.tidy()
+        if self.events.connections is not None:
+            self.events.connections.enforce(now)
         self._reap_retired()
         connections.enforce(now)
 
     def _check_memory(self, now: float) -> None:
         """A peer's endless or huge message grows the I/O thread's buffers; what abuse and
         bursts leave behind goes back to the system (server/heap.py)."""
-        watch, connections, requests = self._rss, self.connections, self.requests
-        assert watch is not None and connections is not None and requests is not None
+        watch, requests = self._rss, self.requests
         rss = watch.sample(now, sum(c.accepted for c in self._all_connections()))
         if requests.trim_due:  # an oversized message dropped, a reply dropped: trim now
             requests.trim_due = False
@@ -419,14 +359,12 @@ class Server:
         GROWTH_READ_PASSES bursts, for at most GROWTH_DEFER_CHECKS checks in a row: a peer
         flooding small requests does not hold off the cut of a message still arriving."""
         requests = self.requests
-        assert requests is not None
         emptied = False
         for _ in range(GROWTH_READ_PASSES if not requests.discarding else 0):
             emptied = requests.read()
             if emptied:
                 break
-        if self.events is not None:
-            emptied = self.events.read(now) and emptied
+        emptied = self.events.read(now) and emptied
         if emptied or self._growth_deferred >= GROWTH_DEFER_CHECKS:
             self._growth_deferred = 0
             return True
@@ -435,32 +373,22 @@ class Server:
 
     def _all_connections(self) -> list[Connections]:
         """The requests socket's connections and, with events, the subscribers'."""
-        assert self.connections is not None
-        feed = self.events.connections if self.events is not None else None
+        feed = self.events.connections
         return [self.connections] if feed is None else [self.connections, feed]
 
-    def stalled_executors(self, now: float | None = None) -> list[str]:
+    def stalled_executors(self, now: float) -> list[str]:
         """Executors stuck in one batch longer than stall_timeout."""
-        now = time.monotonic() if now is None else now
         limit = self.config.server.stall_timeout
         return [ex.name for model in self.models.values() for ex in model.executors
                 if ex.busy_since is not None and now - ex.busy_since > limit]
 
     def stats(self) -> dict[str, Any]:
         requests = self.requests
-        assert requests is not None
         return {"uptime_s": round(time.monotonic() - self.started, 3),
                 "generation": self.generation, **requests.counters,
                 **requests.process_stats(), "cameras": requests.camera_stats(),
-                **self._events_stats(),
+                **self.events.stats(),
                 "models": {n: m.stats() for n, m in self.models.items()}}
-
-    def _events_stats(self) -> dict[str, Any]:
-        feed = self.events
-        if feed is None or feed.connections is None:
-            return {}
-        return {"events_connections": {**feed.connections.stats(),
-                                       "subscribers_refused": feed.refused_subscribers}}
 
     # -- reload ----------------------------------------------------------------------------
     def _begin_reload(self) -> None:
@@ -471,7 +399,7 @@ class Server:
         log.info("reload", phase="started", source=self.config.source)
         current, models, generation = self.config, self.models, self.generation + 1
         self._reload = in_thread("reload", lambda: self._load(current, models, generation))
-        self._reload.add_done_callback(lambda _: self._pipe.wake())
+        self._reload.add_done_callback(lambda _: self.wakeup.wake())
 
     def _load(self, current: Config, models: dict[str, ServedModel],
               generation: int) -> Reloaded:
@@ -489,7 +417,7 @@ class Server:
         # are unchanged is kept (its policy keys applied by _apply).
         return Reloaded(config, load_models(
             config, generation, keep=None if engine_changed else models,
-            start=lambda model: self._start_model(model, config), cancel=self._stop))
+            start=lambda model: self._start_model(model, config), cancel=self.wakeup.stop))
 
     def _finish_reload(self, reload: Future[Reloaded]) -> None:
         self._reload = None
@@ -501,14 +429,12 @@ class Server:
             log.error("reload", phase="failed", error=str(exc),
                       action="still serving the previous configuration")
             note = f"reload failed: {exc}"
-        if self.events is not None:  # the keys were reread first, whatever else failed
-            self.events.drop_revoked()
+        self.events.drop_revoked()  # the keys were reread first, whatever else failed
         self.notifier.ready(f"serving {', '.join(self.models)} ({note})")
 
     def _apply(self, reloaded: Reloaded) -> None:
         """Serve the reloaded models and apply the policy keys; replaced models finish their
         queued work, then close."""
-        assert self.requests is not None
         old, (config, models) = self.models, reloaded
         self.generation += 1
         self.models = self.requests.models = models
@@ -523,14 +449,12 @@ class Server:
             model.scheduler.queue_size = server.queue_size
         if self._sampler is not None:
             self._sampler.interval_s = server.stats_interval
-        if self.events is not None:  # open events stay open under the new rules
-            self.events.configure(models)
+        self.events.configure(models)  # open events stay open under the new rules
         for name, model in old.items():
             if models.get(name) is not model:
                 model.stop_accepting(time.monotonic() + RETIRE_TIMEOUT_S)
                 self.retiring.append(model)
-        if self._rss is not None:
-            self._rss.rebase()  # the new models' memory is theirs, not a peer's
+        self._rss.rebase()  # the new models' memory is theirs, not a peer's
         log.info("reload", phase="done", models=list(models), generation=self.generation,
                  loaded=[n for n, m in models.items() if old.get(n) is not m])
 
@@ -541,20 +465,18 @@ class Server:
                 model.close()
                 if not self.retiring:
                     give_back_free_memory()  # a model's weights and buffers went back
-                    if self._rss is not None:
-                        self._rss.rebase()
+                    self._rss.rebase()
 
     # -- shutdown --------------------------------------------------------------------------
     def shutdown(self) -> int:
         requests = self.requests
-        assert requests is not None
         drain = self.config.server.drain_timeout
         deadline = time.monotonic() + drain
         self.notifier.stopping("draining in-flight requests")
         everything = [*self.models.values(), *self.retiring]
         log.info("shutdown_started", drain_timeout=drain,
                  queued=sum(m.scheduler.pending for m in everything),
-                 reason="fatal device error" if self._fatal else "signal")
+                 reason="fatal device error" if self.wakeup.fatal else "signal")
         for model in everything:
             model.stop_accepting(deadline)
         # Keep the loop's duties while executors drain: queued work is answered (or answered
@@ -571,17 +493,17 @@ class Server:
         if self._sampler is not None:
             self._sampler.stop(2.0)
         self._tick(time.monotonic())
-        if self.events is not None:
-            self.events.close()
+        self.events.close()
         if not stuck:
             for model in everything:
                 model.close()
         self._close_sockets(wait=not stuck)
         self.notifier.close()
-        code = 1 if (self._fatal or stuck) else 0
+        fatal = self.wakeup.fatal
+        code = 1 if (fatal or stuck) else 0
         log.info("shutdown_complete", exit_code=code, stuck_executors=stuck,
                  replies_dropped=requests.counters["replies_dropped"],
-                 fatal=str(self._fatal) if self._fatal else None)
+                 fatal=str(fatal) if fatal else None)
         return code
 
     def _refuse_until_quiet(self) -> None:
@@ -589,7 +511,6 @@ class Server:
         SHUTDOWN_QUIET_S (a client that got shutting-down stops), at most SHUTDOWN_REFUSE_S:
         a request that arrives after that is the one case that goes unanswered."""
         requests = self.requests
-        assert requests is not None
         end = time.monotonic() + SHUTDOWN_REFUSE_S
         quiet_from = time.monotonic()
         while True:
@@ -604,35 +525,30 @@ class Server:
     def _watch_accepts(self) -> None:
         """Keep the connection count in budget while shutting down too (a connection flood
         during the drain must not exhaust the fds)."""
-        if self.connections is not None:
-            self.connections.on_monitor(time.monotonic())
-        if self.events is not None and self.events.connections is not None:
-            self.events.connections.on_monitor(time.monotonic())
+        for connections in self._all_connections():
+            connections.on_monitor(time.monotonic())
 
     def _close_sockets(self, wait: bool = True) -> None:
-        if self.connections is not None:
-            self.connections.close()
-        if self._rss is not None:
-            self._rss.close()
-        if self._router is not None:
-            # Linger: the shutting-down replies just queued leave before the socket goes.
-            self._router.close(CLOSE_LINGER_MS if wait else 0)
+        self.connections.close()
+        self._rss.close()
+        # Linger: the shutting-down replies just queued leave before the socket goes.
+        self._router.close(CLOSE_LINGER_MS if wait else 0)
         if self.curve is not None:
             self.curve.close()
         self._timer.close()
-        self._pipe.close()
+        self.wakeup.close()
         if wait:  # term() waits for every socket's linger
             self._ctx.term()
         if self._ipc_path is not None:
             self._ipc_path.unlink(missing_ok=True)
 
-    def startup_cancelled(self) -> int:
-        """SIGTERM/SIGINT arrived during startup(): nothing is served yet, stop at once."""
-        self.notifier.stopping("stopped during start-up")
-        self.notifier.close()
-        log.info("shutdown_complete", exit_code=0, phase="startup",
-                 reason="signal during start-up; the engine build was abandoned")
-        return 0
+def startup_cancelled(notifier: Notifier) -> int:
+    """SIGTERM/SIGINT arrived while the first models loaded: nothing is served, stop now."""
+    notifier.stopping("stopped during start-up")
+    notifier.close()
+    log.info("shutdown_complete", exit_code=0, phase="startup",
+             reason="signal during start-up; the engine build was abandoned")
+    return 0
 
 
 def keep_restart_keys(config: Config, current: Config) -> Config:
@@ -646,5 +562,9 @@ def keep_restart_keys(config: Config, current: Config) -> Config:
             log.warning("reload_key_ignored", key=name, value=value, kept=running,
                         reason=f"[server] {name} takes effect at a restart "
                                "(systemctl restart stgcnd)")
+    if config.events != current.events:  # [events.mqtt]: its keys are restart keys
+        log.warning("reload_key_ignored", key="events", reason="[events.mqtt] takes effect "
+                    "at a restart (systemctl restart stgcnd)")
+        config = msgspec.structs.replace(config, events=current.events)
     return msgspec.structs.replace(
         config, server=msgspec.structs.replace(config.server, **kept)) if kept else config

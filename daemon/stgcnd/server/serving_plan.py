@@ -1,9 +1,6 @@
-"""What the daemon loads for a configured model: (model spec, build options), in one place.
-
-`serve` and `build --config` both call `serving_plan`, so a store prepared by `build` holds
-exactly what `serve` looks up. A `Target` (this machine, or a board named by `build
---platform/--device`) decides max_batch, the TensorRT workspace and an auto device.
-"""
+"""What the daemon loads for a configured model, (model spec, build options), in one place:
+`serve` and `build --config` both call `serving_plan`, so a store `build` prepared holds what
+`serve` looks up, for this machine or a board `build --platform/--device` describes."""
 
 from __future__ import annotations
 
@@ -102,7 +99,7 @@ def serving_plan(mc: ModelConfig, target: Target | None = None
                            allow_synthetic_calibration=mc.allow_synthetic_calibration,
                            # On CUDA only (the runtimes' rule); auto's device is not known yet.
                            cuda_graph=mc.cuda_graph, threads=mc.threads,
-                           compile=mc.compile, instances=mc.instances,
+                           compile=mc.compile, instances=mc.instances, buckets=mc.buckets,
                            workspace_mb=JETSON_WORKSPACE_MB if target.jetson else WORKSPACE_MB)
     if mc.backend != "auto":
         options = named_options(mc.backend, options)

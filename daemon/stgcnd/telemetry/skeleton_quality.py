@@ -14,9 +14,9 @@ import numpy as np
 
 Record = Dict[str, Union[str, int, float, bool, None]]
 BATCH = 64  # frames a camera's batch holds before it is reduced: 25 KB a camera for M=1
-# Coordinates beyond this are pixels, not MediaPipe's 0..1 (whose joints off the picture reach
-# a little past 1): out-of-frame is then not judged.
-PIXELS_ABOVE = 10.0
+# Camera ids without a slot whose refusals are counted, per interval: ids invented cost
+# nothing, and a camera refused from its first frame (NaN) is still told of (feed health).
+MAX_STRANGERS = 64
 
 
 @dataclass
@@ -27,8 +27,9 @@ class _Counts:
     vis_sum: float = 0.0
     low: int = 0             # joints below the threshold
     outside: int = 0
-    pixels: bool = False
     busy: int = 0
+    busy_counted: int = 0    # pushes refused busy: their frames were counted (kept)
+    refused: int = 0         # requests refused for what they sent (NaN, shape, model, key)
     batch: np.ndarray | None = None   # (BATCH, 3, V, M): frames not reduced yet
     pending: int = 0
 
@@ -49,18 +50,17 @@ class _Counts:
         self.vis_sum += float(joints.sum(dtype=np.float64))
         self.low += joints.size - int(np.count_nonzero(seen))
         x, y = f[:, 0][seen], f[:, 1][seen]              # the visible joints' coordinates
-        if x.size and max(float(np.abs(x).max()), float(np.abs(y).max())) > PIXELS_ABOVE:
-            self.pixels = True
-        elif x.size:
-            self.outside += int(np.count_nonzero((x < 0) | (x > 1) | (y < 0) | (y > 1)))
+        self.outside += int(np.count_nonzero((x < 0) | (x > 1) | (y < 0) | (y > 1)))
 
 
 # - `frames`: frames counted, and `no_person`: the share with every person slot empty;
 # - `visibility`: mean visibility of the joints of present persons, and `low_visibility`: the
 #   share of those joints below the threshold;
-# - `out_of_frame`: the share of visible joints with x or y outside 0..1 (None where the
-#   camera sends pixel coordinates: values beyond 10);
-# - `silent`: no frame in the interval; `blocked`: frames refused busy and none accepted.
+# - `out_of_frame`: the share of visible joints with x or y outside 0..1 (the protocol's
+#   normalised coordinates: pixels are all out of frame);
+# - `sent`: frames and windows the camera sent, refused ones included; `refused_input`: those
+#   refused for what they held; `refused_busy`: those refused busy (queue full);
+# - `silent`: nothing sent in the interval; `blocked`: frames refused busy and none accepted.
 #
 # `usable` = (1 - no_person) x (1 - low_visibility): the share of joints the model can use. A
 # camera whose `usable` falls below the floor gets one warning (`skeleton_quality_low`), and a
@@ -70,6 +70,7 @@ class SkeletonQuality:
         self.threshold = visibility_threshold
         self.floor = floor
         self._counts: dict[str, _Counts] = {}
+        self._strangers = 0  # cameras without a slot counted this interval
         self._low: set[str] = set()   # cameras warned about, not yet recovered
 
     def add(self, camera: str, x: np.ndarray) -> None:
@@ -87,12 +88,24 @@ class SkeletonQuality:
         if c.pending == BATCH:
             c.reduce(self.threshold)
 
-    def refused_busy(self, camera: str) -> None:
-        self._counts.setdefault(camera, _Counts()).busy += 1
+    def refused(self, camera: str, busy: bool, push: bool, known: bool) -> None:
+        """An infer or push of `camera` refused busy or for its input; `known`: the camera
+        has a slot (a push refused busy then had its frame counted, as it is kept)."""
+        c = self._counts.get(camera)
+        if c is None:
+            if not known and self._strangers >= MAX_STRANGERS:
+                return
+            self._strangers += not known
+            c = self._counts[camera] = _Counts()
+        if busy:
+            c.busy += 1
+            c.busy_counted += push and known
+        else:
+            c.refused += 1
 
     def drain(self, cameras: list[str]) -> tuple[list[Record], list[Record]]:
         """(one record per camera in `cameras` or seen, the warnings and recoveries due)."""
-        counts, self._counts = self._counts, {}
+        counts, self._counts, self._strangers = self._counts, {}, 0
         known = set(cameras) | set(counts)
         self._low &= known  # a camera gone is not remembered
         records: list[Record] = []
@@ -124,9 +137,10 @@ def _record(camera: str, c: _Counts) -> Record:
     usable = None
     if no_person is not None:
         usable = round((1.0 - no_person) * (1.0 - (low if low is not None else 1.0)), 4)
+    sent = c.frames + c.busy - c.busy_counted + c.refused
     return {"camera": camera, "frames": c.frames, "no_person": no_person,
             "visibility": round(c.vis_sum / c.joints, 4) if c.joints else None,
             "low_visibility": low,
-            "out_of_frame": None if c.pixels else _share(c.outside, c.joints - c.low),
-            "usable": usable, "refused_busy": c.busy,
-            "silent": c.frames == 0 and c.busy == 0, "blocked": c.frames == 0 and c.busy > 0}
+            "out_of_frame": _share(c.outside, c.joints - c.low),
+            "usable": usable, "sent": sent, "refused_input": c.refused, "refused_busy": c.busy,
+            "silent": sent == 0, "blocked": c.frames == 0 and c.busy > 0}

@@ -1,23 +1,30 @@
-"""Parse `tegrastats` lines from every Jetson generation (L4T 24 to JetPack 7) into one dict
-shape; the formats are listed above `parse_line`. `parse_line` never raises: a line it
-cannot read gives ``{"ok": False, "error": ...}``.
+"""`tegrastats` on a Jetson: its child process kept running (TegrastatsReader), and its lines
+from every generation (L4T 24 to JetPack 7) parsed into one dict shape; the formats are listed
+above `parse_line`, which never raises: a line it cannot read gives ``{"ok": False, ...}``.
+The sampler imports this module only where a `tegrastats` runs.
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
+import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from stgcnd.log import get_logger
+from stgcnd.threadname import name_os_thread
+
+log = get_logger(__name__)
+
+BACKOFF_START_S = 0.5
+BACKOFF_MAX_S = 30.0
+HEALTHY_RUN_S = 60.0
+
 # Sensors that read this value are power-gated or absent; it is not a temperature.
 ABSENT_TEMPERATURE_C = -256.0
-
-# Rails that measure the whole module/board input; when none is present the total is the sum.
-TOTAL_POWER_RAILS = ("VDD_IN", "POM_5V_IN", "VIN")
-
-# A sensor that reports a fixed placeholder (100 C on TX2/Nano/Xavier), never a measurement.
-PLACEHOLDER_SENSORS = frozenset({"PMIC"})
 
 _UNIT_TO_MB = {"kB": 1 / 1024, "KB": 1 / 1024, "MB": 1.0, "GB": 1024.0}
 
@@ -288,30 +295,104 @@ def _scan(text: str) -> dict[str, Any]:
     return {"ok": True, **line.out}
 
 
-def total_power_mw(power_mw: dict[str, int] | None) -> int | None:
-    """Board input power: the input rail when tegrastats reports one, else the sum of all rails.
+class TegrastatsReader:
+    """Keeps a `tegrastats` child running and remembers its latest parsed line."""
 
-    The sum is what Xavier, AGX Orin and Thor offer (no input rail); it leaves out carrier-board
-    consumers, so it reads lower than a meter at the wall.
-    """
-    if not power_mw:
-        return None
-    for rail in TOTAL_POWER_RAILS:
-        if rail in power_mw:
-            return power_mw[rail]
-    return sum(power_mw.values())
+    def __init__(self, path: str, interval_ms: int, backoff_start_s: float = BACKOFF_START_S,
+                 backoff_max_s: float = BACKOFF_MAX_S) -> None:
+        self.path = path
+        self.interval_ms = interval_ms
+        self.backoff_start_s = backoff_start_s
+        self.backoff_max_s = backoff_max_s
+        self.restarts = 0
+        self.unparsed_lines = 0
+        self._latest: dict[str, Any] | None = None
+        self._latest_at: float | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._proc: subprocess.Popen[str] | None = None
+        self._thread: threading.Thread | None = None
 
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="stgcnd-tegrastats", daemon=True)
+        self._thread.start()
 
-def gpu_temperature_c(temps_c: dict[str, float | None] | None) -> float | None:
-    """The GPU sensor (``GPU``/``gpu``) when it reads a temperature."""
-    for name, value in (temps_c or {}).items():
-        if name.lower() == "gpu" and value is not None:
-            return value
-    return None
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._terminate()
+        if self._thread is not None:
+            self._thread.join(timeout)
 
+    def latest(self) -> tuple[dict[str, Any] | None, float | None]:
+        """(latest parsed line, its age in seconds)."""
+        with self._lock:
+            if self._latest is None or self._latest_at is None:
+                return None, None
+            return self._latest, time.monotonic() - self._latest_at
 
-def hottest_c(temps_c: dict[str, float | None] | None) -> float | None:
-    """Hottest real sensor, leaving out placeholders such as ``PMIC@100C``."""
-    values = [v for k, v in (temps_c or {}).items()
-              if v is not None and k not in PLACEHOLDER_SENSORS]
-    return max(values) if values else None
+    @property
+    def pid(self) -> int | None:
+        proc = self._proc
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def _terminate(self) -> None:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(2.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(2.0)
+
+    def _run(self) -> None:
+        name_os_thread("stgcnd-tegra")
+        backoff = self.backoff_start_s
+        first = True
+        while not self._stop.is_set():
+            if not first:
+                self.restarts += 1
+            first = False
+            started = time.monotonic()
+            rc = self._run_once()
+            if self._stop.is_set():
+                break
+            ran_s = time.monotonic() - started
+            if ran_s >= HEALTHY_RUN_S:
+                backoff = self.backoff_start_s
+            log.warning("tegrastats_exited", returncode=rc, ran_s=round(ran_s, 3),
+                        restart_in_s=backoff, restarts=self.restarts)
+            if self._stop.wait(backoff):
+                break
+            backoff = min(backoff * 2, self.backoff_max_s)
+
+    def _run_once(self) -> int | None:
+        try:
+            proc = subprocess.Popen(
+                [self.path, "--interval", str(self.interval_ms)],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                text=True, bufsize=1)
+        except OSError as exc:
+            log.warning("tegrastats_start_failed", path=self.path, error=str(exc))
+            return None
+        self._proc = proc
+        assert proc.stdout is not None
+        if self._stop.is_set():  # stop() ran while we were starting it
+            self._terminate()
+        try:
+            for line in proc.stdout:
+                parsed = parse_line(line)
+                if not parsed.get("ok"):
+                    self.unparsed_lines += 1
+                    continue
+                with self._lock:
+                    self._latest = parsed
+                    self._latest_at = time.monotonic()
+                if self._stop.is_set():
+                    break
+        finally:
+            proc.stdout.close()
+            self._terminate()
+        return proc.wait()

@@ -39,7 +39,10 @@ def test_stgcnd_demo_runs_cameras_and_stops_the_daemon(tmp_path, engines):
                      "warmed up and ready", "daemon ready on ipc://"):
         assert any(expected in s for s in steps), (expected, steps)
     assert re.search(r"start-up took [\d.]+ s\. Clients connect to ipc://\S+stgcnd\.sock", err)
-    assert re.search(r"took startup [\d.]+ s, cameras (8|9)\.\d s, shutdown", err)
+    # The cameras ran for --duration: at least 8 s, and on a loaded 2-core machine the last
+    # windows' compute (seconds each there) may add a few more.
+    cameras_s = float(re.search(r"took startup [\d.]+ s, cameras ([\d.]+) s, shutdown", err)[1])
+    assert 8.0 <= cameras_s < 20.0, err
     assert "nan" not in r.stdout
     assert "columns: replies" in r.stdout and "compute ms =" in r.stdout
     assert "kept their rate" in err or "below their 25 fps" in err

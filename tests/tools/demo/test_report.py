@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 
-from stgcnd_tools.demo.camera_sim import CameraStats, format_table
+from stgcnd_tools.demo.camera_sim import format_table, row
 from stgcnd_tools.demo.progress import LogFollower, describe
 from stgcnd_tools.demo.report import (
     Load,
@@ -14,6 +15,8 @@ from stgcnd_tools.demo.report import (
     explain_rate,
     prediction_verdict,
 )
+from stgcnd_tools.loadtest.camera import Camera, ModelTarget, RunClock
+from stgcnd_tools.loadtest.plan import CameraPlan, LoadPlan
 
 
 def test_saturated_cpu_is_named_with_its_numbers():
@@ -86,7 +89,10 @@ def test_events_are_told_as_they_happened():
 
 
 def test_table_shows_dashes_until_there_is_data():
-    table = format_table([CameraStats("cam1").row()])
+    camera = Camera(LoadPlan("ipc:///tmp/nobody.sock", cameras=1),
+                    CameraPlan("cam1", 0, 0.0, False), ModelTarget("demo", (3, 150, 18, 2)),
+                    RunClock(), threading.Event())
+    table = format_table([row(camera, 0.0)])  # no request recorded yet
     assert "nan" not in table
     assert table.splitlines()[-1].split()[3:7] == ["-", "-", "-", "-"]
 
@@ -109,10 +115,14 @@ def test_follower_reads_complete_lines_only(tmp_path):
 
 
 def test_overload_answers_do_not_fail_the_demo_other_errors_do():
-    from stgcnd_tools.commands.demo import _error_counts
+    from stgcnd_tools.commands.demo import _outcome
 
-    rows = [{"errors": 3, "error_causes": {"the daemon answered expired: deadline passed": 2,
-                                           "no reply within 5 s (the daemon is overloaded)": 1}},
-            {"errors": 1, "error_causes": {"the daemon answered busy: queue full": 1}},
-            {"errors": 0, "error_causes": {}}]
-    assert _error_counts(rows) == (3, 1)
+    rows = [{"camera": "cam1", "predictions": 5, "errors": 3, "expired": 2, "timed_out": 1,
+             "error_causes": {"the daemon answered expired: deadline passed": 2,
+                              "no reply within 5 s (the daemon is overloaded)": 1}},
+            {"camera": "cam2", "predictions": 5, "errors": 1, "expired": 0, "timed_out": 0,
+             "error_causes": {"the daemon answered busy: queue full": 1}},
+            {"camera": "cam3", "predictions": 5, "errors": 0, "expired": 0, "timed_out": 0,
+             "error_causes": {}}]
+    outcome = _outcome(rows)
+    assert (outcome.overload, outcome.failures) == (3, 1)

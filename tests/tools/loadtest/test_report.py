@@ -20,9 +20,10 @@ TARGET = ModelTarget("m", (3, 20, 33, 1))
 
 
 def columns(rows: list[tuple]) -> dict[str, np.ndarray]:
+    """The rows below, with an empty `message` (the daemon's; the report reads codes only)."""
     cols = empty_columns()
     for j, name in enumerate(COLUMNS):
-        cols[name] = np.array([r[j] for r in rows], dtype=cols[name].dtype)
+        cols[name] = np.array([(*r, "")[j] for r in rows], dtype=cols[name].dtype)
     return cols
 
 

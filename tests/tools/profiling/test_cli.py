@@ -41,7 +41,7 @@ def test_parse_count_types_and_derived_files(shared, tmp_path):
     layers = shared / "trex_mobilenetv2-qat_titanrtx.exportLayerInfo.json"
     proc = stgcnd("trtexec", "parse", str(layers), "--count-types", "Einsum,CaskConvolution")
     assert proc.returncode == 0, proc.stderr
-    assert "requested: Einsum 0, CaskConvolution 34" in proc.stdout
+    assert "Requested types: Einsum 0, CaskConvolution 34" in proc.stdout
     proc = stgcnd("trtexec", "parse", str(DATA / "handmade_trt10_times.json"), "--out",
                   str(tmp_path), "--batch", "4")
     assert proc.returncode == 0, proc.stderr

@@ -15,7 +15,6 @@ from stgcnd_tools.profiling.runner import (
     TrtexecFailed,
     build_command,
     find_trtexec,
-    require_trtexec,
     run_trtexec,
 )
 from tests.tools.profiling.conftest import DATA, FAKE_TRTEXEC
@@ -152,7 +151,7 @@ def test_find_trtexec(tmp_path):
 
 def test_absent_trtexec_says_how_to_get_it(tmp_path):
     with pytest.raises(UserError) as info:
-        require_trtexec(search_path=str(tmp_path), locations=(tmp_path / "nope",))
+        find_trtexec(search_path=str(tmp_path), locations=(tmp_path / "nope",), required=True)
     message = str(info.value)
     assert "/usr/src/tensorrt/bin/trtexec" in message
     assert "JetPack" in message and "PATH" in message and "--trtexec" in message

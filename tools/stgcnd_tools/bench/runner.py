@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd.provision import load_runtime
 from stgcnd.runtimes import available, runtime_module
-from stgcnd.runtimes.base import Runtime
+from stgcnd.runtimes.base import Runtime, RuntimeInfo
 from stgcnd.runtimes.timing import time_round_robin
 from stgcnd.server.config import engines_root
 from stgcnd_tools.profiling import (
@@ -39,14 +41,15 @@ from stgcnd_tools.stats import latency_stats
 
 log = get_logger(__name__)
 
-# The torch variants: (compile mode, CUDA graphs of our runner). "torch.compile*" are what a
-# user would write instead: the same fused module through torch.compile(mode=...) with
-# inductor's own CUDA graphs, host arrays in and out like the baseline.
+# The torch runtime's variants: (compile mode, CUDA graphs of our runner). The peer rows (#35):
+# what a GPU user writes instead, `torch.compile(fused module, mode=..., dynamic=False)` for the
+# one batch size, each in a fresh process (peer_child.py) that inherits no dynamo state.
 TORCH_VARIANTS = {"torch": ("off", False), "torch-cudagraph": ("off", True),
-                  "torch-compile-cudagraph": ("reduce-overhead", True),
-                  "torch.compile": ("reduce-overhead", False),
-                  "torch.compile-max-autotune": ("max-autotune", False)}
-BENCH_BACKENDS = (*TORCH_VARIANTS, "onnxruntime", "tensorrt", "tensorrt-cudagraph")
+                  "torch-compile-cudagraph": ("reduce-overhead", True)}
+# bench name -> torch.compile's mode as the user writes it
+PEER_MODES = {"torch.compile": "reduce-overhead", "torch.compile-default": "default",
+              "torch.compile-max-autotune": "max-autotune"}
+BENCH_BACKENDS = (*TORCH_VARIANTS, *PEER_MODES, "onnxruntime", "tensorrt", "tensorrt-cudagraph")
 BASELINE_NAME = "torch-eager"
 # Dense peaks (GFLOP/s) from the vendors' data sheets, by a substring of the device's name and
 # the precision; fp32 is left out on GPUs (whether cuDNN uses TF32 decides it). Elsewhere
@@ -119,6 +122,33 @@ def default_precisions(device: str) -> tuple[str, ...]:
     return ("fp32",) if device == "cpu" else ("fp32", "fp16")
 
 
+def describe(mode: str, device: str) -> str:
+    """What a peer row is, in one line (printed, and the row's note)."""
+    graphs = "inductor's" if device == "cuda" and mode != "default" else "no"
+    return (f"torch.compile(mode={mode!r}, dynamic=False), one compile per batch size, "
+            f"{graphs} CUDA graphs, fresh process")
+
+
+def run_peer(spec: ModelSpec, job: dict[str, object], x: np.ndarray, cache_dir: Path
+             ) -> tuple[list[float], np.ndarray, float]:
+    """One peer row in a fresh process (`job`: precision, device, mode, iterations, warmup):
+    its times (ms), last logits and first call (s); a failure is a BackendUnavailable with the
+    child's last lines. `cache_dir`: inductor's on-disk caches (kernels, not dynamo state)."""
+    job = {**job, "spec": {k: v for k, v in asdict(spec).items() if k not in ("extra", "labels")}}
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}  # torch sets it once used
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # this stgcnd and tools
+    with tempfile.TemporaryDirectory(prefix="stgcnd-bench-peer-") as tmp:
+        np.save(f"{tmp}/x.npy", x)
+        Path(tmp, "job.json").write_text(json.dumps({**job, "dir": tmp}, default=str))
+        proc = subprocess.run([sys.executable, "-m", "stgcnd_tools.bench.peer_child",
+                               f"{tmp}/job.json"], capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+            raise BackendUnavailable(f"the child exited {proc.returncode}: {tail[-600:]}")
+        with np.load(f"{tmp}/result.npz") as r:
+            return [float(t) for t in r["times_ms"]], r["logits"], float(r["first_call_s"])
+
+
 class _Loader:
     """Opens backends for the bench; ONNX Runtime and TensorRT artefacts come from the store."""
 
@@ -140,7 +170,7 @@ class _Loader:
             return runtime_module("torch").TorchRuntime(
                 model, precision, cfg.device, cuda_graph=graph, max_batch=batch,
                 threads=cfg.threads, compile_mode=compile_mode,
-                compile_cache=self.store().root, inductor_graphs=not graph)
+                compile_cache=self.store().root)
         base = name[:-len("-cudagraph")] if graph else name  # str.removesuffix: 3.9+
         if precision == "bf16":
             raise BackendUnavailable("bf16 is offered by the torch backend on the CPU only")
@@ -202,18 +232,19 @@ def time_sessions(runtime: Runtime, x: np.ndarray, n: int, iterations: int, warm
             "parts": results[0][2], "wall_s": wall}
 
 
-def _row(name: str, backend: Any, x: np.ndarray, persons: int, frames: int, sessions: int,
-         timed: dict[str, Any], cfg: BenchConfig, gflop: float | None) -> dict[str, Any]:
+def _row(name: str, info: RuntimeInfo, x: np.ndarray, persons: int, frames: int,
+         sessions: int, timed: dict[str, Any], cfg: BenchConfig, gflop: float | None
+         ) -> dict[str, Any]:
     all_times = [t for ts in timed["per_session"] for t in ts]
     stats = latency_stats(all_times)
     batch = x.shape[0]
-    peak = peak_gflops(cfg, backend.info.precision)
+    peak = peak_gflops(cfg, info.precision)
     if sessions == 1:
         wps = batch * 1e3 / stats["mean_ms"]
     else:
         wps = batch * len(all_times) / timed["wall_s"]
     row: dict[str, Any] = {
-        "backend": name, "precision": backend.info.precision, "device": backend.info.device,
+        "backend": name, "precision": info.precision, "device": info.device,
         "persons": persons, "frames": frames, "batch": batch, "sessions": sessions,
         **stats, "windows_per_s": wps, "iterations": len(all_times),
         "p99_worst_session_ms": (max(latency_stats(t)["p99_ms"] for t in timed["per_session"])
@@ -269,21 +300,56 @@ def run_bench(cfg: BenchConfig) -> list[dict[str, Any]]:
         model = load_for_inference(spec)
         for batch in cfg.batches:
             x = synthetic_windows(batch, cfg.frames, persons, spec.num_node, seed=cfg.seed)
-            rows += _bench_shape(cfg, loader, model, x, persons,
-                                 gflop_per_window(model, x[0]))
+            gflop = gflop_per_window(model, x[0])
+            names = cfg.backends or default_backends(cfg.device)
+            ours, ref = _bench_shape(cfg, loader, model, x, persons, gflop,
+                                     [n for n in names if n not in PEER_MODES])
+            rows += ours
+            rows += [row for name in names if name in PEER_MODES
+                     for precision in cfg.precisions or default_precisions(cfg.device)
+                     for row in _peer_row(cfg, loader, spec, (name, precision), x, gflop,
+                                          ours[0], ref)]
     return rows
 
 
+def _peer_row(cfg: BenchConfig, loader: _Loader, spec: ModelSpec, row_of: tuple[str, str],
+              x: np.ndarray, gflop: float | None, base_row: dict[str, Any], ref: np.ndarray
+              ) -> list[dict[str, Any]]:
+    """A peer row, one session (a user's compiled module on one thread), or []."""
+    (name, precision), label = row_of, f"[M={spec.persons} B={len(x)}] {row_of[0]} {row_of[1]}"
+    what = describe(PEER_MODES[name], cfg.device)
+    try:
+        if precision not in ("fp32", "fp16" if cfg.device == "cuda" else "bf16"):
+            raise BackendUnavailable(f"torch runs {precision} on no {cfg.device}")
+        cfg.progress(f"{label}: {what} ...")
+        times, logits, first_s = run_peer(spec, {
+            "precision": precision, "device": cfg.device, "mode": PEER_MODES[name],
+            "iterations": cfg.iterations, "warmup": cfg.warmup},
+            x, loader.store().root / "torch-compile" / "peers")
+    except BackendUnavailable as exc:
+        cfg.progress(f"{label}: skipped ({exc})")
+        return []
+    info = RuntimeInfo("torch", precision, cfg.device, x.shape[1:], ref.shape[1], len(x))
+    row = _row(name, info, x, spec.persons, cfg.frames, 1,
+               {"per_session": [times], "parts": {}}, cfg, gflop)
+    _compare(row, [logits], ref, base_row)
+    row["note"] = f"{what}; first call {first_s:.1f} s"
+    cfg.progress(f"{label}: median {row['median_ms']:.2f} ms ({row['speedup']:.2f}x), max|diff| "
+                 f"{row['max_abs_diff']:.1e}, first call {first_s:.1f} s")
+    return [row]
+
+
 def _bench_shape(cfg: BenchConfig, loader: _Loader, model: Any, x: np.ndarray, persons: int,
-                 gflop: float | None) -> list[dict[str, Any]]:
-    """The rows of one (M, B): the baseline and every variant round-robin, then the variants'
-    concurrent sessions (N > 1), each against the baseline."""
+                 gflop: float | None, names: list[str]
+                 ) -> tuple[list[dict[str, Any]], np.ndarray]:
+    """The in-process rows of one (M, B) and the baseline's logits: the baseline and every
+    variant round-robin, then the variants' concurrent sessions (N > 1)."""
     label = f"M={persons} B={len(x)}"
     iters, warm = int(cfg.iterations or 1), int(cfg.warmup or 0)
     opened: list[tuple[str, Runtime]] = [(BASELINE_NAME, runtime_module("torch").TorchRuntime(
         model, "fp32", cfg.device, max_batch=len(x), optimized=False))]
     try:
-        for name in cfg.backends or default_backends(cfg.device):
+        for name in names:
             for precision in cfg.precisions or default_precisions(cfg.device):
                 try:
                     opened.append((name, loader.open(model, name, precision, len(x))))
@@ -298,14 +364,14 @@ def _bench_shape(cfg: BenchConfig, loader: _Loader, model: Any, x: np.ndarray, p
                 runner.close()
         (base_name, base), *variants = opened
         base_timed = {"per_session": [timed[0][0]], "parts": timed[0][2]}
-        base_row = _row(base_name, base, x, persons, cfg.frames, 1, base_timed, cfg, gflop)
+        base_row = _row(base_name, base.info, x, persons, cfg.frames, 1, base_timed, cfg, gflop)
         base_row.update(speedup=1.0, speedup_min=1.0, max_abs_diff=0.0, top1_agreement=1.0,
                         margin_change_median=0.0, margin_change_max=0.0,
                         note=f"baseline: plain network, graph_op={cfg.baseline_graph_op}")
         ref = timed[0][1]
         rows = [base_row]
         for (name, runtime), (times, out, parts) in zip(variants, timed[1:]):
-            row = _row(name, runtime, x, persons, cfg.frames, 1,
+            row = _row(name, runtime.info, x, persons, cfg.frames, 1,
                        {"per_session": [times], "parts": parts}, cfg, gflop)
             _compare(row, [out], ref, base_row)
             if cfg.trtexec and name.startswith("tensorrt"):
@@ -318,10 +384,11 @@ def _bench_shape(cfg: BenchConfig, loader: _Loader, model: Any, x: np.ndarray, p
             for n in (n for n in cfg.sessions if n > 1):
                 cfg.progress(f"[{label}] {name} {runtime.info.precision} x{n} sessions ...")
                 sessions = time_sessions(runtime, x, n, iters, warm)
-                row = _row(name, runtime, x, persons, cfg.frames, n, sessions, cfg, gflop)
+                row = _row(name, runtime.info, x, persons, cfg.frames, n, sessions, cfg,
+                           gflop)
                 _compare(row, sessions["outputs"], ref, base_row)
                 rows.append(row)
-        return rows
+        return rows, ref
     finally:
         for _, runtime in opened:
             runtime.close()

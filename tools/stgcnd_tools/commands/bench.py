@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from pathlib import Path
 
 from stgcnd.model.graph import LAYOUTS
@@ -40,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    choices=("fp32", "fp16", "bf16", "int8"),
                    help="default: fp32 on cpu; fp32 fp16 on cuda (bf16: torch on the CPU "
                         "only; int8: onnxruntime / tensorrt)")
-    p.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes (default: 1)")
+    p.add_argument("--batch", dest="batches", type=int, nargs="+", default=[1],
+                   help="batch sizes (default: 1)")
     p.add_argument("--sessions", type=int, nargs="+", default=[1],
                    help="concurrent sessions, one thread and one CUDA stream each (default: 1)")
     p.add_argument("--iterations", type=int, default=None,
@@ -62,14 +64,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = BenchConfig(checkpoint=args.checkpoint, layout=args.layout, motion=args.motion,
-                      frames=args.frames, persons=tuple(args.persons), device=args.device,
-                      backends=tuple(args.backends) if args.backends else None,
-                      precisions=tuple(args.precisions) if args.precisions else None,
-                      batches=tuple(args.batch), sessions=tuple(args.sessions),
-                      iterations=args.iterations, warmup=args.warmup,
-                      baseline_graph_op=args.baseline_graph_op, threads=args.threads,
-                      store=args.store, trtexec=args.trtexec, peak_gflops=args.peak_gflops)
+    cfg = BenchConfig(**{f.name: getattr(args, f.name) for f in fields(BenchConfig)
+                         if f.name in vars(args)})
     rows = run_bench(cfg)
     print(format_table(rows))
     if args.json:

@@ -7,7 +7,7 @@ import json
 
 from stgcnd.errors import UserError
 from stgcnd.server.transport import parse_endpoint
-from stgcnd_tools.commands._camera_args import add_camera_args, check_timeout
+from stgcnd_tools.commands._args import add_camera_args, check_timeout
 from stgcnd_tools.demo.camera_sim import simulate
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from stgcnd.errors import UserError
-from stgcnd_tools.commands._camera_args import add_camera_args, check_timeout
+from stgcnd_tools.commands._args import add_camera_args, check_timeout
 from stgcnd_tools.daemon import DaemonProcess
 from stgcnd_tools.demo.camera_sim import simulate
 from stgcnd_tools.demo.event_printer import EventPrinter
@@ -96,7 +96,6 @@ def run(args: argparse.Namespace) -> int:
                 printer.finish()
     # The verdict comes from what came back: replies at the camera's rate without a single
     # prediction are a failed demo, however fast they were.
-    overload, errors = _error_counts(rows)
     outcome = _outcome(rows)
     verdict = prediction_verdict(outcome, args.timeout, args.fps, args.duration,
                                  push=args.mode == "push")
@@ -109,11 +108,11 @@ def run(args: argparse.Namespace) -> int:
     _say(events_line(printer.started_events, printer.ended_reasons, outcome.predictions))
     _say("took " + ", ".join(f"{k} {v:.1f} s" for k, v in timing.items())
         + f"; summarize the log: stgcnd logs summarize {log_path}")
-    if overload and verdict is None:
-        _say(f"{overload} request(s) expired or were refused as busy in the daemon's queue: "
-             "the CPU was saturated at times (counted in `errors`); every camera still got "
+    if outcome.overload and verdict is None:
+        _say(f"{outcome.overload} request(s) expired or were refused as busy in the daemon's "
+             "queue: the CPU was saturated at times (counted in `errors`); every camera still got "
              "predictions")
-    return 0 if daemon.returncode == 0 and errors == 0 and verdict is None else 1
+    return 0 if daemon.returncode == 0 and outcome.failures == 0 and verdict is None else 1
 
 
 def _outcome(rows: list[dict[str, Any]]) -> Outcome:
@@ -128,24 +127,6 @@ def _outcome(rows: list[dict[str, Any]]) -> Outcome:
                                              if not r["predictions"]),
                    expired=expired, timed_out=timed_out, busy=busy,
                    other_errors=errors - expired - timed_out - busy)
-
-
-# Answers a saturated daemon gives by design (deadline passed in its queue, queue full).
-OVERLOAD_CAUSES = ("the daemon answered expired", "the daemon answered busy")
-
-
-def _error_counts(rows: list[dict[str, Any]]) -> tuple[int, int]:
-    """(overload answers, other failures) over all cameras."""
-    overload = other = 0
-    for row in rows:
-        causes = dict(row.get("error_causes") or {})
-        for cause, count in causes.items():
-            if str(cause).startswith(OVERLOAD_CAUSES):
-                overload += int(count)
-            else:
-                other += int(count)
-        other += int(row["errors"]) - sum(int(c) for c in causes.values())
-    return overload, other
 
 
 def demo_config(stride: int = 25, events_endpoint: str = "") -> str:
@@ -164,8 +145,6 @@ def _say(line: str) -> None:
 
 def _rate_lines(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
     """Did the cameras keep their rate, and if not, why (numbers from the run)."""
-
-
     rates = [r["rate_hz"] or 0.0 for r in rows]
     computes = [r["compute_ms"] for r in rows if r.get("compute_ms") is not None]
     latencies = [r["p50_ms"] for r in rows if r.get("p50_ms") is not None]

@@ -6,8 +6,9 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from stgcnd.errors import UserError
 from stgcnd_tools.loadtest import echo_floor
@@ -24,8 +25,6 @@ from stgcnd_tools.loadtest.scenarios import (
     verdicts,
 )
 from stgcnd_tools.loadtest.serve import ServedDaemon, ServeOptions
-
-T = TypeVar("T")
 
 # Load options a scenario sets itself (the argparse dest of each, and its flag): given with
 # --scenario they would be ignored, so they are refused. Their defaults are None here and
@@ -111,10 +110,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-batch", type=int, default=0,
                        help="largest batch across cameras (default: 0, the daemon's own "
                             "default: 64 on a GPU, 16 on a CPU; 1 turns batching off)")
-    serve.add_argument("--serve-config", type=Path, default=None, metavar="TOML",
+    serve.add_argument("--serve-config", dest="config", type=Path, default=None, metavar="TOML",
                        help="serve this configuration instead (its endpoint is replaced)")
     serve.add_argument("--engines", type=Path, default=None, help="engine store directory")
-    serve.add_argument("--daemon-log", type=Path, default=None,
+    serve.add_argument("--daemon-log", dest="log_path", type=Path, default=None,
                        help="write the daemon's log here (default: a temp file)")
     p.set_defaults(func=run)
 
@@ -137,26 +136,22 @@ def check_options(args: argparse.Namespace) -> None:
         raise UserError("give --endpoint of a running daemon, or --serve to start one")
 
 
-def given(value: T | None, default: T) -> T:
-    """A load option's value: the flag's, else its default (flags default to None, so that
-    check_options can tell one given alongside --scenario)."""
-    return default if value is None else value
+# The load options' defaults without --scenario (argparse's are None: see SCENARIO_SETS).
+LOAD_DEFAULTS = {"processes": 1, "cameras": 4, "mode": "window", "duration": 10.0,
+                 "warmup": 2.0, "join": 0, "join_at": None, "join_window": 5.0}
 
 
 def _plan(args: argparse.Namespace, endpoint: str) -> LoadPlan:
     if args.scenario:
         load = SCENARIOS[args.scenario].load
-        return LoadPlan(endpoint=endpoint, model=args.model, timeout_ms=args.timeout_ms,
-                        seed=args.seed, server_key=args.server_key,
-                        client_key=args.client_key, **load)
-    return LoadPlan(endpoint=endpoint, processes=given(args.processes, 1),
-                    cameras=given(args.cameras, 4), mode=given(args.mode, "window"),
-                    rate_hz=None if args.closed_loop else given(args.rate, DEFAULT_RATE_HZ),
-                    duration=given(args.duration, 10.0), warmup=given(args.warmup, 2.0),
-                    join=given(args.join, 0), join_at=args.join_at,
-                    join_window=given(args.join_window, 5.0), model=args.model,
-                    timeout_ms=args.timeout_ms, seed=args.seed, server_key=args.server_key,
-                    client_key=args.client_key)
+    else:
+        load = {k: d if getattr(args, k) is None else getattr(args, k)
+                for k, d in LOAD_DEFAULTS.items()}
+        load["rate_hz"] = (None if args.closed_loop else DEFAULT_RATE_HZ if args.rate is None
+                           else args.rate)
+    return LoadPlan(endpoint=endpoint, model=args.model, timeout_ms=args.timeout_ms,
+                    seed=args.seed, server_key=args.server_key, client_key=args.client_key,
+                    **load)
 
 
 def floor_measure(scenario: Scenario | None, plan: LoadPlan
@@ -207,11 +202,8 @@ def run(args: argparse.Namespace) -> int:
         report = run_load(plan, floor=floor_measure(scenario, plan))
     else:
         plan_check = _plan(args, "ipc://placeholder")  # bad load options fail before a start
-        opts = ServeOptions(backend=args.backend, frames=args.frames, persons=args.persons,
-                            checkpoint=args.checkpoint, precision=args.precision,
-                            device=args.device, max_batch=args.max_batch,
-                            config=args.serve_config, engines=args.engines,
-                            log_path=args.daemon_log)
+        opts = ServeOptions(**{f.name: getattr(args, f.name) for f in fields(ServeOptions)
+                               if f.name in vars(args)})
         daemon = ServedDaemon(opts, model=args.model or "loadtest",
                               cameras=plan_check.total_cameras)
         print(f"starting daemon ({opts.backend if opts.config is None else opts.config}); "

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from stgcnd.errors import UserError
+from stgcnd_tools.commands._args import open_input
 from stgcnd_tools.logs.plot import plot
 from stgcnd_tools.logs.summarize import parse_time, render_text, scan, summarize
 
@@ -41,7 +42,6 @@ def register(subparsers: Any) -> None:
 def _time(value: str | None, flag: str) -> Any:
     if value is None:
         return None
-
     try:
         return parse_time(value)
     except ValueError:
@@ -54,15 +54,9 @@ def run_summarize(args: argparse.Namespace) -> int:
     until = _time(args.until, "--until")
     if since and until and since > until:
         raise UserError("--since is after --until; swap them")
-    if args.file == "-":
-        log = scan(sys.stdin, args.camera, since, until)
-    else:
-        try:
-            with open(args.file, encoding="utf-8", errors="replace") as fh:
-                log = scan(fh, args.camera, since, until)
-        except OSError as exc:
-            raise UserError(f"cannot read {args.file}: {exc.strerror or exc}; pass a log file "
-                            "or pipe `journalctl -u stgcnd -o cat` into it") from None
+    with open_input(args.file, "pass a log file or pipe `journalctl -u stgcnd -o cat` into "
+                    "it") as stream:
+        log = scan(stream, args.camera, since, until)
     summary = summarize(log)
     if args.plot:
         title = f"stgcnd: camera {args.camera}" if args.camera else None

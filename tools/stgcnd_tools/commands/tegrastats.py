@@ -7,9 +7,9 @@ import json
 import sys
 from typing import Any
 
-from stgcnd.errors import UserError
 from stgcnd.log import get_logger
 from stgcnd.telemetry.tegrastats import parse_line
+from stgcnd_tools.commands._args import open_input
 
 
 def register(subparsers: Any) -> None:
@@ -28,30 +28,13 @@ def register(subparsers: Any) -> None:
 
 
 def run_parse(args: argparse.Namespace) -> int:
-    log = get_logger(__name__)
-    stream = _open(args.file)
     lines = unparsed = 0
-    try:
-        for raw in stream:
-            if not raw.strip():
-                continue
+    with open_input(args.file, "pass a tegrastats log file, or - for stdin") as stream:
+        for raw in filter(str.strip, stream):
             result: dict[str, Any] = parse_line(raw)
             lines += 1
             unparsed += 0 if result.get("ok") else 1
             sys.stdout.write(json.dumps(result) + "\n")
-    finally:
-        if stream is not sys.stdin:
-            stream.close()
     if unparsed:
-        log.warning("tegrastats_unparsed_lines", lines=lines, unparsed=unparsed)
+        get_logger(__name__).warning("tegrastats_unparsed_lines", lines=lines, unparsed=unparsed)
     return 0
-
-
-def _open(path: str) -> Any:
-    if path == "-":
-        return sys.stdin
-    try:
-        return open(path, encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror or exc}; "
-                        "pass a tegrastats log file, or - for stdin") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ def _register_run(sub: Any) -> None:
                      "(default 500)")
     run.add_argument("--avg-runs", type=int, default=50, help="iterations averaged per log "
                      "line (default 50)")
-    run.add_argument("--duration", type=float, default=None, metavar="S",
+    run.add_argument("--duration", dest="duration_s", type=float, default=None, metavar="S",
                      help="minimum timed duration in s (trtexec default: 3)")
     # --cuda-graph / --no-cuda-graph by hand: argparse.BooleanOptionalAction is Python 3.9+.
     run.add_argument("--cuda-graph", dest="cuda_graph", action="store_true", default=True,
@@ -135,13 +136,9 @@ def run_run(args: argparse.Namespace) -> int:
     extra = list(args.extra)
     if extra and extra[0] == "--":
         extra = extra[1:]
-    options = RunOptions(
-        engine=args.engine, onnx=args.onnx, shapes=args.shapes, iterations=args.iterations,
-        warmup_ms=args.warmup_ms, avg_runs=args.avg_runs, duration_s=args.duration,
-        cuda_graph=args.cuda_graph, spin_wait=args.spin_wait, profile=args.profile,
-        separate_profile_run=args.separate_profile_run, layer_info=args.layer_info,
-        precisions=tuple(args.precisions or ()), save_engine=args.save_engine,
-        extra_args=tuple(extra))
+    options = RunOptions(**{f.name: getattr(args, f.name) for f in fields(RunOptions)
+                            if f.name in vars(args) and f.name != "precisions"},
+                         precisions=tuple(args.precisions or ()), extra_args=tuple(extra))
     model = options.model_path()
     out = args.out or Path("runs") / f"{model.stem}-{datetime.now():%Y%m%d-%H%M%S}"
     result = run_trtexec(options, out, trtexec=args.trtexec,

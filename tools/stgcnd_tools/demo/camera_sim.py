@@ -1,4 +1,6 @@
-"""Simulated 25 fps cameras driving a daemon through the real client library.
+"""Simulated 25 fps cameras driving a daemon through the real client library: the load test's
+cameras (stgcnd_tools.loadtest.camera) in threads of this process, with the client's retries,
+and a live table over their records.
 
 Failures are counted per camera and grouped by cause across cameras at the end, one line per
 cause ("8 cameras: no daemon answered at ipc:///... within 5 s (...)"), never a traceback per
@@ -11,127 +13,74 @@ import os
 import sys
 import threading
 import time
-import zlib
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 import numpy as np
 import zmq
 
-from stgcnd.model.synthetic import synthetic_windows
-from stgcnd_client import Client, ClientError, Expired, Result, ServerError, Timeout
+from stgcnd_client import Client, ClientError, Timeout
+from stgcnd_tools.loadtest.camera import FATAL_CODES, LOST, Camera, ModelTarget, RunClock
+from stgcnd_tools.loadtest.plan import CameraPlan, LoadPlan
 from stgcnd_tools.stats import distribution
 from stgcnd_tools.table import table
 
-HELLO_TIMEOUT_S = 5.0  # how long a camera waits for the daemon to answer its hello
+HELLO_TIMEOUT_S = 5.0  # how long the cameras wait for the daemon to answer their hello
+CLIENT_RETRIES = 3     # the client's default: a lost request is resent, as an application would
 
 
-@dataclass
-class CameraStats:
-    camera: str
-    latencies_ms: list[float] = field(default_factory=list)
-    compute_ms: list[float] = field(default_factory=list)   # the daemon's, per prediction
-    replies: int = 0
-    predictions: int = 0
-    errors: int = 0
-    expired: int = 0      # of the errors: answered `expired` (no time for the prediction)
-    timed_out: int = 0    # of the errors: no reply within the timeout
-    last_error: str = ""
-    last_label: str = ""
-    started: float = field(default_factory=time.monotonic)
-    # cause (stable text, the same for every camera it hits) -> how many times
-    causes: Counter[str] = field(default_factory=Counter)
-
-    def failed(self, cause: str) -> None:
-        self.errors += 1
-        self.causes[cause] += 1
-        self.last_error = cause
-
-    def row(self) -> dict[str, object]:
-        """The table's row; None where there is no data yet (shown as '-')."""
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        lat = distribution(self.latencies_ms, ("p50", "p99"))
-        return {"camera": self.camera, "replies": self.replies, "predictions": self.predictions,
-                "rate_hz": self.replies / elapsed if self.replies else None,
-                "p50_ms": lat["p50"], "p99_ms": lat["p99"],
-                "compute_ms": distribution(self.compute_ms, ("median",))["median"],
-                "errors": self.errors,
-                "expired": self.expired, "timed_out": self.timed_out,
-                "label": self.last_label or "-", "error_causes": dict(self.causes)}
-
-
-def run_camera(endpoint: str, camera: str, fps: float, mode: str, duration: float,
-               stats: CameraStats, stop: threading.Event, model: str | None = None,
-               timeout: float = 5.0, start_delay: float = 0.0) -> None:
-    """One camera thread: its own Client (ZeroMQ sockets are per thread). `timeout` is each
-    frame's or window's (--timeout); the hello waits HELLO_TIMEOUT_S whatever it is."""
-    if stop.wait(start_delay):
-        return
-    stats.started = time.monotonic()
+def hello(plan: LoadPlan) -> ModelTarget | str:
+    """The model the cameras drive, or why they cannot (one cause for every camera)."""
     try:
-        client = Client(endpoint, camera_id=camera, timeout=HELLO_TIMEOUT_S)
+        client = Client(plan.endpoint, camera_id="hello", timeout=HELLO_TIMEOUT_S)
     except (ValueError, zmq.ZMQError) as exc:
-        stats.failed(f"{endpoint} is not an endpoint a camera can connect to ({exc})")
-        return
+        return f"{plan.endpoint} is not an endpoint a camera can connect to ({exc})"
     with client:
         try:
             info = client.hello()
         except Timeout:
-            stats.failed(no_daemon_cause(endpoint, HELLO_TIMEOUT_S))
-            return
+            return no_daemon_cause(plan.endpoint, HELLO_TIMEOUT_S)
         except (ClientError, zmq.ZMQError) as exc:
-            stats.failed(f"the daemon at {endpoint} refused the camera: {exc}")
-            return
-        m = next((x for x in info.models if x.name == model), None) if model else \
-            next((x for x in info.models if x.default), info.models[0])
-        if m is None:
-            served = ", ".join(x.name for x in info.models)
-            stats.failed(f"the daemon serves no model {model!r} (it serves: {served}); "
-                         "pass one of those to --model")
-            return
-        _, t, v, persons = m.input_shape
-        seed = zlib.crc32(camera.encode())  # stable across runs, unlike hash()
-        clip = synthetic_windows(1, t, persons, v, seed=seed)[0]  # (3, T, V, M)
-        period = 1.0 / fps
-        next_at = time.monotonic()
-        end = next_at + duration
-        i = 0
-        while not stop.is_set() and time.monotonic() < end:
-            try:
-                res: Result | None
-                if mode == "window":
-                    res = client.infer(np.roll(clip, -i, axis=1), model=m.name, timeout=timeout)
-                else:
-                    res = client.push(clip[:, i % t], model=m.name, timeout=timeout)
-                stats.replies += 1
-                if res is not None:
-                    stats.predictions += 1
-                    stats.latencies_ms.append(res.client_ms)
-                    if "compute_ms" in res.timings:
-                        stats.compute_ms.append(res.timings["compute_ms"])
-                    stats.last_label = res.label_name
-            except Timeout:
-                stats.timed_out += 1
-                stats.failed(f"no reply within the {timeout:g} s timeout (the daemon is "
-                             "overloaded, stopped or restarting)")
-            except Expired:
-                # One cause for all: the daemon's message differs in its numbers every time.
-                stats.expired += 1
-                stats.failed(f"the daemon answered expired: it could not predict within the "
-                             f"{timeout:g} s timeout")
-            except ServerError as exc:
-                stats.failed(f"the daemon answered {exc.code}: {exc.message}")
-            except ClientError as exc:
-                stats.failed(f"{type(exc).__name__}: {exc}")
-            i += 1
-            next_at += period
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                stop.wait(delay)
-            else:
-                next_at = time.monotonic()  # fell behind: do not burst to catch up
+            return f"the daemon at {plan.endpoint} refused the camera: {exc}"
+    try:
+        m = info.model(plan.model)
+    except KeyError:
+        served = ", ".join(x.name for x in info.models)
+        return (f"the daemon serves no model {plan.model!r} (it serves: {served}); pass one of "
+                "those to --model")
+    return ModelTarget(m.name, tuple(m.input_shape), m.stride)
+
+
+def cause(code: str, message: str, timeout: float) -> str:
+    """A failed request's cause: stable text, the same for every camera it hits."""
+    if code == LOST:
+        return (f"no reply within the {timeout:g} s timeout (the daemon is overloaded, stopped "
+                "or restarting)")
+    if code == "expired":  # one cause for all: the daemon's message differs in its numbers
+        return f"the daemon answered expired: it could not predict within the {timeout:g} s timeout"
+    return f"the daemon answered {code}: {message}"
+
+
+def row(camera: Camera, now: float) -> dict[str, object]:
+    """The table's row over the camera's records so far; None where there is no data yet."""
+    recs = list(camera.rows)
+    ok = [r for r in recs if not r[8]]
+    preds = [r for r in ok if r[4]]
+    causes = Counter(cause(r[8], r[9], camera.plan.timeout_ms / 1e3) for r in recs if r[8])
+    if camera.result.stopped and not any(r[8] in FATAL_CODES for r in recs):
+        causes[camera.result.stopped] += 1  # it never sent: no hello, a refused connection
+    elapsed = max(min(now, camera.plan.end) - camera.camera.start, 1e-9)
+    lat = distribution([r[3] for r in preds], ("p50", "p99"))
+    computes = [r[6] for r in preds if not np.isnan(r[6])]
+    codes = Counter(r[8] for r in recs)
+    return {"camera": camera.camera.camera_id, "replies": len(ok), "predictions": len(preds),
+            "rate_hz": len(ok) / elapsed if ok else None,
+            "p50_ms": lat["p50"], "p99_ms": lat["p99"],
+            "compute_ms": distribution(computes, ("median",))["median"],
+            "errors": sum(causes.values()), "expired": codes["expired"],
+            "timed_out": codes[LOST], "label": camera.result.last_label or "-",
+            "error_causes": dict(causes)}
 
 
 def no_daemon_cause(endpoint: str, timeout: float) -> str:
@@ -185,29 +134,40 @@ def simulate(endpoint: str, cameras: int = 4, fps: float = 25.0, mode: str = "pu
     to `err` (stderr).
     """
     out = out or sys.stdout
-    stop = threading.Event()
-    stats = [CameraStats(f"cam{i + 1}") for i in range(cameras)]
+    plan = LoadPlan(endpoint, cameras=cameras, mode=mode, rate_hz=fps, duration=duration,
+                    warmup=0.0, model=model, timeout_ms=timeout * 1e3, retries=CLIENT_RETRIES)
+    clock, stop = RunClock(), threading.Event()
+    target = hello(plan)
     # Real cameras do not start on the same frame: spread the starts over one second, so that
     # push-mode predictions (every `stride` frames) do not all land at the same moment.
-    threads = [threading.Thread(target=run_camera, name=s.camera, daemon=True,
-                                args=(endpoint, s.camera, fps, mode, duration, s, stop, model),
-                                kwargs={"start_delay": i / cameras, "timeout": timeout})
-               for i, s in enumerate(stats)]
-    for th in threads:
-        th.start()
+    # Without a hello they never send: one tiny window each, and the cause as why they stopped.
+    cams = [Camera(plan, CameraPlan(f"cam{i + 1}", i, start=i / cameras, joining=False),
+                   target if isinstance(target, ModelTarget) else ModelTarget("", (3, 1, 1, 1)),
+                   clock, stop) for i in range(cameras)]
+    threads = []
+    for c in cams:
+        if isinstance(target, str):
+            c.result.stopped = target
+            c.ready.set()
+        else:
+            threads.append(threading.Thread(target=c.run, name=c.camera.camera_id, daemon=True))
+            threads[-1].start()
+    for c in cams:
+        c.ready.wait(HELLO_TIMEOUT_S + timeout)
+    clock.start_at(time.time())
     live = getattr(out, "isatty", lambda: False)()
     try:
         while any(th.is_alive() for th in threads):
             time.sleep(refresh)
-            table = format_table([s.row() for s in stats])
             if live:
-                out.write("\x1b[H\x1b[J" + table + ("\n" + legend if legend else "") + "\n")
+                out.write("\x1b[H\x1b[J" + format_table([row(c, clock.now()) for c in cams])
+                          + ("\n" + legend if legend else "") + "\n")
             out.flush()
     except KeyboardInterrupt:
         stop.set()
     for th in threads:
         th.join(timeout=10)
-    rows = [s.row() for s in stats]
+    rows = [row(c, clock.now()) for c in cams]
     out.write(format_table(rows) + "\n")
     if legend:
         out.write(legend + "\n")

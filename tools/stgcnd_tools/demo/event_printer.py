@@ -25,8 +25,8 @@ class EventPrinter(threading.Thread):
             self._subscribed.set()
             while not self.stop.is_set():
                 event = events.recv(timeout_ms=100)
-                if event is None:
-                    continue
+                if event is None or event["kind"] not in ("start", "end"):
+                    continue  # a snapshot: the printer subscribed before any event
                 start = event["kind"] == "start"
                 at = time.strftime("%H:%M:%S", time.localtime(
                     float(event["started"] if start else event["ended"])))

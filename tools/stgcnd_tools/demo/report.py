@@ -43,6 +43,17 @@ class Outcome:
     busy: int                   # requests answered `busy`
     other_errors: int
 
+    @property
+    def overload(self) -> int:
+        """Answers a saturated daemon gives by design (deadline passed in its queue, queue
+        full): they do not fail a demo whose cameras all got predictions."""
+        return self.expired + self.busy
+
+    @property
+    def failures(self) -> int:
+        """The other failed requests: they fail the demo."""
+        return self.timed_out + self.other_errors
+
 
 def prediction_verdict(outcome: Outcome, timeout_s: float, fps: float, duration_s: float,
                        push: bool = True) -> str | None:

@@ -1,4 +1,5 @@
-"""One simulated camera: its own Client, a send loop, and a raw record of every request.
+"""One simulated camera: its own Client, a send loop, and a raw record of every request (the
+load test's, and the demo's and camera-sim's, which show a live view over the same records).
 
 Open loop measures from each request's due time (no coordinated omission) and drops a slot
 whose whole period passed, as a camera drops frames; closed loop sends on each reply.
@@ -19,9 +20,10 @@ from stgcnd_client.errors import BadReply
 from stgcnd_tools.loadtest.plan import CameraPlan, LoadPlan
 
 # Columns of a camera's record, one row per request. Times are ms, except `t` (the due time in
-# seconds from the run's start). Server timings are NaN where a reply carries none.
+# seconds from the run's start). Server timings are NaN where a reply carries none; `message` is
+# the daemon's error message ('' on success).
 COLUMNS = ("t", "lag_ms", "rtt_ms", "rtt_send_ms", "predicted", "queue_ms", "compute_ms",
-           "total_ms", "code")
+           "total_ms", "code", "message")
 LOST = "timeout"  # the code of a request whose reply never came within --timeout-ms
 # Errors a retry can never fix: the camera records one and stops.
 FATAL_CODES = frozenset({"malformed", "unsupported-version", "unknown-op", "unknown-model",
@@ -61,8 +63,8 @@ class RunClock:
 
 
 def empty_columns() -> dict[str, np.ndarray]:
-    return {name: np.array([], dtype=bool if name == "predicted" else
-                           object if name == "code" else np.float64) for name in COLUMNS}
+    return {name: np.array([], dtype=bool if name == "predicted" else object
+                           if name in ("code", "message") else np.float64) for name in COLUMNS}
 
 
 @dataclass
@@ -75,6 +77,7 @@ class CameraResult:
     first_reply_ms: float | None = None  # from `start` to its first successful reply
     first_prediction_ms: float | None = None
     stopped: str | None = None           # why it stopped early (a fatal error, a crash)
+    last_label: str = ""                 # the last prediction's class
 
 
 def camera_data(plan: LoadPlan, camera: CameraPlan, target: ModelTarget) -> np.ndarray:
@@ -103,7 +106,7 @@ class Camera:
         self.client: Client | None = None
         self.ready = threading.Event()   # connected (cameras present from the start)
         self.result = CameraResult(camera.camera_id, camera.joining, camera.start)
-        self._rows: list[tuple[Any, ...]] = []
+        self.rows: list[tuple[Any, ...]] = []  # COLUMNS, appended as requests complete
 
     # -- the thread -------------------------------------------------------------------------
 
@@ -133,9 +136,9 @@ class Camera:
             self.result.columns = self._columns()
 
     def _connect(self) -> Client:
-        # retries=0: a lost reply is reported as lost, not hidden by a resend.
+        # retries=0 by default: a lost reply is reported as lost, not hidden by a resend.
         self.client = Client(self.plan.endpoint, camera_id=self.camera.camera_id,
-                             timeout=self.plan.timeout_ms / 1e3, retries=0,
+                             timeout=self.plan.timeout_ms / 1e3, retries=self.plan.retries,
                              server_key=self.plan.server_key, client_key=self.plan.client_key)
         return self.client
 
@@ -193,7 +196,7 @@ class Camera:
         assert client is not None
         model = self.target.name
         sent = self.clock.now()
-        code = ""
+        code = message = ""
         result = None
         try:
             if self.plan.mode == "window":
@@ -203,15 +206,17 @@ class Camera:
         except Timeout:
             code = LOST
         except ServerError as exc:
-            code = exc.code
-        except BadReply:
-            code = "bad-reply"
+            code, message = exc.code, exc.message
+        except BadReply as exc:
+            code, message = "bad-reply", str(exc)
         done = self.clock.now()
         timings = result.timings if result is not None else {}
-        self._rows.append((due, (sent - due) * 1e3, (done - due) * 1e3, (done - sent) * 1e3,
+        self.rows.append((due, (sent - due) * 1e3, (done - due) * 1e3, (done - sent) * 1e3,
                            result is not None, timings.get("queue_ms", np.nan),
                            timings.get("compute_ms", np.nan), timings.get("total_ms", np.nan),
-                           code))
+                           code, message))
+        if result is not None:
+            self.result.last_label = result.label_name
         if not code:
             since_start = (done - self.camera.start) * 1e3
             if self.result.first_reply_ms is None:
@@ -225,5 +230,5 @@ class Camera:
     def _columns(self) -> dict[str, np.ndarray]:
         cols = empty_columns()
         for j, name in enumerate(COLUMNS):
-            cols[name] = np.array([r[j] for r in self._rows], dtype=cols[name].dtype)
+            cols[name] = np.array([r[j] for r in self.rows], dtype=cols[name].dtype)
         return cols

@@ -16,19 +16,9 @@ LOCAL_PREFIXES = ("ipc://", "inproc://", "tcp://127.", "tcp://localhost:", "tcp:
 OTHER_CLIENTS_SHARE = 0.05
 
 
-# CPU time is the whole process's, every thread, user + system: what /proc/PID/stat's utime +
-# stime counts. `requests` counts every request the daemon read, from every client. Both come
-# from the daemon's own `stats` reply, read in one loop pass, so that the figure holds whoever
-# else uses the daemon meanwhile: dividing by this load's replies instead charged the load
-# with other clients' work (two loads on one daemon each read twice the /proc figure).
-#
-# CPU time sources, best first:
-# - `process_cpu_s` in the stats reply (the daemon measures itself; works remotely);
-# - psutil on a pid: the `pid` in the stats reply when the endpoint is on this machine, or the
-#   daemon `--serve` started;
-# - none: the report says null and why.
-# Where the pid is on this machine, /proc is read too, right after each stats reply, and
-# reported beside the figure as a check (`proc_us_per_request`).
+# CPU time sources, best first: `process_cpu_s` in the stats reply (works remotely), psutil
+# on the reply's pid (a local endpoint) or on the daemon --serve started; else none, and why.
+# /proc is read beside each local sample as a check (`proc_us_per_request`).
 @dataclass(frozen=True)
 class CpuSample:
     cpu_s: float | None

@@ -31,6 +31,7 @@ class LoadPlan:
     join_window: float = 5.0       # how long after join_at the running cameras are watched
     model: str | None = None
     timeout_ms: float = 5000.0
+    retries: int = 0               # the client's resends of a lost request (the demo's: 3)
     seed: int = 0
     run_id: str = ""               # prefixes camera ids so that every run's cameras are new
     server_key: str | None = None  # CURVE: the daemon's public key and the cameras' pair

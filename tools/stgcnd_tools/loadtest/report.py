@@ -80,25 +80,12 @@ def _camera_row(plan: LoadPlan, c: CameraResult) -> dict[str, Any]:
             "first_reply_ms": c.first_reply_ms, "stopped": c.stopped}
 
 
-# What counts (all over the measured interval: requests *due* in [warmup, warmup + duration)):
-# - requests: sent; lost_replies: no reply within --timeout-ms; replies = requests - lost;
-#   errors: error replies by code; predictions: replies carrying a prediction (every successful
-#   window-mode reply; in push mode one per `stride` frames once the window is full).
-# - windows_per_s = predictions / duration; requests_per_s = replies / duration.
-# - round_trip_ms: successful replies, from the due time (open loop: includes a late send, so
-#   server-side queueing cannot hide) or from the send (closed loop); round_trip_from_send_ms
-#   always from the send. server_ms: the reply's own timings (queue, compute, total).
-# - overhead_ms: round trip from the send minus the server's compute_ms, per prediction: what
-#   the daemon and the client library add to the model's run.
-# - daemon_cpu.us_per_request: the daemon's CPU time between the two stats samples (at the start
-#   and the end of the measured interval) divided by the requests the daemon read between them,
-#   every client's (daemon_cpu.py; docs/performance.md, "CPU per request"); proc_us_per_request:
-#   the same from /proc where the daemon is on this machine; other_clients: the daemon read
-#   noticeably more requests than this load sent.
-# - floor: the bare ZeroMQ echo at the same load, measured before it (`--scenario` only;
-#   echo_floor.py), or why not.
-# - load_cpu.us_per_request: the load processes' own CPU time over the whole run (warm-up
-#   included) per request they sent, to tell when the load generator shares the daemon's cores.
+# Over the measured interval (requests *due* in [warmup, warmup + duration)): replies =
+# requests - lost (no reply within --timeout-ms); windows_per_s = predictions / duration.
+# round_trip_ms is from the due time in open loop (a late send cannot hide queueing), from the
+# send in closed loop; overhead_ms = round trip from the send - the server's compute_ms.
+# daemon_cpu: docs/performance.md, "CPU per request"; floor: echo_floor.py (--scenario only);
+# load_cpu: the load processes' own CPU over the whole run, per request they sent.
 def build_report(plan: LoadPlan, target: ModelTarget, cameras: list[CameraResult],
                  samples: dict[str, Any], model: dict[str, Any] | None = None,
                  served: dict[str, Any] | None = None,

@@ -57,6 +57,7 @@ class LogScan:
     requests: list[dict[str, Any]] = field(default_factory=list)
     actions: list[dict[str, Any]] = field(default_factory=list)  # action_event lines
     quality: list[dict[str, Any]] = field(default_factory=list)  # skeleton_quality lines
+    feeds: list[dict[str, Any]] = field(default_factory=list)  # feed_health lines
     events: Counter[str] = field(default_factory=Counter)
     total_lines: int = 0
     foreign_lines: int = 0
@@ -96,21 +97,16 @@ def scan(lines: Iterable[str], camera: str | None = None, since: datetime | None
             continue
         name = event["event"]
         if camera is not None and name in ("latency", "request", "action_event",
-                                           "skeleton_quality") and \
+                                           "skeleton_quality", "feed_health") and \
                 str(event.get("camera")) != camera:
             out.filtered_out += 1
             continue
         out.events[name] += 1
-        if name == "latency":
-            out.latency.append(event)
-        elif name == "system":
-            out.system.append(event)
-        elif name == "request":
-            out.requests.append(event)
-        elif name == "action_event":
-            out.actions.append(event)
-        elif name == "skeleton_quality":
-            out.quality.append(event)
+        kind = {"latency": out.latency, "system": out.system, "request": out.requests,
+                "action_event": out.actions, "skeleton_quality": out.quality,
+                "feed_health": out.feeds}.get(name)
+        if kind is not None:
+            kind.append(event)
     return out
 
 
@@ -375,15 +371,12 @@ def render_text(summary: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"== system ({sysd['samples']} samples, source: "
                  f"{', '.join(sysd['sources']) or '-'})")
-    lines.append(f"GPU load     {_fmt_range(sysd['gpu_load_pct'], ' %')}")
-    lines.append(f"GPU freq     {_fmt_range(sysd['gpu_freq_mhz'], ' MHz')}")
-    lines.append(f"GPU temp     {_fmt_range(sysd['gpu_temp_c'], ' C')}")
-    lines.append(f"hottest      {_fmt_range(sysd['temp_max_c'], ' C')}")
-    lines.append(f"power        {_fmt_range(sysd['power_total_mw'], ' W', 1e-3)}")
-    lines.append(f"EMC freq     {_fmt_range(sysd['emc_freq_mhz'], ' MHz')}")
-    lines.append(f"CPU          {_fmt_range(sysd['cpu_pct'], ' %')}")
-    lines.append(f"RAM used     {_fmt_range(sysd['ram_used_mb'], ' MB')}")
-    lines.append(f"daemon RSS   {_fmt_range(sysd['rss_mb'], ' MB')}")
+    for label, key, unit in (("GPU load", "gpu_load_pct", " %"),
+                             ("GPU freq", "gpu_freq_mhz", " MHz"), ("GPU temp", "gpu_temp_c", " C"),
+                             ("hottest", "temp_max_c", " C"), ("power", "power_total_mw", " W"),
+                             ("EMC freq", "emc_freq_mhz", " MHz"), ("CPU", "cpu_pct", " %"),
+                             ("RAM used", "ram_used_mb", " MB"), ("daemon RSS", "rss_mb", " MB")):
+        lines.append(f"{label:<12} {_fmt_range(sysd[key], unit, 1e-3 if unit == ' W' else 1.0)}")
     return "\n".join(lines) + "\n"
 
 

@@ -11,18 +11,11 @@ from typing import Any
 
 from stgcnd.errors import UserError
 from stgcnd_tools.profiling.detect import detect_kind, scan_dir
+from stgcnd_tools.profiling.facts import facts, to_text
 from stgcnd_tools.profiling.layerinfo import load_layer_info
 from stgcnd_tools.profiling.logparse import load_logish, write_metadata
 from stgcnd_tools.profiling.profile import load_profile
-from stgcnd_tools.profiling.times import (
-    SERIES,
-    SERIES_LABELS,
-    load_times,
-    summarize_times,
-    write_times_outputs,
-)
-from stgcnd_tools.stats import TRTEXEC_KEYS
-from stgcnd_tools.table import table
+from stgcnd_tools.profiling.times import load_times, summarize_times, write_times_outputs
 
 
 def parse_file(path: Path, *, kind: str | None = None, batch: int = 1, top: int = 10,
@@ -88,76 +81,25 @@ def write_derived(path: str | Path, out_dir: str | Path, batch: int = 1) -> list
     return written
 
 
-def _f(value: Any) -> str:
-    return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
-def _render_entry(entry: dict[str, Any]) -> list[str]:
-    lines = [f"{entry['path']}  [{entry['kind']}]"]
-    if "summary" in entry:
-        s = entry["summary"]
-        thr = s["throughput"]
-        lines.append(f"  {s['iterations']} iterations, batch {s['batch']}: "
-                     f"{_f(thr['qps'])} qps, {_f(thr['windows_per_s'])} windows/s, "
-                     f"GPU-bound {_f(thr['gpu_bound_qps'])} qps")
-        lines += table(("ms", *TRTEXEC_KEYS), [(SERIES_LABELS[n], *(_f(s[n][k]) for k in
-                                                                 TRTEXEC_KEYS))
-                                              for n in SERIES if n in s], indent="  ", rule=False)
-    if "profile" in entry:
-        p = entry["profile"]
-        lines.append(f"  {p['layers']} layers, {p['count'] or '?'} profiled iterations, summed "
-                     f"average {_f(p['total_average_ms'])} ms"
-                     + ("; repaired unescaped layer names" if p["repaired_invalid_json"] else "")
-                     + ("" if p["has_median"] else "; no medians (TensorRT < 8.4)"))
-        for row in p["per_layer"]:
-            lines.append(f"  {row['rank']:>3}. {_f(row['average_ms']):>9} ms "
-                         f"{row['share_percent']:5.1f}%  {row['name']}")
-    if "layer_info" in entry:
-        info = entry["layer_info"]
-        lines.append(f"  {info['layers']} layers, {info['form'].replace('_', ' ')}, "
-                     f"schema {info['schema']}")
-        if info["type_counts"]:
-            lines.append("  types: " + ", ".join(f"{t} {c}" for t, c in
-                                                info["type_counts"].items()))
-        if info.get("requested_type_counts"):
-            lines.append("  requested: " + ", ".join(
-                f"{t} {c}" for t, c in info["requested_type_counts"].items()))
-        if info["precision_counts"]:
-            lines.append("  output precisions: " + ", ".join(
-                f"{p} {c}" for p, c in info["precision_counts"].items()))
-        if info["io_tensors"]:
-            lines.append("  I/O: " + ", ".join(str(t["name"]) for t in info["io_tensors"]))
-    if "log" in entry:
-        lines += _render_log(entry["log"])
-    for key in ("run_config", "engine_metadata"):
-        if key in entry:
-            data = entry[key]
-            lines.append("  " + (data.get("command_line") or data.get("path") or ""))
-    return lines
-
-
-def _render_log(data: dict[str, Any]) -> list[str]:
-    build, prof = data["build_metadata"], data["profile_metadata"]
-    lines = []
-    version = build.get("tensorrt_version") or prof.get("tensorrt_version")
-    device = (build.get("device_information") or prof.get("device_information") or {}) \
-        .get("Selected Device")
-    lines.append(f"  TensorRT {version or '?'}, device {device or '?'}, "
-                 f"status {data.get('status') or '?'}")
-    if build.get("command"):
-        lines.append(f"  command: {build['command']}")
-    perf = prof.get("performance_summary") or {}
-    if perf.get("throughput_qps") is not None:
-        lines.append(f"  throughput {_f(perf['throughput_qps'])} qps")
-    for name, stats in (perf.get("metrics_ms") or {}).items():
-        lines.append(f"  {name:<26}" + " ".join(f"{k}={_f(v)}" for k, v in stats.items()))
-    for key, value in (build.get("build") or {}).items():
-        lines.append(f"  {key}: {_f(value)}")
-    if data.get("warnings"):
-        lines.append(f"  {len(data['warnings'])} warning(s); first: {data['warnings'][0]}")
-    return lines
+def entry_run(entry: dict[str, Any]) -> dict[str, Any]:
+    """One file's entry as a run section (report.run_section's keys), for profiling.facts."""
+    log = entry.get("log") or {}
+    build, prof = log.get("build_metadata") or {}, log.get("profile_metadata") or {}
+    config = entry.get("run_config") or {}
+    profile = entry.get("profile")
+    return {"tensorrt_version": build.get("tensorrt_version") or prof.get("tensorrt_version"),
+            "device": (build.get("device_information") or prof.get("device_information")
+                       or {}).get("Selected Device"),
+            "status": log.get("status"), "command": build.get("command")
+            or config.get("command_line") or config.get("path"),
+            "engine": entry.get("engine_metadata"), "timing": entry.get("summary"),
+            "trtexec_summary": prof.get("performance_summary"), "profile": profile,
+            "top_layers": profile["per_layer"] if profile else None,
+            "layer_info": entry.get("layer_info"), "build": build.get("build"),
+            "warnings": log.get("warnings")}
 
 
 def render_text(parsed: dict[str, Any]) -> str:
-    blocks = ["\n".join(_render_entry(entry)) for entry in parsed["files"]]
+    blocks = ["\n".join([f"{entry['path']}  [{entry['kind']}]",
+                         *to_text(facts(entry_run(entry)))]) for entry in parsed["files"]]
     return "\n\n".join(blocks) + "\n"

@@ -45,9 +45,10 @@ def _is_executable(path: Path) -> bool:
 
 
 def find_trtexec(explicit: str | Path | None = None, *, search_path: str | None = None,
-                 locations: Sequence[Path] = DEFAULT_LOCATIONS) -> Path | None:
+                 locations: Sequence[Path] = DEFAULT_LOCATIONS, required: bool = False
+                 ) -> Path | None:
     """The trtexec to run: `explicit` (which must exist), else on `search_path` ($PATH), else
-    in `locations` (JetPack's, NGC's); None when there is none."""
+    in `locations` (JetPack's, NGC's); None when there is none, or UserError if `required`."""
     if explicit is not None:
         path = Path(explicit).expanduser()
         if not _is_executable(path):
@@ -57,22 +58,13 @@ def find_trtexec(explicit: str | Path | None = None, *, search_path: str | None 
     on_path = shutil.which("trtexec", path=search_path)
     if on_path:
         return Path(on_path).resolve()
-    for candidate in locations:
-        if _is_executable(candidate):
-            return candidate
-    return None
-
-
-def require_trtexec(explicit: str | Path | None = None, *, search_path: str | None = None,
-                    locations: Sequence[Path] = DEFAULT_LOCATIONS) -> Path:
-    found = find_trtexec(explicit, search_path=search_path, locations=locations)
-    if found is None:
-        tried = ", ".join(str(p) for p in locations)
+    found = next((c for c in locations if _is_executable(c)), None)
+    if found is None and required:
         raise UserError(
-            f"trtexec not found on PATH nor at {tried}. It ships with TensorRT: on Jetson it "
-            f"comes with JetPack (apt install nvidia-jetpack, or tensorrt) as {JETPACK_TRTEXEC}; "
-            f"put it on PATH (export PATH=$PATH:{JETPACK_TRTEXEC.parent}) or pass "
-            "--trtexec PATH")
+            f"trtexec not found on PATH nor at {', '.join(str(p) for p in locations)}. It ships "
+            f"with TensorRT: on Jetson it comes with JetPack (apt install nvidia-jetpack, or "
+            f"tensorrt) as {JETPACK_TRTEXEC}; put it on PATH (export "
+            f"PATH=$PATH:{JETPACK_TRTEXEC.parent}) or pass --trtexec PATH")
     return found
 
 
@@ -225,7 +217,8 @@ def run_trtexec(options: RunOptions, out_dir: str | Path, *, trtexec: str | Path
     if not model.is_file():
         raise UserError(f"{model}: no such file; pass the engine (--engine) or ONNX model "
                         "(--onnx) to profile")
-    binary = require_trtexec(trtexec)
+    binary = find_trtexec(trtexec, required=True)
+    assert binary is not None
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +147,13 @@ def percentile_table(records: Sequence[TimingRecord],
             for q, c, lat in zip(qs, compute, latency)]
 
 
+def _write_csv(path: Path, head: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(head)
+        writer.writerows(rows)
+
+
 def write_times_outputs(records: Sequence[TimingRecord], out_dir: str | Path,
                         batch: int = 1) -> dict[str, Path]:
     """Write summary.json, summary.csv, latency_series.csv and latency_percentiles.csv."""
@@ -156,23 +163,15 @@ def write_times_outputs(records: Sequence[TimingRecord], out_dir: str | Path,
     paths = {name: out / name for name in ("summary.json", "summary.csv",
                                            "latency_series.csv", "latency_percentiles.csv")}
     paths["summary.json"].write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    with paths["summary.csv"].open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["metric", *TRTEXEC_KEYS])
-        for name in SERIES:
-            if name in summary:
-                writer.writerow([name, *(summary[name][k] for k in TRTEXEC_KEYS)])
+    _write_csv(paths["summary.csv"], ["metric", *TRTEXEC_KEYS],
+               [[name, *(summary[name][k] for k in TRTEXEC_KEYS)] for name in SERIES
+                if name in summary])
     t0 = min(r.start_ms for r in records)
-    with paths["latency_series.csv"].open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["iteration", "start_ms", *SERIES])
-        for i, rec in enumerate(records):
-            row = asdict(rec)
-            writer.writerow([i, rec.start_ms - t0,
-                             *("" if row[name] is None else row[name] for name in SERIES)])
-    with paths["latency_percentiles.csv"].open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["percentile", "gpu_compute_ms", "latency_ms"])
-        for row in percentile_table(records):
-            writer.writerow([row["percentile"], row["gpu_compute_ms"], row["latency_ms"]])
+    _write_csv(paths["latency_series.csv"], ["iteration", "start_ms", *SERIES],
+               [[i, rec.start_ms - t0, *("" if getattr(rec, name) is None else
+                                         getattr(rec, name) for name in SERIES)]
+                for i, rec in enumerate(records)])
+    _write_csv(paths["latency_percentiles.csv"], ["percentile", "gpu_compute_ms", "latency_ms"],
+               [[r["percentile"], r["gpu_compute_ms"], r["latency_ms"]]
+                for r in percentile_table(records)])
     return paths

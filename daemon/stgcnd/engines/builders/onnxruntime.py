@@ -14,7 +14,7 @@ from typing import Any
 
 from stgcnd.engines.builders.base import BuildContext, Builder
 from stgcnd.engines.options import BuildOptions
-from stgcnd.errors import BackendUnavailable, UserError
+from stgcnd.errors import UserError
 from stgcnd.runtimes import import_onnxruntime, runtime_module
 from stgcnd.runtimes.base import Runtime
 

@@ -26,7 +26,8 @@ from stgcnd.fsutil import atomic_write_bytes, file_sha256
 from stgcnd.log import get_logger
 from stgcnd.runtimes import import_tensorrt, runtime_module
 from stgcnd.runtimes.base import Runtime
-from stgcnd.runtimes.cuda import DriverMemory, make_current
+from stgcnd.runtimes.cuda import make_current
+from stgcnd.runtimes.cuda_batch import DriverMemory
 from stgcnd.runtimes.tensorrt_runtime import tensorrt_logger
 
 log = get_logger(__name__)
@@ -104,19 +105,6 @@ def supports_timing_cache(trt: Any) -> bool:
 def supports_implicit_int8(trt: Any) -> bool:
     return (has_builder_flag(trt, "INT8") and hasattr(trt, "IInt8EntropyCalibrator2")
             and hasattr(trt.IBuilderConfig, "int8_calibrator"))
-
-
-def batch_buckets(max_batch: int) -> tuple[int, ...]:
-    """The batch shapes a dynamic-batch engine is tuned for: powers of two below max_batch,
-    and max_batch itself (8 -> 1, 2, 4, 8; 6 -> 1, 2, 4, 6). The daemon's batch runner pads a
-    batch to the smallest bucket that holds it."""
-    if max_batch < 1:
-        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-    out, b = [], 1
-    while b < max_batch:
-        out.append(b)
-        b *= 2
-    return (*out, max_batch)
 
 
 def bucket_profiles(buckets: tuple[int, ...]) -> list[tuple[int, int, int]]:
@@ -391,7 +379,7 @@ class TensorRTBuilder(Builder):
         buckets: tuple[int, ...] = ()
         profiles: list[tuple[int, int, int]] = []
         if o.dynamic_batch:
-            buckets = batch_buckets(o.max_batch)
+            buckets = o.buckets
             profiles = bucket_profiles(buckets) * o.instances  # one set per runner
             inp = network.get_input(0)
             rest = tuple(inp.shape)[1:]

@@ -1,9 +1,13 @@
-"""Options shared by the commands that simulate cameras (demo, camera-sim)."""
+"""What several tool commands share: the camera options (demo, camera-sim), reading a file
+or stdin (logs, tegrastats)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import sys
+from typing import ContextManager, TextIO
 
 from stgcnd.errors import UserError
 
@@ -27,3 +31,14 @@ def check_timeout(seconds: float) -> None:
     """--timeout: a finite number of seconds > 0, or one line saying so (exit 2)."""
     if not (math.isfinite(seconds) and seconds > 0):
         raise UserError(f"--timeout must be a number of seconds > 0, got {seconds:g}")
+
+
+def open_input(path: str, what: str) -> ContextManager[TextIO]:
+    """`path` to read, or stdin for "-" (left open); one line when it cannot be read (exit
+    2), ending with `what` to do."""
+    if path == "-":
+        return contextlib.nullcontext(sys.stdin)
+    try:
+        return open(path, encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}; {what}") from None

@@ -1,0 +1,221 @@
+"""The events feed on an MQTT broker ([events.mqtt]; docs/protocol.md, "Events over MQTT").
+
+Every message the feed publishes goes to PREFIX/CAMERA/event (QoS 1 by default) with an
+`mqtt_id` (RUN-N: this start, in ms, and a number that grows by one a message), and the
+camera's state (its open events, its last message) to PREFIX/CAMERA/state, retained.
+
+Nothing here waits on the broker in the I/O loop: `send` encodes, appends to a bounded buffer
+and notifies. A pump thread hands the buffer to paho only while connected and at most
+IN_FLIGHT unacknowledged at a time (so that paho's own queue, which refuses the newest when
+full, never fills), and paho's thread does the network. paho keeps what it was handed until
+the broker acknowledges it, across reconnects (clean_session off), and resends it flagged DUP:
+at least once, so a subscriber drops an `mqtt_id` it has seen. A broker away for longer than
+the buffer lasts loses the oldest messages, counted (`dropped`) and said once an outage.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+
+from stgcnd.errors import UserError
+from stgcnd.log import get_logger
+from stgcnd.server.config import MqttConfig
+from stgcnd.threadname import name_os_thread
+
+log = get_logger(__name__)
+
+IN_FLIGHT = 20       # messages handed to paho and not yet acknowledged (paho's default window)
+KEEPALIVE_S = 30     # a broker silent this long is taken for gone: reconnect
+FLUSH_S = 2.0        # at shutdown, how long the last messages may take to be acknowledged
+STOP_S = 1.0         # ... and paho's thread to stop (it may be in a connect attempt)
+# Characters a topic level cannot carry as they are (a level separator, the wildcards, NUL),
+# and % itself: a camera id is written with these escaped as in a URL (%2F for /).
+_ESCAPE = str.maketrans({c: f"%{ord(c):02X}" for c in "%/+#\0"})
+
+
+def topic_level(camera: str) -> str:
+    return camera.translate(_ESCAPE)
+
+
+class MqttSink:
+    """One broker connection: `send` from the I/O loop, `close` at shutdown."""
+
+    def __init__(self, config: MqttConfig) -> None:
+        host, port, tls = config.address
+        self.prefix, self.qos = config.topic_prefix, config.qos
+        self._run = round(time.time() * 1e3)
+        self._seq = 0
+        self._open: dict[str, dict[str, object]] = {}  # camera -> its open events by id
+        self._cond = threading.Condition()
+        self._buffer: collections.deque[tuple[str, bytes]] = collections.deque()
+        # State topic -> the camera's latest state, not yet handed over (the pump encodes it:
+        # a broker away for a while costs one encoding a camera, and none on the I/O loop).
+        self._states: dict[str, dict[str, object]] = {}
+        self._cap = config.buffer
+        self._in_flight = 0
+        self._connected = self._stopped = self._warned = self._unreachable = False
+        self.counts = {"delivered": 0, "dropped": 0, "connects": 0}
+        client_id = config.client_id or f"stgcnd-{socket.gethostname()}"
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311,
+                             client_id=client_id, clean_session=False)  # a session kept
+        client.max_inflight_messages_set(IN_FLIGHT)
+        client.reconnect_delay_set(1, 30)
+        try:
+            if config.username:
+                password = (Path(config.password_file).read_text().splitlines() or [""])[0] \
+                    if config.password_file else None
+                client.username_pw_set(config.username, password)
+            if tls:
+                client.tls_set(ca_certs=config.ca_file, certfile=config.cert_file,
+                               keyfile=config.key_file)
+        except (OSError, ValueError) as exc:  # an unreadable password, a bad certificate
+            raise UserError(f"[events.mqtt]: {exc}; fix the file or its permissions") from None
+        client.on_connect, client.on_disconnect = self._on_connect, self._on_disconnect
+        client.on_publish, client.on_connect_fail = self._on_publish, self._on_connect_fail
+        client.connect_async(host, port, KEEPALIVE_S)  # paho's thread connects, and retries
+        client.loop_start()
+        self._client = client
+        self._pump = threading.Thread(target=self._hand_over, name="mqtt-pump", daemon=True)
+        self._pump.start()
+        log.info("mqtt_sink", broker=config.broker, client_id=client_id,
+                 topics=f"{self.prefix}/CAMERA/event, {self.prefix}/CAMERA/state",
+                 qos=self.qos, buffer=self._cap)
+
+    def send(self, message: Mapping[str, object]) -> None:
+        """One message of the feed (the I/O loop): never waits for the broker."""
+        self._seq += 1
+        body = {**message, "mqtt_id": f"{self._run}-{self._seq}"}
+        camera = message.get("camera")
+        level, state = "", None
+        if isinstance(camera, str) and camera:
+            level, state = f"/{topic_level(camera)}", self._state(camera, body)
+        with self._cond:
+            if len(self._buffer) >= self._cap:
+                self._buffer.popleft()
+                self.counts["dropped"] += 1
+                if not self._warned:
+                    self._warned = True
+                    log.warning("mqtt_buffer_full", buffer=self._cap,
+                                action="dropping the oldest messages until the broker is back "
+                                       "(counted in stats: events_mqtt.dropped)")
+            self._buffer.append((f"{self.prefix}{level}/event", _json(body)))
+            if state is not None:
+                self._states[f"{self.prefix}{level}/state"] = state
+            if self._connected and self._in_flight < IN_FLIGHT:  # else the pump can't send
+                self._cond.notify()
+
+    def _state(self, camera: str, body: dict[str, object]) -> dict[str, object]:
+        """The camera's retained state: its open events (their start messages) and its last
+        message, whatever its kind."""
+        events = self._open.setdefault(camera, {})
+        if body.get("kind") == "start":
+            events[str(body.get("id"))] = body
+        elif body.get("kind") == "end":
+            events.pop(str(body.get("id")), None)
+        if not events:
+            del self._open[camera]  # a camera's entry lives while it has an open event
+        return {"camera": camera, "open": list(events.values()), "last": body}
+
+    def stats(self) -> dict[str, object]:
+        with self._cond:
+            return {"connected": self._connected, "in_flight": self._in_flight,
+                    "buffered": len(self._buffer) + len(self._states), **self.counts}
+
+    def close(self, flush_s: float = FLUSH_S) -> None:
+        """Give the last messages (the shutdown's end events) `flush_s` to be acknowledged
+        where the broker is there, then disconnect; what is left is said."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._connected or not (
+                self._buffer or self._states or self._in_flight), timeout=flush_s)
+            self._stopped = True
+            left = len(self._buffer) + self._in_flight
+            self._cond.notify_all()
+        if left:
+            log.warning("mqtt_unsent", messages=left, connected=self._connected,
+                        reason="the daemon stopped before the broker acknowledged them")
+        self._client.disconnect()
+        # loop_stop joins paho's thread, which may be inside a connect attempt (seconds, to
+        # an address that drops packets): waited for STOP_S at most (it is a daemon thread).
+        stopper = threading.Thread(target=self._client.loop_stop, daemon=True)
+        stopper.start()
+        stopper.join(STOP_S)
+        self._pump.join(STOP_S)
+
+    # -- the pump thread, and paho's thread's callbacks ------------------------------------
+    def _hand_over(self) -> None:
+        name_os_thread("stgcnd-mqtt")
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopped or (
+                    self._connected and self._in_flight < IN_FLIGHT and
+                    bool(self._buffer or self._states)))
+                if self._stopped:
+                    return
+                state: dict[str, object] | None = None
+                if self._buffer:
+                    topic, payload = self._buffer.popleft()
+                else:  # the states after the events: each one the camera's latest
+                    topic = next(iter(self._states))
+                    state = self._states.pop(topic)
+                self._in_flight += 1
+            # Outside the lock: paho calls _on_publish holding its own lock, so holding ours
+            # here would invert the order. paho keeps a message handed to it while offline.
+            try:
+                if state is not None:
+                    payload = _json(state)
+                info = self._client.publish(topic, payload, self.qos, retain=state is not None)
+                gone = self.qos == 0 and info.rc != mqtt.MQTT_ERR_SUCCESS  # QoS 0 offline
+            except Exception as exc:  # one message lost, never the pump thread
+                log.error("mqtt_publish_failed", topic=topic, error=repr(exc))
+                gone = True
+            if gone:
+                with self._cond:
+                    self._in_flight -= 1
+                    self.counts["dropped"] += 1
+
+    def _on_connect(self, client: mqtt.Client, userdata: object, flags: mqtt.ConnectFlags,
+                    reason: mqtt.ReasonCode, properties: mqtt.Properties | None) -> None:
+        if reason.is_failure:
+            log.warning("mqtt_refused", reason=str(reason))
+            return
+        with self._cond:
+            self._connected, self._warned, self._unreachable = True, False, False
+            self.counts["connects"] += 1
+            self._cond.notify_all()
+        log.info("mqtt_connected", session_present=flags.session_present,
+                 buffered=len(self._buffer), in_flight=self._in_flight)
+
+    def _on_disconnect(self, client: mqtt.Client, userdata: object,
+                       flags: mqtt.DisconnectFlags, reason: mqtt.ReasonCode,
+                       properties: mqtt.Properties | None) -> None:
+        with self._cond:
+            was, self._connected = self._connected, False
+            self._cond.notify_all()
+        if was and not self._stopped:
+            log.warning("mqtt_disconnected", reason=str(reason),
+                        action="buffering; reconnecting (1 to 30 s apart)")
+
+    def _on_connect_fail(self, client: mqtt.Client, userdata: object) -> None:
+        if not self._unreachable:  # once until a connection succeeds
+            self._unreachable = True
+            log.warning("mqtt_unreachable", action="buffering; retrying (1 to 30 s apart)")
+
+    def _on_publish(self, client: mqtt.Client, userdata: object, mid: int,
+                    reason: mqtt.ReasonCode, properties: mqtt.Properties | None) -> None:
+        with self._cond:
+            self._in_flight -= 1
+            self.counts["delivered"] += 1
+            self._cond.notify_all()
+
+
+def _json(body: Mapping[str, object]) -> bytes:
+    return json.dumps(body, separators=(",", ":"), default=str).encode()
