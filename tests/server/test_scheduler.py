@@ -66,7 +66,7 @@ def test_queue_bound_is_per_camera():
     assert s.submit(job("a", 1)) and s.submit(job("a", 2))
     assert not s.submit(job("a", 3))   # busy for a
     assert s.submit(job("b", 1))       # b is not affected
-    assert s.queued("a") == 2 and s.pending == 3
+    assert s.pending == 3 and [j.req_id for j in s.drain() if j.camera == "a"] == [1, 2]
 
 
 def test_take_is_empty_then_none_once_closed_and_drained():

@@ -57,15 +57,16 @@ def error_reply(job: Job, code: ErrorCode, message: str, outcome: str) -> Reply:
 
 def replies_for(jobs: Sequence[Job], logits: np.ndarray, labels: Sequence[str], model: str,
                 started: float, timings: dict[str, float]) -> list[Reply]:
-    """One reply per job from its row of the batch's logits. Plain floats, row by row: with
-    a handful of classes numpy's per-call overhead cost more than this loop, which runs on
-    the I/O loop for every reply. Softmax in double precision."""
+    """One reply per job from its row of the batch's logits, in plain floats: with a handful
+    of classes numpy's per-call overhead, like round(x, 3)'s decimal text, costs more than this
+    loop on the I/O loop. Softmax in double precision; ms rounded to whole microseconds."""
     out = []
     done = time.monotonic()
+    exp = math.exp
     for job, row in zip(jobs, logits.tolist()):
-        t = {**timings, "queue_ms": round((started - job.received) * 1e3, 3),
-             "total_ms": round((done - job.received) * 1e3, 3)}
-        if not all(map(math.isfinite, row)):
+        t = {**timings, "queue_ms": round((started - job.received) * 1e6) / 1e3,
+             "total_ms": round((done - job.received) * 1e6) / 1e3}
+        if not math.isfinite(sum(row)):  # float32 logits summed in double: finite if all are
             # Inputs of huge magnitude overflow float32 (or float16 engines) inside the
             # network: a NaN prediction must never reach a client as if it were one.
             refused = error_reply(job, ErrorCode.NON_FINITE, (
@@ -76,7 +77,7 @@ def replies_for(jobs: Sequence[Job], logits: np.ndarray, labels: Sequence[str], 
             out.append(refused)
             continue
         top = max(row)
-        exps = [math.exp(v - top) for v in row]
+        exps = [exp(v - top) for v in row]
         total = sum(exps)
         label = row.index(top)  # the first of equal maxima, as numpy's argmax
         result = {**job.extra, "model": model, "logits": row,
@@ -198,6 +199,8 @@ class Executor:
                 if not self._finish_if_done(now, replies):
                     return replies, self.next_look
                 now = time.monotonic()
+            if not self.scheduler.pending and not self.scheduler.closed:
+                return replies, None  # the common case after a batch: nothing more queued
             if not self.runner.can_launch():
                 return replies, now + BLOCKED_RETRY_S
             jobs, wait_until = self.scheduler.take(self.runner.max_batch, now)
@@ -220,18 +223,19 @@ class Executor:
             message = "the daemon is shutting down; retry on its restart"
             return [error_reply(j, ErrorCode.SHUTTING_DOWN, message, "shutting-down")
                     for j in jobs], []
-        bucket = self.estimate.bucket_for(len(jobs))
+        self._probe = False
+        bucket = self.runner.bucket_for(len(jobs))  # the estimate's buckets are the runner's
         estimate_ms = self.estimate.ms(bucket)
         eta = now + estimate_ms / 1e3
-        self._probe = False
-        if any(j.deadline is not None and eta > j.deadline for j in jobs):
-            if self.estimate.probe_due(bucket, now):
-                # The estimate has refused this bucket for a while and learnt nothing since:
-                # run what can still make it (a deadline not yet passed), and let the batch
-                # correct the estimate.
-                self._probe = True
-            else:
-                self.estimate.refused(bucket, now)
+        if all(j.deadline is None or eta <= j.deadline for j in jobs):
+            return [], jobs  # every job can make it: the common case
+        if self.estimate.probe_due(bucket, now):
+            # The estimate has refused this bucket for a while and learnt nothing since:
+            # run what can still make it (a deadline not yet passed), and let the batch
+            # correct the estimate.
+            self._probe = True
+        else:
+            self.estimate.refused(bucket, now)
         replies: list[Reply] = []
         runnable = []
         for job in jobs:
@@ -275,20 +279,20 @@ class Executor:
         except Exception as exc:
             replies.extend(self._failed(jobs, exc))
         else:
-            if not self.runner.blocking:  # else it wakes the loop when done
-                self._learn(now)
-            replies.extend(self._finished(jobs, logits))
+            t = runner.last_timings
+            compute_ms = float(t.get("compute_ms", t.get("total_ms", 0.0)))
+            if not runner.blocking:  # else it wakes the loop when done
+                self._learn(now, compute_ms)
+            replies.extend(self._finished(jobs, logits, compute_ms))
         self._jobs = None
         self.busy_since = None
         self.next_look = None
         return True
 
-    def _learn(self, seen_done: float) -> None:
+    def _learn(self, seen_done: float, computed_ms: float) -> None:
         """Keep the bucket's first look at about the 90th percentile of its finish times."""
         bucket = self._bucket
         est = self.wall_s.get(bucket, 0.0)
-        t = self.runner.last_timings
-        computed_ms = float(t.get("compute_ms", t.get("total_ms", 0.0)))
         jumped = self._jumped.pop(bucket, None)
         if self._looks == 0:
             pushed_by_ms = self._pushed_by_ms.get(bucket, 0.0)
@@ -323,15 +327,13 @@ class Executor:
         message = f"inference failed: {type(exc).__name__}: {exc}"
         return [error_reply(j, ErrorCode.INTERNAL, message, "error") for j in jobs]
 
-    def _finished(self, jobs: list[Job], logits: np.ndarray) -> list[Reply]:
-        t = self.runner.last_timings
-        compute_ms = float(t.get("compute_ms", t.get("total_ms", 0.0)))
+    def _finished(self, jobs: list[Job], logits: np.ndarray, compute_ms: float) -> list[Reply]:
         bucket = self._bucket
         self.estimate.learn(bucket, compute_ms, probe=self._probe)
         self._probe = False
         self.batches += 1
-        self.windows += len(jobs)
-        timings = {"compute_ms": round(compute_ms, 3), "batch": len(jobs), "bucket": bucket}
+        self.windows += (n := len(jobs))
+        timings = {"compute_ms": round(compute_ms * 1e3) / 1e3, "batch": n, "bucket": bucket}
         return replies_for(jobs, logits, self.labels, self.model, self._started, timings)
 
     def stats(self) -> dict[str, object]:

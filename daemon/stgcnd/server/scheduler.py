@@ -57,10 +57,6 @@ class Scheduler:
         self._pending += 1
         return True
 
-    def queued(self, camera: str) -> int:
-        q = self._queues.get(camera)
-        return len(q) if q is not None else 0
-
     @property
     def pending(self) -> int:
         return self._pending

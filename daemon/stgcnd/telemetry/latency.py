@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,64 +123,66 @@ class _KeyStats:
     total: LogHistogram = field(init=False)
     stages: dict[str, LogHistogram] = field(default_factory=dict)
     outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    timed: list[dict[str, float]] = field(default_factory=list)  # ok replies', not copied
+    named: tuple[str, ...] | None = None  # the stages of `timed` kept (None: all), per fold
 
     def __post_init__(self) -> None:
         self.total = LogHistogram(self.relative_error)
 
+    def fold(self) -> None:
+        """Split the timings kept into their stages; bucket every histogram's values."""
+        timed, self.timed = self.timed, []
+        named = self.named if self.named is not None else {k: 0 for t in timed for k in t}
+        for name in named if timed else ():
+            values = [v for v in [t.get(name) for t in timed] if v is not None]
+            hist = self.stages.get(name)
+            if hist is None and values and len(self.stages) < MAX_STAGES_PER_KEY:
+                hist = self.stages[name] = LogHistogram(self.relative_error)
+            if hist is not None:
+                hist.pending += values
+        for hist in (self.total, *self.stages.values()):
+            hist.fold()
+
 
 class LatencyAggregator:
-    """Thread-safe per-(camera, model) latency statistics, drained once per stats interval.
+    """Per-(camera, model) latency statistics of the I/O loop, drained once per stats interval.
 
-    ``record`` is O(1) and holds a lock for microseconds; ``drain`` returns one record per
-    (camera, model) seen since the previous drain and starts a new interval.
+    ``record`` is O(1): a few appends; ``drain`` returns one record per (camera, model) seen
+    since the previous drain and starts a new interval.
     Percentiles cover ``ok`` replies only (error/busy/expired replies are counted, not timed:
-    a fast rejection would otherwise make a saturated camera look quick).
-    """
+    a fast rejection would otherwise make a saturated camera look quick)."""
 
     def __init__(self, relative_error: float = DEFAULT_RELATIVE_ERROR) -> None:
         self.relative_error = relative_error
-        self._lock = threading.Lock()
         self._stats: dict[tuple[str, str], _KeyStats] = {}
 
     def record(self, camera: str, model: str, total_ms: float, outcome: str = "ok",
-               timings: dict[str, float] | None = None,
-               stages: tuple[str, ...] | None = None) -> None:
+               timings: dict[str, float] | None = None, stages: tuple[str, ...] | None = None
+               ) -> None:
         """Count one reply; time it when ok. `timings`: stage name -> ms; `stages`: record
-        only these of its keys (the caller's reply timings, without copying them)."""
-        if outcome not in OUTCOMES:
-            raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
-        with self._lock:
-            stats = self._stats.get((camera, model))
-            if stats is None:
-                key = (str(camera), str(model))
-                stats = self._stats.get(key)
-                if stats is None:
-                    stats = self._stats[key] = _KeyStats(self.relative_error)
+        only these of its keys (the caller's reply timings, kept without copying them)."""
+        stats = self._stats.get((camera, model))
+        if stats is None:  # a new key, or one of a non-string camera id (kept as a string)
+            key = (str(camera), str(model))
+            stats = self._stats.setdefault(key, _KeyStats(self.relative_error))
+        if outcome != "ok":
+            if outcome not in OUTCOMES:
+                raise ValueError(f"outcome must be one of {OUTCOMES}, not {outcome!r}")
             stats.outcomes[outcome] += 1
-            if outcome != "ok":
-                return
-            # Appends only; a stage has no more values than the total, whose length says when.
-            pending = stats.total.pending
-            pending.append(total_ms)
-            if timings:
-                for name in stages if stages is not None else timings:
-                    value = timings.get(name)
-                    if value is None:
-                        continue
-                    hist = stats.stages.get(name)
-                    if hist is None:
-                        if len(stats.stages) >= MAX_STAGES_PER_KEY:
-                            continue
-                        hist = stats.stages[name] = LogHistogram(self.relative_error)
-                    hist.pending.append(value)
-            if len(pending) >= FOLD_AT:
-                for hist in (stats.total, *stats.stages.values()):
-                    hist.fold()
+            return
+        stats.outcomes["ok"] += 1
+        (pending := stats.total.pending).append(total_ms)
+        if timings:
+            if stages is not stats.named:  # other stages than those kept so far
+                stats.fold()
+                stats.named = stages
+            stats.timed.append(timings)
+        if len(pending) >= FOLD_AT:
+            stats.fold()
 
     def drain(self, interval_s: float) -> list[dict[str, Any]]:
         """One dict per active (camera, model), ready for ``log.info("latency", **record)``."""
-        with self._lock:
-            drained, self._stats = self._stats, {}
+        drained, self._stats = self._stats, {}
         return [_to_record(camera, model, stats, interval_s)
                 for (camera, model), stats in sorted(drained.items())]
 
@@ -191,6 +192,7 @@ def _round(value: float | None) -> float | None:
 
 
 def _to_record(camera: str, model: str, stats: _KeyStats, interval_s: float) -> dict[str, Any]:
+    stats.fold()
     count = sum(stats.outcomes.values())
     hist = stats.total
     p50, p90, p95, p99 = hist.quantiles(PERCENTILES)
