@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from importlib.metadata import version
 
 import numpy as np
 import pytest
@@ -95,7 +96,12 @@ def test_the_bench_compiles_a_peer_row_on_the_cpu(tmp_path, stgcnd_main):
                        "--iterations", "2", "--warmup", "0", "--store", str(tmp_path / "s"),
                        "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    base, peer = json.loads(out.read_text())
+    rows = json.loads(out.read_text())
+    if len(rows) == 1 and "skipped (the child exited" in proc.stderr and \
+            tuple(int(p) for p in version("torch").split(".")[:2]) < (2, 1):
+        # The bench said why and left the row out; torch 2.0's dynamo fails on this module.
+        pytest.skip("torch.compile of the fused module fails on torch 2.0's CPU inductor")
+    base, peer = rows
     assert (base["backend"], peer["backend"]) == ("torch-eager", "torch.compile-default")
     assert peer["note"].startswith(describe("default", "cpu") + "; first call ")
     assert peer["max_abs_diff"] <= 1e-4 and peer["iterations"] == 2
