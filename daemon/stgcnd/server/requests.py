@@ -53,7 +53,7 @@ LATENCY_STAGES = ("queue_ms", "compute_ms")  # a reply's timings kept per camera
 class RequestPath:
     def __init__(self, router: zmq.Socket[bytes], connections: Connections, cameras: CameraTable,
                  limits: Limits, stats: Callable[[], dict[str, Any]],
-                 quality: SkeletonQuality, events: EventFeed | None = None) -> None:
+                 quality: SkeletonQuality, events: EventFeed) -> None:
         self.router = router
         self.receiver = Receiver(router, loopback=connections.loopback)
         self.connections = connections
@@ -211,7 +211,7 @@ class RequestPath:
                 else list(self.models)
             cam = self.cameras.cameras.get(req.camera)
             if cam is not None:
-                if cam.ts is not None and self.events is not None:
+                if cam.ts is not None:
                     self.events.forget(cam.name, "reset")  # its clock starts over
                 cam.reset(names)
             self.send(identity, encode_reply(req.id, {"reset": names}))
@@ -222,8 +222,7 @@ class RequestPath:
             ev = admitted.evicted
             self.errors.report("camera-evicted", event="camera_evicted", camera=ev.camera,
                                peer=ev.peer, idle_s=ev.idle_s, rule=ev.rule, by=req.camera)
-            if self.events is not None:  # its open events end with it, now
-                self.events.forget(ev.camera, "camera-evicted")
+            self.events.forget(ev.camera, "camera-evicted")  # its open events end now
         cam.requests += 1
         deadline = None if req.timeout_ms is None else received + req.timeout_ms / 1e3
         ts = timestamp(req, cam)
@@ -331,7 +330,7 @@ class RequestPath:
         self._record(job, reply)
         for identity in [job.identity, *waiting]:
             self.send(identity, frames)
-        if reply.result is not None and self.events is not None:
+        if reply.result is not None:
             self.events.observe(job.camera, job.model, reply.result["probs"], now, job.window,
                                 job.ts)
 

@@ -304,7 +304,7 @@ class Server:
         for note in notes:
             event = str(note.pop("event"))
             (log.warning if event.endswith("_low") else log.info)(event, **note)
-        if self.events is not None and interval_s >= self.config.server.stats_interval / 2:
+        if interval_s >= self.config.server.stats_interval / 2:
             self.events.judge_feeds(records, self.config.server)  # not the shutdown's stub
         requests.errors.flush()
         for camera, idle in self.cameras.reclaim_idle(now, self.config.server.idle_timeout):
