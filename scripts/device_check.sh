@@ -11,9 +11,10 @@
 #                                                 # budget: READY, nvidia-smi, 32 + 32 cameras
 #   OUT=dir bash scripts/device_check.sh compile  # torch.compile: its tests, the bench against
 #                                                 # today's graphs and a user's torch.compile,
-#                                                 # first and second start, saturation
-#   OUT=dir bash scripts/device_check.sh autotune # ours against a user's max-autotune
-#                                                 # (BATCHES, default "1 64")
+#                                                 # first and second start, saturation;
+#                                                 # COMPILE=max-autotune BUCKETS="[1, 64]"
+#                                                 # serves autotuned kernels (their trial in
+#                                                 # the first start)
 #   OUT=dir bash scripts/device_check.sh peers    # #35: ours (torch fp16, compile auto in our
 #                                                 # graphs) against a user's static torch.compile
 #                                                 # (PEERS, default: mode default and
@@ -116,13 +117,18 @@ bench() {  # rest: bench args; the table's rows to the summary
 }
 
 if [ "$PART" = compile ]; then
-  config first "$MODEL_M1" ""
+  config first "$MODEL_M1
+compile = \"${COMPILE:-auto}\"${BUCKETS:+
+max_batch = 64
+buckets = $BUCKETS}" ""
   for run in ${STARTS:-cold warm}; do  # an empty store, then the same store again
     cp "$TMP/first.toml" "$TMP/$run.toml"
     t0=$(date +%s.%N)
-    start $run "$NEW_PATH" 400 || break
+    start $run "$NEW_PATH" ${START_S:-400} || break
     echo "READY $run: $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s," \
       "$(grep -c '"torch_compiled"' "$RAW/daemon-$run.log") buckets compiled" \
+      | tee -a "$OUT/summary-$TAG.txt"
+    grep '"torch_autotune_bucket"' "$RAW/daemon-$run.log" | cut -c1-400 \
       | tee -a "$OUT/summary-$TAG.txt"
     grep '"torch_compile_\(failed\|unavailable\)"' "$RAW/daemon-$run.log" | head -3 \
       | tee -a "$OUT/summary-$TAG.txt"
@@ -134,11 +140,6 @@ if [ "$PART" = compile ]; then
   tail -8 "$RAW/pytest.txt" | tee -a "$OUT/summary-$TAG.txt"
   [ -n "${NO_BENCH:-}" ] || BENCH_S=200 bench --backends torch-cudagraph \
     torch-compile-cudagraph torch.compile --batch 1 64 --persons 1 5
-fi
-
-if [ "$PART" = autotune ]; then
-  BENCH_S=${BENCH_S:-500} bench --backends torch-cudagraph torch-compile-cudagraph \
-    torch.compile-max-autotune --batch ${BATCHES:-1 64} --persons 1
 fi
 
 if [ "$PART" = peers ]; then

@@ -83,7 +83,7 @@ class BuildOptions:
         """The options that change what gets built, for the cache key.
 
         Runtime-only options (threads, cuda_graph, compile) are left out: changing them must
-        not rebuild.
+        not rebuild; but torch's max-autotune, whose buckets are tried at build, is kept.
         With `backend`, options that backend ignores are left out too, so that e.g. a new
         --workspace-mb does not rebuild an ONNX Runtime model.
         """
@@ -96,6 +96,9 @@ class BuildOptions:
             # The data, not its path: moving the file keeps the artefact, new data rebuilds it.
             key["calibration_sha256"] = self.extra.get("calibration_sha256")
             key["synthetic_calibration"] = self.calibration is None
+        if backend == "torch" and self.compile == "max-autotune" and self.device == "cuda":
+            # Which buckets serve autotuned kernels is tried at build (builders/torch.py).
+            key.update(compile=self.compile, buckets=list(self.buckets))
         if backend in (None, "tensorrt"):
             key.update(workspace_mb=self.workspace_mb, opt_level=self.opt_level,
                        layer_info=self.layer_info,

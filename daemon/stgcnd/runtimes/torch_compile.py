@@ -27,10 +27,10 @@ _RECOMPILE_LIMIT = 1024
 # - "reduce-overhead": inductor's default kernels (seconds to compile a bucket);
 # - "off": the uncompiled module;
 # - "auto": "reduce-overhead" where Triton is installed, else "off";
-# - "max-autotune": inductor benchmarks kernel choices. Not offered to the daemon: its compiles
-#   are slow, and a kernel it chose faulted inside our graph ("unspecified launch failure",
-#   which ends the CUDA context): docs/performance.md. A user's torch.compile, as the bench
-#   measures it, runs in a process of its own (stgcnd_tools/bench/peer_child.py).
+# - "max-autotune": inductor benchmarks kernel choices (minutes a bucket, once: cached). Each
+#   bucket is tried in a process of its own before it serves, since a faulting kernel ends its
+#   process's CUDA context (engines/builders/torch_autotune.py); the runtime is told which
+#   batch sizes passed (`tuned_batches`), the others run the default kernels.
 # Inductor's compiled graphs and autotuning results are cached on disk (its FX graph and
 # autotune caches) under the engine store, per torch and Triton version and device, so that a
 # second start compiles from cache. On the CPU torch.compile is refused: against the

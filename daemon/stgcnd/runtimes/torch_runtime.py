@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Tuple
 
 import numpy as np
 import torch
@@ -31,6 +31,8 @@ from stgcnd.runtimes.cuda_batch import CAPTURE_LOCK, GraphsUnavailable, LanedBat
 log = get_logger(__name__)
 
 PRECISIONS = ("fp32", "fp16", "bf16")
+Run = Callable[[torch.Tensor], torch.Tensor]
+Runs = Tuple[Run, Tuple[Run, ...]]  # the whole module; its two streams where they run apart
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # How a graph capture treats other threads' CUDA calls. torch 2.1+ captures "thread_local":
 # only the capturing thread is restricted. torch 2.0 (JetPack 5's NVIDIA wheel) takes no mode
@@ -61,7 +63,8 @@ class TorchRuntime(Runtime):
     def __init__(self, model: LoadedModel, precision: str = "fp32", device: str = "cpu",
                  cuda_graph: bool = False, max_batch: int = 64, optimized: bool = True,
                  threads: int = 0, form: Form = "channels_last", compile_mode: str = "off",
-                 compile_cache: Path | None = None) -> None:
+                 compile_cache: Path | None = None,
+                 tuned_batches: frozenset[int] | None = None) -> None:
         if precision not in PRECISIONS:
             raise BackendUnavailable(f"the torch runtime runs fp32, fp16 (CUDA) or bf16 (CPU), "
                                      f"not {precision!r}; use tensorrt or onnxruntime for int8")
@@ -107,8 +110,12 @@ class TorchRuntime(Runtime):
         self.compile_mode = "off"
         self._compiled: set[int] = set()  # batch sizes compiled (each logs once)
         self.compile_failed = False
-        self._whole: Callable[[torch.Tensor], torch.Tensor] = self.module
-        self._streams: tuple[Callable[[torch.Tensor], torch.Tensor], ...] = ()
+        # With max-autotune: the batch sizes whose autotuned kernels passed their trial
+        # (engines/builders/torch_autotune.py); the others run inductor's default kernels.
+        # None: every batch size autotuned (the trial itself).
+        self.tuned_batches = tuned_batches
+        self._runs: Runs = (self.module, ())
+        self._tuned_runs: Runs | None = None
         self._formula: MotionFormula = getattr(model.module, "motion_formula",
                                                "first-difference")
         self._use_compile("off")
@@ -137,16 +144,33 @@ class TorchRuntime(Runtime):
                  variant=variant, max_batch=max_batch)
 
     def _use_compile(self, mode: str) -> None:
-        """What forward() calls: the module (or its two streams) compiled with `mode`, or not."""
+        """What forward() calls: the module (or its two streams) compiled with `mode`, or not;
+        with max-autotune for some batch sizes only, the default kernels for the rest."""
         self.compile_mode = mode
+        some = mode == "max-autotune" and self.tuned_batches is not None
+        self._runs = self._compiled_runs("reduce-overhead" if some else mode)
+        self._tuned_runs = self._compiled_runs(mode) if some else None
+
+    def _compiled_runs(self, mode: str) -> Runs:
         module = self.module
 
-        def as_run(m: torch.nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        def as_run(m: torch.nn.Module) -> Run:
             return m if mode == "off" else torch_compile.compiled(m, mode, static=self.cuda_graph)
 
-        self._whole = as_run(module)
         if isinstance(module, FusedTwoStream) and self.parallel_streams:
-            self._streams = (as_run(module.origin), as_run(module.motion))
+            return as_run(module), (as_run(module.origin), as_run(module.motion))
+        return as_run(module), ()
+
+    def _tuned(self, batch: int) -> bool:
+        return self._tuned_runs is not None and batch in (self.tuned_batches or ())
+
+    def _runs_for(self, batch: int) -> Runs:
+        return self._tuned_runs if self._tuned_runs is not None and self._tuned(batch) \
+            else self._runs
+
+    def _mode_for(self, batch: int) -> str:
+        some = self._tuned_runs is not None
+        return "reduce-overhead" if some and not self._tuned(batch) else self.compile_mode
 
     def _compile_failed(self, exc: Exception, mode: str, batch: int | None = None) -> None:
         log.warning("torch_compile_failed", mode=mode, batch=batch,
@@ -156,9 +180,10 @@ class TorchRuntime(Runtime):
         self.compile_failed = True
 
     def forward(self, x: torch.Tensor, side: torch.cuda.Stream | None = None) -> torch.Tensor:
-        if side is None or not self._streams:
-            return self._whole(x.to(self.dtype)).float()
-        origin, motion_stream = self._streams
+        whole, streams = self._runs_for(len(x))
+        if side is None or not streams:
+            return whole(x.to(self.dtype)).float()
+        origin, motion_stream = streams
         main = torch.cuda.current_stream(self.device)
         x = x.to(self.dtype)
         side.wait_stream(main)
@@ -191,7 +216,7 @@ class TorchRuntime(Runtime):
         if self.compile_mode != "off" and len(x) not in self._compiled:
             torch.cuda.synchronize(self.device)
             self._compiled.add(len(x))
-            log.info("torch_compiled", mode=self.compile_mode, batch=len(x),
+            log.info("torch_compiled", mode=self._mode_for(len(x)), batch=len(x),
                      seconds=round(time.perf_counter() - t0, 1))
 
     def _open_runner(self, buckets: Sequence[int], lanes: int) -> Runner:
@@ -257,7 +282,7 @@ class TorchRuntime(Runtime):
 
     def close(self) -> None:
         self.module = None  # type: ignore[assignment]
-        self._whole, self._streams = None, ()  # type: ignore[assignment]
+        self._runs, self._tuned_runs = (None, ()), None  # type: ignore[assignment]
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -309,9 +309,12 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         "one CUDA stream per camera for its copies (false: one copy each way per batch)")] = True
     cuda_graph: Annotated[bool, engine_key(
         "on CUDA: one graph per bucket, captured before READY")] = True
-    compile: Annotated[Literal["auto", "off", "reduce-overhead"], engine_key(
+    compile: Annotated[Literal["auto", "off", "reduce-overhead", "max-autotune"], engine_key(
         "torch on CUDA: torch.compile's kernels inside the graphs (auto: reduce-overhead "
-        "where Triton is installed; seconds a bucket, cached in engines_dir)")] = "auto"
+        "where Triton is installed; seconds a bucket, cached in engines_dir). max-autotune: "
+        "kernels benchmarked per bucket at build (minutes a bucket, once), each tried "
+        "against the reference in a process of its own; a bucket that fails serves the "
+        "default kernels")] = "auto"
     threads: Annotated[int, engine_key(
         "CPU runtimes' intra-op threads (0: all cores; leave some to the cameras on a Jetson)",
         "must be >= 0", ge=0)] = 0

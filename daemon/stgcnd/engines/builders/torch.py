@@ -1,8 +1,8 @@
 """PyTorch: nothing to write but the manifest.
 
 The torch backend folds BatchNorm from the loaded checkpoint at start (milliseconds), so a
-stored copy of folded weights would only be a second source of truth. The manifest still
-records the key and the validation result, so `stgcnd engines list` shows what was checked.
+stored copy of folded weights would only be a second source of truth. The manifest records
+the key, the validation result and, with `compile = "max-autotune"`, each bucket's trial.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from stgcnd.engines.builders.base import BuildContext, Builder
+from stgcnd.engines.builders.torch_autotune import TUNED, try_buckets, tuned_buckets
 from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.runtimes import runtime_module
@@ -40,10 +41,19 @@ class TorchBuilder(Builder):
         return False
 
     def build(self, ctx: BuildContext, out: Path) -> dict[str, Any]:
-        return {"graph": "bn-folded at load"}
+        o = ctx.options
+        if o.compile != TUNED or o.device != "cuda" or not o.cuda_graph:
+            return {"graph": "bn-folded at load"}
+        # The autotuned kernels are tried now, each bucket where a fault cannot end the
+        # daemon's CUDA context; open() serves those that passed.
+        return {"graph": "bn-folded at load",
+                "autotune": try_buckets(ctx.model.spec.to_dict(), o.precision, o.buckets,
+                                        ctx.store_root)}
 
     def open(self, artifact: Any, options: BuildOptions, model: Any, cache: Path) -> Runtime:
         o = options
+        tuned = tuned_buckets(artifact.manifest) if o.compile == TUNED else None
         return runtime_module("torch").TorchRuntime(
             model, o.precision, o.device, cuda_graph=o.cuda_graph, max_batch=o.max_batch,
-            threads=o.threads, compile_mode=o.compile, compile_cache=cache)
+            threads=o.threads, compile_mode=o.compile, compile_cache=cache,
+            tuned_batches=tuned)
