@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from stgcnd.engines.device import gpu_identity
-from stgcnd.engines.options import BuildOptions
+from stgcnd.engines.options import DEFAULT_BUCKETS, BuildOptions
 from stgcnd.engines.store import EngineStore
 from stgcnd.engines.validate import compare_logits
 from stgcnd.errors import BackendUnavailable, UserError
@@ -46,10 +46,14 @@ log = get_logger(__name__)
 # one batch size, each in a fresh process (peer_child.py) that inherits no dynamo state.
 TORCH_VARIANTS = {"torch": ("off", False), "torch-cudagraph": ("off", True),
                   "torch-compile-cudagraph": ("reduce-overhead", True)}
+# `compile = "max-autotune"` as the daemon serves it: through the store, whose build tries the
+# bucket's autotuned kernels in a process of their own (engines/builders/torch_autotune.py).
+AUTOTUNED = "torch-autotune-cudagraph"
 # bench name -> torch.compile's mode as the user writes it
 PEER_MODES = {"torch.compile": "reduce-overhead", "torch.compile-default": "default",
               "torch.compile-max-autotune": "max-autotune"}
-BENCH_BACKENDS = (*TORCH_VARIANTS, *PEER_MODES, "onnxruntime", "tensorrt", "tensorrt-cudagraph")
+BENCH_BACKENDS = (*TORCH_VARIANTS, AUTOTUNED, *PEER_MODES, "onnxruntime", "tensorrt",
+                  "tensorrt-cudagraph")
 BASELINE_NAME = "torch-eager"
 # Dense peaks (GFLOP/s) from the vendors' data sheets, by a substring of the device's name and
 # the precision; fp32 is left out on GPUs (whether cuDNN uses TF32 decides it). Elsewhere
@@ -174,11 +178,15 @@ class _Loader:
         base = name[:-len("-cudagraph")] if graph else name  # str.removesuffix: 3.9+
         if precision == "bf16":
             raise BackendUnavailable("bf16 is offered by the torch backend on the CPU only")
+        tuned = name == AUTOTUNED
         options = BuildOptions(precision=precision, max_batch=batch,
-                               device="cuda" if base == "tensorrt" else cfg.device,
+                               device="cuda" if base == "tensorrt" or tuned else cfg.device,
                                threads=cfg.threads, cuda_graph=graph,
+                               compile="max-autotune" if tuned else "off",
+                               # the one batch size the row times: one trial, not ten
+                               buckets=(batch,) if tuned else DEFAULT_BUCKETS,
                                allow_synthetic_calibration=True)
-        return load_runtime(model, base, options, self.store())
+        return load_runtime(model, "torch" if tuned else base, options, self.store())
 
 
 def peak_gflops(cfg: BenchConfig, precision: str) -> float | None:
