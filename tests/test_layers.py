@@ -55,6 +55,8 @@ LAZY_PLACES = {
     "stgcnd.export.demo_onnx",      # onnx helpers for the demo graph
     "stgcnd.engines.quantize",      # onnx and onnxruntime.quantization
     "stgcnd.engines.calibration",
+    "stgcnd.provision",             # provision.auto (the CPU runtimes timed, the cache):
+                                    # only for a model whose backend is auto
     "stgcnd.cli",                   # the command being run
     "stgcnd.telemetry.sampler",     # pynvml (the optional `nvml` extra)
     "stgcnd.server.events",         # the MQTT sink (paho) where [events.mqtt] is configured
