@@ -49,11 +49,14 @@ LAZY_PLACES = {
     "stgcnd.model.reference",       # the torch-optional model: loader, checkpoint, optimized
     "stgcnd.model.demo",            # the demo weights as torch tensors (numpy otherwise)
     "stgcnd.engines.builders",      # get_builder(): one builder's module when it builds
-    "stgcnd.engines.store",         # engines.build: only when something must be made
+    "stgcnd.engines.store",         # engines.build: only when something must be made;
+                                    # the model loader, only when the model must be loaded
     "stgcnd.export.onnx_export",    # torch.onnx.export, onnx.checker
     "stgcnd.export.demo_onnx",      # onnx helpers for the demo graph
     "stgcnd.engines.quantize",      # onnx and onnxruntime.quantization
     "stgcnd.engines.calibration",
+    "stgcnd.provision",             # provision.auto (the CPU runtimes timed, the cache):
+                                    # only for a model whose backend is auto
     "stgcnd.cli",                   # the command being run
     "stgcnd.telemetry.sampler",     # pynvml (the optional `nvml` extra)
     "stgcnd.server.events",         # the MQTT sink (paho) where [events.mqtt] is configured

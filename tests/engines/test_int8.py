@@ -47,7 +47,7 @@ def test_int8_recipes_match_fp32(store_root, tmp_path):
     from stgcnd.engines.quantize import quantize_qdq
     from stgcnd.engines.validate import validate_backend
     from stgcnd.model import ModelSpec, load_model
-    from stgcnd.provision import load_runtime
+    from stgcnd.provision.load import load_runtime
     from stgcnd.runtimes import runtime_module
 
     calib = tmp_path / "calib.npz"

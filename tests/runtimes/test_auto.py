@@ -16,13 +16,9 @@ from stgcnd.engines.options import BuildOptions
 from stgcnd.engines.store import EngineStore
 from stgcnd.model import ModelSpec, load_model, reference_logits
 from stgcnd.model.synthetic import synthetic_windows
-from stgcnd.provision import (
-    AUTO_CACHE_NAME,
-    Choice,
-    first_that_serves,
-    open_runtime,
-    time_runtimes,
-)
+from stgcnd.provision import first_that_serves, open_runtime
+from stgcnd.provision.auto import AUTO_CACHE_NAME, time_runtimes
+from stgcnd.provision.load import Choice
 from stgcnd.runtimes import available, cpu_bf16
 from stgcnd.runtimes.noop import NoopRuntime
 from stgcnd.runtimes.torch_runtime import TorchRuntime

@@ -94,7 +94,7 @@ def test_old_bindings_api_would_be_reported():
 RUNNER = """
 import json
 import tensorrt as trt
-from stgcnd import provision
+from stgcnd.provision import load as provision
 from stgcnd.engines.builders.tensorrt import make_logger
 from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import BackendUnavailable

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from stgcnd.errors import UserError
-from stgcnd.model.graph import LAYOUTS
+from stgcnd.model.layouts import LAYOUTS
 from stgcnd.model.spec import GRAPH_OPS, MOTION_FORMULAS, ModelSpec
 
 

@@ -12,7 +12,8 @@ from stgcnd.engines.store import BUILT_HERE, Artifact, EngineStore
 from stgcnd.errors import UserError
 from stgcnd.model.reference import load_for_inference
 from stgcnd.model.spec import ModelSpec
-from stgcnd.provision import Choice, first_that_serves
+from stgcnd.provision import first_that_serves
+from stgcnd.provision.load import Choice
 from stgcnd.server.config import engines_root, load_config
 from stgcnd.server.serving_plan import PLATFORMS, Target, serving_plan
 

@@ -18,7 +18,6 @@ from stgcnd.engines.exported import ExportedModel, checkpoint_sha256, is_onnx_ch
 from stgcnd.engines.options import BACKENDS, BuildOptions
 from stgcnd.engines.stored import BUILT_HERE, Artifact, StoreLookup, is_loaded_model
 from stgcnd.errors import BuildCancelled, UserError
-from stgcnd.model.reference import load_for_inference, torch_installed, torch_missing
 
 __all__ = ["BUILT_HERE", "Artifact", "EngineStore"]
 
@@ -72,7 +71,10 @@ class EngineStore(StoreLookup):
     def load(self, spec: Any, dynamic_batch: bool) -> Any:
         """The model to build from: loaded by torch; without torch (or for an .onnx given as
         the checkpoint) its exported ONNX stands in (engines/exported.py); the demo model
-        without torch is its numpy stand-in."""
+        without torch is its numpy stand-in. The loader is imported here: a warm start of an
+        exported artefact (ONNX Runtime, TensorRT) never loads the model."""
+        from stgcnd.model.reference import load_for_inference, torch_installed, torch_missing
+
         if spec.is_demo or (torch_installed() and not is_onnx_checkpoint(spec)):
             return load_for_inference(spec)
         mdir = self.model_dir(spec)

@@ -24,7 +24,7 @@ from stgcnd.model.filekind import (
     describe_unreadable,
     nested_state_dicts,
 )
-from stgcnd.model.graph import LAYOUTS
+from stgcnd.model.layouts import LAYOUTS
 
 STREAMS = ("origin_stream", "motion_stream")
 WRAPPERS = ("state_dict", "model", "model_state_dict")  # keys a state_dict is often saved under

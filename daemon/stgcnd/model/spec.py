@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stgcnd.model.graph import LAYOUTS, STRATEGIES
+from stgcnd.model.layouts import LAYOUTS, STRATEGIES
 
 DEMO_SEED = 20261122
 # Here rather than in stgcn.py so that code which must not import torch (the TensorRT serving

@@ -26,7 +26,7 @@ from msgspec import Meta
 
 from stgcnd.engines.options import DEFAULT_BUCKETS
 from stgcnd.errors import UserError
-from stgcnd.model.graph import LAYOUTS
+from stgcnd.model.layouts import LAYOUTS
 from stgcnd.model.spec import MOTION_FORMULAS, ModelSpec, default_labels
 
 if sys.version_info >= (3, 11):

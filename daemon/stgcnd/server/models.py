@@ -13,7 +13,8 @@ from stgcnd.engines.store import EngineStore
 from stgcnd.errors import BuildCancelled, UserError, step_of
 from stgcnd.log import get_logger
 from stgcnd.model.spec import ModelSpec, default_labels
-from stgcnd.provision import Choice, first_that_serves
+from stgcnd.provision import first_that_serves
+from stgcnd.provision.load import Choice
 from stgcnd.runtimes.base import Runtime
 from stgcnd.runtimes.free_memory import device_memory, reserve_mb
 from stgcnd.server.config import Config, ModelConfig, check_event_classes

@@ -10,8 +10,8 @@ from stgcnd.board import JETSON_MAX_BATCH, JETSON_WORKSPACE_MB, detect
 from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import UserError
 from stgcnd.model.spec import ModelSpec
-from stgcnd.provision import default_device, named_options
-from stgcnd.runtimes import gpu_present
+from stgcnd.provision.load import named_options
+from stgcnd.runtimes import available, gpu_present, import_onnxruntime, torch_cuda_available
 from stgcnd.server.config import ModelConfig
 
 AUTO_MAX_BATCH_GPU = 64
@@ -51,14 +51,18 @@ class Target:
         return gpu_present() if self.gpu is None else self.gpu
 
     def named_device(self, backend: str) -> str:
-        """Where a named backend runs when the model's device is auto (provision's rule here;
-        elsewhere: TensorRT and torch on the GPU when there is one, ONNX Runtime on the CPU,
-        as pip's onnxruntime is CPU-only)."""
-        if self.here and self.gpu is None:
-            return default_device(backend)
+        """Where a named backend runs when the model's device is auto: TensorRT on the GPU,
+        torch on the GPU when there is one (here: when torch has CUDA), ONNX Runtime on the
+        CPU (pip's onnxruntime is CPU-only) unless here it has the CUDA provider."""
+        here = self.here and self.gpu is None
         if backend == "tensorrt":
             return "cuda"
-        return "cuda" if backend == "torch" and self.has_gpu() else "cpu"
+        if backend == "torch":
+            return "cuda" if (torch_cuda_available() if here else self.has_gpu()) else "cpu"
+        if here and backend == "onnxruntime" and available()["onnxruntime"] is None:
+            providers = import_onnxruntime().get_available_providers()
+            return "cuda" if "CUDAExecutionProvider" in providers else "cpu"
+        return "cpu"
 
 
 def model_spec(mc: ModelConfig) -> ModelSpec:

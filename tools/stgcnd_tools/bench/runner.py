@@ -25,7 +25,7 @@ from stgcnd.log import get_logger
 from stgcnd.model.reference import gflop_per_window, load_for_inference
 from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
-from stgcnd.provision import load_runtime
+from stgcnd.provision.load import load_runtime
 from stgcnd.runtimes import available, runtime_module
 from stgcnd.runtimes.base import Runtime, RuntimeInfo
 from stgcnd.runtimes.timing import time_round_robin
