@@ -46,7 +46,8 @@ def test_int8_recipes_match_fp32(store_root, tmp_path):
     pytest.importorskip("torch")  # compares with the PyTorch network's activations
     from stgcnd.engines.quantize import quantize_qdq
     from stgcnd.engines.validate import validate_backend
-    from stgcnd.model import ModelSpec, load_model
+    from stgcnd.model.reference import load_for_inference as load_model
+    from stgcnd.model.spec import ModelSpec
     from stgcnd.provision.load import load_runtime
     from stgcnd.runtimes import runtime_module
 
@@ -150,7 +151,7 @@ def test_checker_catches_onnxruntime_default_layout(tmp_path):
 
     from stgcnd.engines.quantize import _reader_class, tensorrt_qdq_problems
     from stgcnd.export.onnx_export import export_model
-    from stgcnd.model import load_model
+    from stgcnd.model.reference import load_for_inference as load_model
     from stgcnd.model.reference import export_module
 
     model = load_model(demo_spec())

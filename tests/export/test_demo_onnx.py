@@ -71,8 +71,9 @@ def test_demo_onnx_has_the_torch_exports_interface(dynamic):
 def test_demo_onnx_matches_the_pytorch_network(persons, frames):
     pytest.importorskip("torch")
     from stgcnd.export.onnx_export import onnx_bytes
-    from stgcnd.model import load_model, reference_logits
     from stgcnd.model.optimized import optimize_for_export
+    from stgcnd.model.reference import load_for_inference as load_model
+    from stgcnd.model.reference import reference_logits
 
     spec = ModelSpec(persons=persons, frames=frames)
     model = load_model(spec)

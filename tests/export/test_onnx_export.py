@@ -15,7 +15,9 @@ pytest.importorskip("torch")  # an optional extra: pip install -e ".[torch]"
 from stgcnd.engines.validate import ort_session, validate_export
 from stgcnd.errors import UserError, ValidationError
 from stgcnd.export.onnx_export import export_model
-from stgcnd.model import ModelSpec, load_model, reference_logits
+from stgcnd.model.reference import load_for_inference as load_model
+from stgcnd.model.reference import reference_logits
+from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
 from tests.conftest import write_checkpoint
 

@@ -15,7 +15,8 @@ from onnx import TensorProto, helper
 torch = pytest.importorskip("torch")  # an optional extra: pip install -e ".[torch]"
 
 from stgcnd.errors import CheckpointError
-from stgcnd.model import ModelSpec, load_model
+from stgcnd.model.reference import load_for_inference as load_model
+from stgcnd.model.spec import ModelSpec
 from tests.conftest import write_checkpoint
 
 EXPECTED = r"expected an st-gcn state_dict.*origin_stream\.data_bn\.weight"

@@ -7,8 +7,10 @@ import pytest
 
 torch = pytest.importorskip("torch")  # an optional extra: pip install -e ".[torch]"
 
-from stgcnd.model import ModelSpec, load_model, reference_logits
 from stgcnd.model.demo import demo_state_dict
+from stgcnd.model.reference import load_for_inference as load_model
+from stgcnd.model.reference import reference_logits
+from stgcnd.model.spec import ModelSpec
 from stgcnd.model.stgcn import motion
 from stgcnd.model.synthetic import synthetic_windows
 from tests.conftest import write_checkpoint

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pytest
 
-from stgcnd.model import ModelSpec
+from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
 from tests.conftest import write_checkpoint
 
@@ -38,7 +38,9 @@ def parity_tol(precision: str, ref: np.ndarray) -> float:
 
 @pytest.fixture(scope="session")
 def small_model(tmp_path_factory, original_state):
-    from stgcnd.model import load_model  # needs torch; original_state skips without it
+    from stgcnd.model.reference import (
+        load_for_inference as load_model,  # needs torch; original_state skips without it
+    )
 
     path = write_checkpoint(tmp_path_factory.mktemp("rt") / "m.pt", original_state)
     return load_model(ModelSpec(checkpoint=path, frames=FRAMES, persons=2, graph_op="einsum"))

@@ -14,7 +14,9 @@ torch = pytest.importorskip("torch")  # an optional extra: pip install -e ".[tor
 
 from stgcnd.engines.options import BuildOptions
 from stgcnd.engines.store import EngineStore
-from stgcnd.model import ModelSpec, load_model, reference_logits
+from stgcnd.model.reference import load_for_inference as load_model
+from stgcnd.model.reference import reference_logits
+from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd.provision import first_that_serves, open_runtime
 from stgcnd.provision.auto import AUTO_CACHE_NAME, time_runtimes

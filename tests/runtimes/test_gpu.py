@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-from stgcnd.model import reference_logits
+from stgcnd.model.reference import reference_logits
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd.runtimes.torch_runtime import TorchRuntime
 from tests.runtimes.conftest import fp16_tol, opened, parity_tol, run_in_thread

@@ -10,7 +10,7 @@ import pytest
 
 from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import UserError
-from stgcnd.model import ModelSpec
+from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd.provision import open_runtime
 from stgcnd.runtimes import NAMES, available

@@ -15,7 +15,7 @@ from stgcnd.engines.builders import get_builder
 from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.export.onnx_export import onnx_bytes
-from stgcnd.model import reference_logits
+from stgcnd.model.reference import reference_logits
 from stgcnd.runtimes.base import HostRunner, InWorker
 from stgcnd.runtimes.onnxruntime_runtime import OnnxRuntimeRuntime
 from tests.runtimes.conftest import assert_released, opened, resource_counts

@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stgcnd.model import reference_logits
+from stgcnd.model.reference import reference_logits
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd.runtimes.base import HostRunner, InWorker, normalize_buckets
 from stgcnd.runtimes.torch_runtime import TorchRuntime

@@ -32,7 +32,8 @@ def engine(request, tmp_path_factory):
     from stgcnd.engines.options import BuildOptions
     from stgcnd.engines.store import EngineStore
     from stgcnd.errors import UserError
-    from stgcnd.model import load_model, reference_logits
+    from stgcnd.model.reference import load_for_inference as load_model
+    from stgcnd.model.reference import reference_logits
     from stgcnd.model.synthetic import synthetic_windows
     from stgcnd.runtimes import gpu_present
 

@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 
 torch = pytest.importorskip("torch")
 
-from stgcnd.model import reference_logits
+from stgcnd.model.reference import reference_logits
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd.runtimes import torch_compile
 from stgcnd.runtimes.torch_runtime import TorchRuntime
@@ -82,7 +82,8 @@ _SCRIPT = textwrap.dedent("""
     from pathlib import Path
     import numpy as np
     import torch
-    from stgcnd.model import ModelSpec, load_model, reference_logits
+    from stgcnd.model.reference import load_for_inference as load_model, reference_logits
+    from stgcnd.model.spec import ModelSpec
     from stgcnd.model.synthetic import synthetic_windows
     from stgcnd.runtimes.torch_runtime import TorchRuntime
 

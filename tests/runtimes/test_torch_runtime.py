@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")  # an optional extra: pip install -e ".[torch]"
 
 from stgcnd.errors import BackendUnavailable
-from stgcnd.model import reference_logits
+from stgcnd.model.reference import reference_logits
 from stgcnd.runtimes.base import HostRunner, InWorker
 from stgcnd.runtimes.torch_runtime import TorchRuntime
 from tests.runtimes.conftest import assert_released, opened, resource_counts

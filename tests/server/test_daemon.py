@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 import zmq
 
-from stgcnd.model import ModelSpec, load_model, reference_logits
+from stgcnd.model.reference import load_for_inference as load_model
+from stgcnd.model.reference import reference_logits
+from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd_client import Busy, Client, ServerError, ShuttingDown
 from stgcnd_client.protocol import decode_reply, encode_request

@@ -180,7 +180,9 @@ def test_on_a_gpu_torch_is_loop_driven_and_each_camera_gets_its_own_answer(tmp_p
         pytest.skip("needs a CUDA GPU")
     import threading
 
-    from stgcnd.model import ModelSpec, load_model, reference_logits
+    from stgcnd.model.reference import load_for_inference as load_model
+    from stgcnd.model.reference import reference_logits
+    from stgcnd.model.spec import ModelSpec
 
     frames = 30
     d = Daemon(tmp_path, queue_size=8, models=(

@@ -20,7 +20,8 @@ from tests.conftest import REPO
 
 torch = pytest.importorskip("torch")
 
-from stgcnd.model import load_model, reference_logits
+from stgcnd.model.reference import load_for_inference as load_model
+from stgcnd.model.reference import reference_logits
 
 SPEC = ModelSpec(frames=16, persons=1)  # the demo model, a short window
 UNCOMPILED = {"precision": "fp32", "device": "cpu", "mode": None}  # the plumbing alone
