@@ -1,7 +1,7 @@
 """Exceptions the client raises. Catch `ClientError` for all of them.
 
 Server-side failures are `ServerError` (with the protocol's stable ``.code``); the common ones a
-camera loop reacts to differently have their own subclasses: `Busy` (drop this frame),
+camera loop reacts to differently have their own subclasses: `Busy` (not run: see its reason),
 `Expired` (the answer would have come too late) and `ShuttingDown` (back off and reconnect later).
 """
 
@@ -64,7 +64,7 @@ class ServerError(ClientError):
 
 
 class Busy(ServerError):
-    """Not run; ``reason`` says why and what to do (docs/protocol.md §4, the error map)."""
+    """Not run; what its ``reason`` means and what to do: docs/protocol.md, "The `busy` reply"."""
 
 
 class Expired(ServerError):

@@ -87,11 +87,11 @@ COMMON_REQUEST_KEYS: frozenset[str] = frozenset(
 
 
 class Reason(str, Enum):
-    """Why a `busy` or `shutting-down` request was refused: the error map's ``reason``, for
-    clients that back off differently (docs/protocol.md, §5)."""
+    """Why a `busy` or `shutting-down` request was refused (the error map's ``reason``), for
+    clients that back off differently: docs/protocol.md §4 (busy's: "The `busy` reply")."""
 
-    QUEUE_FULL = "queue-full"            # busy: the camera has queue_size requests queued
-    NO_CAMERA_SLOT = "no-camera-slot"    # busy: max_cameras served, none can give way yet
+    QUEUE_FULL = "queue-full"            # busy
+    NO_CAMERA_SLOT = "no-camera-slot"    # busy
     STOPPING = "stopping"                # shutting-down: the daemon is stopping
     MODEL_REPLACED = "model-replaced"    # shutting-down: a reload is replacing the model
 

@@ -84,9 +84,9 @@ class Sent:
 
     A resent push never appends its frame again. While the prediction is queued or running
     (`job`), a resend waits for its answer (`waiting`: the latest MAX_WAITING resends' routing
-    ids); a successful answer is kept in `reply` and sent again as it is; after `expired` or
-    `busy` a resend runs `window` again. An infer's `window` also tells a resend from a new
-    window sent with a reused id (which is a new request).
+    ids); a successful answer is kept in `reply` and sent again as it is; after an error reply
+    a resend runs `window` again. An infer's `window` also tells a resend from a new window
+    sent with a reused id (which is a new request).
     """
 
     req_id: int
