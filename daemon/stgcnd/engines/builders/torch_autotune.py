@@ -115,9 +115,12 @@ def _trial_main(job_path: str) -> None:
     """In the trial process: per bucket, a `trying` line, then its verdict line."""
     # The trial process exists to run torch: its imports are this function's.
     from stgcnd.engines.validate import compare_logits, default_windows
-    from stgcnd.model.loader import load_model, reference_logits
+    from stgcnd.model.reference import load_for_inference as load_model
+    from stgcnd.model.reference import reference_logits
     from stgcnd.model.spec import ModelSpec
-    from stgcnd.runtimes.torch_runtime import TorchRuntime
+    from stgcnd.runtimes import runtime_module
+
+    TorchRuntime = runtime_module("torch").TorchRuntime
 
     job = json.loads(Path(job_path).read_text())
     configure_logging(**job["log"])
