@@ -7,7 +7,6 @@ Not verified against a real trtexec in CI: the tests run a stand-in executable.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -25,6 +24,7 @@ from typing import Any, TextIO
 
 from stgcnd import __version__
 from stgcnd.errors import UserError
+from stgcnd.fsutil import file_sha256
 from stgcnd.log import get_logger
 from stgcnd_tools.profiling.logparse import load_log
 
@@ -158,17 +158,10 @@ def build_command(trtexec: Path, options: RunOptions, out_dir: Path) -> list[str
 
 def file_metadata(path: Path) -> dict[str, Any]:
     """path, size, sha256 and mtime of a model file."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
     stat = path.stat()
-    return {
-        "path": str(path.resolve()),
-        "size_bytes": stat.st_size,
-        "sha256": digest.hexdigest(),
-        "mtime": datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc).isoformat(),
-    }
+    return {"path": str(path.resolve()), "size_bytes": stat.st_size,
+            "sha256": file_sha256(path),
+            "mtime": datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc).isoformat()}
 
 
 def _l4t_release() -> str | None:
