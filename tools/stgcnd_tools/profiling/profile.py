@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stgcnd.errors import UserError
+from stgcnd_tools.profiling.detect import read_artefact
 
 _RECORD_START = re.compile(r'\{\s*"name"\s*:\s*"')
 # A name ends at the first `", "timeMs" :` after it: the next field the writer prints.
@@ -126,10 +126,4 @@ def parse_profile_text(text: str) -> LayerProfile:
 
 
 def load_profile(path: str | Path) -> LayerProfile:
-    """Read an `--exportProfile` file; UserError if it is not one."""
-    path = Path(path)
-    try:
-        return parse_profile_text(path.read_text(encoding="utf-8", errors="replace"))
-    except (ValueError, OSError) as exc:
-        raise UserError(f"cannot read a trtexec layer profile from {path}: {exc}; pass the file "
-                        "written by `trtexec --exportProfile=FILE`") from None
+    return read_artefact(path, parse_profile_text, "a trtexec layer profile", "exportProfile")

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from stgcnd.errors import UserError
+from stgcnd_tools.profiling.detect import read_artefact
 from stgcnd_tools.stats import TRTEXEC_KEYS, distribution
 
 # Series in the order they appear in tables and CSVs; values are TimingRecord attributes.
@@ -76,13 +77,8 @@ def parse_times(data: Any) -> list[TimingRecord]:
 
 
 def load_times(path: str | Path) -> list[TimingRecord]:
-    """Read an `--exportTimes` file; UserError if it is not one."""
-    path = Path(path)
-    try:
-        return parse_times(json.loads(path.read_text(encoding="utf-8", errors="replace")))
-    except (ValueError, OSError) as exc:
-        raise UserError(f"cannot read trtexec timings from {path}: {exc}; pass the file written "
-                        "by `trtexec --exportTimes=FILE`") from None
+    return read_artefact(path, lambda text: parse_times(json.loads(text)), "trtexec timings",
+                         "exportTimes")
 
 
 def _as_records(records: Iterable[TimingRecord | Mapping[str, Any]]) -> list[TimingRecord]:
