@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from stgcnd.errors import UserError
-from stgcnd_tools.logs.summarize import LogScan, action_spans
+from stgcnd_tools.logs.summarize import LogScan, action_spans, gpu_temp
 
 # The streams' colours: matplotlib's tab10 and its light tones, without those the machine's
 # series use (black CPU, gray GPU load, red temperature, blue clock, orange power).
@@ -62,9 +62,8 @@ def figure(log: LogScan, title: str | None = None) -> Any:
     if not latency and not system:
         raise UserError("nothing to plot: no timestamped `latency` or `system` events in the "
                         "input (check --camera/--since/--until)")
-    for e in system:  # Orin hides the GPU sensor while it is power-gated: use the hottest.
-        if e.get("gpu_temp_c") is None:
-            e["gpu_temp_c"] = e.get("temp_max_c")
+    for e in system:
+        e["gpu_temp_c"] = gpu_temp(e)
 
     clock = [k for k in ("gpu_freq_mhz", "power_total_mw") if _series(system, k)[0]]
     spans = [s for s in action_spans(log) if s["started"] is not None]

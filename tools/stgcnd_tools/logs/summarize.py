@@ -8,6 +8,7 @@ approximation, reported beside the worst interval's p99).
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
 import re
@@ -161,16 +162,10 @@ def _lower_rank(sorted_values: list[float], percent: float) -> float:
 def _weighted_percentile(pairs: list[tuple[float | None, int]], percent: float) -> float | None:
     """Percentile of values each standing for `weight` samples (None values are left out)."""
     valued = sorted((v, w) for v, w in pairs if v is not None and w > 0)
-    total = sum(w for _, w in valued)
-    if total == 0:
+    if not valued:
         return None
-    rank = math.floor(percent / 100 * (total - 1))
-    seen = 0
-    for value, weight in valued:
-        seen += weight
-        if rank < seen:
-            return value
-    return valued[-1][0]
+    ends = list(itertools.accumulate(w for _, w in valued))  # the last rank each value holds
+    return valued[bisect.bisect_right(ends, math.floor(percent / 100 * (ends[-1] - 1)))][0]
 
 
 def _num(value: Any) -> float | None:
@@ -202,7 +197,7 @@ def _nearest_system(times: list[datetime], samples: list[dict[str, Any]], when: 
     return best[1] if best else None
 
 
-def _gpu_temp(sample: dict[str, Any]) -> Any:
+def gpu_temp(sample: dict[str, Any]) -> Any:
     # Orin reports the GPU sensor as absent while the GPU is power-gated; fall back to hottest.
     return sample.get("gpu_temp_c") if sample.get("gpu_temp_c") is not None \
         else sample.get("temp_max_c")
@@ -232,7 +227,7 @@ def summarize(log: LogScan) -> dict[str, Any]:
     system = {"samples": len(log.system),
               "sources": sorted({str(e.get("source")) for e in log.system})}
     for name in SYSTEM_RANGE_FIELDS:
-        values = [_gpu_temp(e) for e in log.system] if name == "gpu_temp_c" else \
+        values = [gpu_temp(e) for e in log.system] if name == "gpu_temp_c" else \
             [e.get(name) for e in log.system]
         system[name] = _range(values)
     return {
@@ -291,7 +286,7 @@ def _stream_summary(camera: str, model: str, intervals: list[dict[str, Any]],
         tolerance = max(float(_num(rec.get("interval_s")) or 0), 5.0)
         sample = _nearest_system(sys_times, timed_system, rec.get("_t"), tolerance)
         for name in INTERVAL_SYSTEM_FIELDS:
-            row[name] = (_gpu_temp(sample) if name == "gpu_temp_c" else sample.get(name)) \
+            row[name] = (gpu_temp(sample) if name == "gpu_temp_c" else sample.get(name)) \
                 if sample else None
         per_interval.append(row)
 
