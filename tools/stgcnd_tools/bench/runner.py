@@ -10,6 +10,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,8 @@ from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd.provision import load_runtime
 from stgcnd.runtimes import available, runtime_module
-from stgcnd.runtimes.base import Runtime, RuntimeInfo
-from stgcnd.runtimes.timing import time_round_robin
+from stgcnd.runtimes.base import Runner, Runtime, RuntimeInfo
+from stgcnd.runtimes.timing import Timed, time_round_robin
 from stgcnd.server.config import engines_root
 from stgcnd_tools.profiling import (
     RunOptions,
@@ -191,43 +192,29 @@ def peak_gflops(cfg: BenchConfig, precision: str) -> float | None:
 
 def time_sessions(runtime: Runtime, x: np.ndarray, n: int, iterations: int, warmup: int
                   ) -> dict[str, Any]:
-    """Drive n runners from n threads at once; latencies per runner, outputs, wall time."""
+    """Drive n runners from n threads at once, timed from when all are warm; latencies per
+    runner, outputs, wall time."""
     sessions = [runtime.open_runner((len(x),), 0) for _ in range(n)]
-    results: list[Any] = [None] * n
-    errors: list[BaseException] = []
-    start = threading.Barrier(n + 1)
-    done = threading.Barrier(n + 1)
+    warm = threading.Barrier(n + 1)
 
-    def worker(i: int) -> None:
+    def work(session: Runner) -> Timed:
         try:
             for _ in range(warmup):
-                sessions[i].run(list(x))
-        except BaseException as exc:
-            errors.append(exc)
-        start.wait()
-        try:
-            if not errors:
-                results[i] = time_round_robin([sessions[i]], x, iterations, 0)[0]
-        except BaseException as exc:
-            errors.append(exc)
+                session.run(list(x))
         finally:
-            done.wait()
+            warm.wait()  # a failed warm-up too, so that nobody waits for it
+        return time_round_robin([session], x, iterations, 0)[0]
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(n)]
     try:
-        for t in threads:
-            t.start()
-        start.wait()
-        t0 = time.perf_counter()
-        done.wait()
-        wall = time.perf_counter() - t0
-        for t in threads:
-            t.join()
+        with ThreadPoolExecutor(n) as pool:
+            futures = [pool.submit(work, s) for s in sessions]
+            warm.wait()
+            t0 = time.perf_counter()
+            results = [f.result() for f in futures]  # the first failure is raised
+            wall = time.perf_counter() - t0
     finally:
         for s in sessions:
             s.close()
-    if errors:
-        raise errors[0]
     return {"per_session": [r[0] for r in results], "outputs": [r[1] for r in results],
             "parts": results[0][2], "wall_s": wall}
 
