@@ -76,9 +76,8 @@ def figure(log: LogScan, title: str | None = None) -> Any:
     streams: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for e in latency:
         streams.setdefault((str(e.get("camera")), str(e.get("model"))), []).append(e)
-    palette = STREAM_COLOURS
     for i, ((camera, model), events) in enumerate(sorted(streams.items())):
-        color = palette[i % len(palette)]
+        color = STREAM_COLOURS[i % len(STREAM_COLOURS)]
         label = f"{camera} / {model}"
         for key, style, name in (("p50_ms", "-", "p50"), ("p99_ms", "--", "p99")):
             xs, ys = _series(events, key)
@@ -127,11 +126,8 @@ def figure(log: LogScan, title: str | None = None) -> Any:
         _timeline(axes[-1][0], spans, feeds, latency, system)
 
     # One legend, outside the data (it hid the p99 peaks inside).
-    handles, labels = [], []
-    for ax in fig.axes:
-        h, lab = ax.get_legend_handles_labels()
-        handles += h
-        labels += lab
+    pairs = [ax.get_legend_handles_labels() for ax in fig.axes]
+    handles, labels = [h for hs, _ in pairs for h in hs], [x for _, xs in pairs for x in xs]
     if handles:
         fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.80, 0.97), fontsize=8,
                    framealpha=0.9)
