@@ -24,14 +24,15 @@ from typing import Any, TextIO
 
 from stgcnd import __version__
 from stgcnd.errors import UserError
-from stgcnd.fsutil import file_sha256
+from stgcnd.fsutil import file_sha256, read_system_file
 from stgcnd.log import get_logger
+from stgcnd_tools.profiling.detect import CANONICAL_NAMES
 from stgcnd_tools.profiling.logparse import load_log
 
 log = get_logger(__name__)
 
-ARTEFACT_NAMES = {"times": "times.json", "profile": "profile.json", "layer_info": "layers.json",
-                  "log": "trtexec.log"}
+# What trtexec writes; the run's own two files are CANONICAL_NAMES' others.
+ARTEFACT_NAMES = {k: CANONICAL_NAMES[k] for k in ("times", "profile", "layer_info", "log")}
 PRECISION_FLAGS = ("fp16", "bf16", "int8", "fp8", "int4", "best", "stronglyTyped")
 LOG_TAIL_LINES = 15
 
@@ -165,10 +166,8 @@ def file_metadata(path: Path) -> dict[str, Any]:
 
 
 def _l4t_release() -> str | None:
-    try:
-        return Path("/etc/nv_tegra_release").read_text(encoding="utf-8").splitlines()[0].strip()
-    except (OSError, IndexError):
-        return None
+    text = read_system_file(Path("/etc/nv_tegra_release"))
+    return text.splitlines()[0].strip() if text else None
 
 
 def _now() -> str:
@@ -222,7 +221,7 @@ def run_trtexec(options: RunOptions, out_dir: str | Path, *, trtexec: str | Path
     log_path = out / ARTEFACT_NAMES["log"]
     engine_meta = {"stgcnd_engine_metadata": 1, "kind": "engine" if options.engine else "onnx",
                    **file_metadata(model)}
-    _write_json(out / "engine_metadata.json", engine_meta)
+    _write_json(out / CANONICAL_NAMES["engine_metadata"], engine_meta)
     config: dict[str, Any] = {
         "stgcnd_run_config": 1,
         "command": command,
@@ -237,7 +236,7 @@ def run_trtexec(options: RunOptions, out_dir: str | Path, *, trtexec: str | Path
                      "platform": platform.platform(), "l4t": _l4t_release(), "tensorrt": None},
         "host": platform.node(),
     }
-    _write_json(out / "run_config.json", config)
+    _write_json(out / CANONICAL_NAMES["run_config"], config)
     log.info("trtexec_start", command=config["command_line"], out_dir=str(out))
 
     tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
@@ -280,10 +279,10 @@ def run_trtexec(options: RunOptions, out_dir: str | Path, *, trtexec: str | Path
                   timed_out=timed_out.is_set(),
                   artefacts={k: p.name for k, p in artefacts.items()}, missing=missing)
     config["versions"]["tensorrt"] = tensorrt_version
-    _write_json(out / "run_config.json", config)
+    _write_json(out / CANONICAL_NAMES["run_config"], config)
     if options.save_engine and Path(options.save_engine).is_file():
         engine_meta["saved_engine"] = file_metadata(Path(options.save_engine))
-        _write_json(out / "engine_metadata.json", engine_meta)
+        _write_json(out / CANONICAL_NAMES["engine_metadata"], engine_meta)
 
     if returncode != 0 or timed_out.is_set():
         log.error("trtexec_failed", exit_code=returncode, log=str(log_path))
