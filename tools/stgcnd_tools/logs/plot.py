@@ -14,6 +14,7 @@ from typing import Any
 
 from stgcnd.errors import UserError
 from stgcnd_tools.logs.summarize import LogScan, action_spans, gpu_temp
+from stgcnd_tools.stats import number
 
 # The streams' colours: matplotlib's tab10 and its light tones, without those the machine's
 # series use (black CPU, gray GPU load, red temperature, blue clock, orange power).
@@ -22,13 +23,8 @@ STREAM_COLOURS = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17bec
 
 
 def _series(events: list[dict[str, Any]], key: str) -> tuple[list[Any], list[float]]:
-    xs, ys = [], []
-    for e in events:
-        value = e.get(key)
-        if "_t" in e and isinstance(value, (int, float)) and not isinstance(value, bool):
-            xs.append(e["_t"])
-            ys.append(float(value))
-    return xs, ys
+    timed = [(e["_t"], number(e.get(key))) for e in events if "_t" in e]
+    return [t for t, v in timed if v is not None], [float(v) for _, v in timed if v is not None]
 
 
 def plot(log: LogScan, out_path: str | Path, title: str | None = None) -> Path:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from stgcnd_tools.stats import number
 from stgcnd_tools.table import cell, table
 
 SYSTEM_RANGE_FIELDS = ("gpu_load_pct", "gpu_freq_mhz", "gpu_temp_c", "temp_max_c",
@@ -129,12 +130,12 @@ def skeleton_quality(log: LogScan) -> list[dict[str, Any]]:
         for name in QUALITY_SHARES:
             pairs: list[tuple[float, int]] = []
             for r in records:
-                value, frames = _num(r.get(name)), int(r.get("frames") or 0)
+                value, frames = number(r.get(name)), int(r.get("frames") or 0)
                 if value is not None and frames:
                     pairs.append((value, frames))
             weight = sum(n for _, n in pairs)
             row[name] = sum(v * n for v, n in pairs) / weight if weight else None
-        usable = [_num(r.get("usable")) for r in records]
+        usable = [number(r.get("usable")) for r in records]
         row["worst_usable"] = min((u for u in usable if u is not None), default=None)
         out.append(row)
     return out
@@ -147,10 +148,10 @@ def action_spans(log: LogScan) -> list[dict[str, Any]]:
     for e in log.actions:
         span = spans.setdefault(str(e.get("id")), {
             "camera": str(e.get("camera")), "model": e.get("model"), "class": e.get("class"),
-            "started": _num(e.get("started")), "ended": None, "peak": _num(e.get("peak")),
+            "started": number(e.get("started")), "ended": None, "peak": number(e.get("peak")),
             "reason": None})
         if e.get("kind") == "end":
-            span.update(ended=_num(e.get("ended")), peak=_num(e.get("peak")),
+            span.update(ended=number(e.get("ended")), peak=number(e.get("peak")),
                         reason=e.get("reason"))
     return sorted(spans.values(), key=lambda s: (s["camera"], s["started"] or 0.0))
 
@@ -168,12 +169,8 @@ def _weighted_percentile(pairs: list[tuple[float | None, int]], percent: float) 
     return valued[bisect.bisect_right(ends, math.floor(percent / 100 * (ends[-1] - 1)))][0]
 
 
-def _num(value: Any) -> float | None:
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _range(values: Iterable[Any]) -> dict[str, float] | None:
-    nums = [v for v in (_num(x) for x in values) if v is not None]
+    nums = [v for v in (number(x) for x in values) if v is not None]
     if not nums:
         return None
     return {"min": min(nums), "mean": round(sum(nums) / len(nums), 3), "max": max(nums)}
@@ -247,7 +244,7 @@ def _stream_summary(camera: str, model: str, intervals: list[dict[str, Any]],
                     requests: list[dict[str, Any]], sys_times: list[datetime],
                     timed_system: list[dict[str, Any]]) -> dict[str, Any]:
     def total(name: str) -> int:
-        return int(sum(_num(r.get(name)) or 0 for r in intervals))
+        return int(sum(number(r.get(name)) or 0 for r in intervals))
 
     if intervals:
         count = total("count")
@@ -260,20 +257,20 @@ def _stream_summary(camera: str, model: str, intervals: list[dict[str, Any]],
         ok, errors, busy, expired = (outcomes["ok"], outcomes["error"], outcomes["busy"],
                                      outcomes["expired"])
     latency: dict[str, Any]
-    timed = sorted(v for v in (_num(r.get("total_ms")) for r in requests
+    timed = sorted(v for v in (number(r.get("total_ms")) for r in requests
                                if r.get("outcome", "ok") == "ok") if v is not None)
     if timed:
         latency = {f"p{p}_ms": _lower_rank(timed, p) for p in SPAN_PERCENTILES}
         latency.update(max_ms=timed[-1], samples=len(timed),
                        method="exact, from per-request `request` events")
     else:
-        weights = [(_num(r.get("ok", r.get("count"))) or 0) for r in intervals]
+        weights = [(number(r.get("ok", r.get("count"))) or 0) for r in intervals]
         latency = {}
         for p in SPAN_PERCENTILES:
-            pairs = [(_num(r.get(f"p{p}_ms")), int(w)) for r, w in zip(intervals, weights)]
+            pairs = [(number(r.get(f"p{p}_ms")), int(w)) for r, w in zip(intervals, weights)]
             latency[f"p{p}_ms"] = _weighted_percentile(pairs, p)
-        p99s = [v for v in (_num(r.get("p99_ms")) for r in intervals) if v is not None]
-        maxes = [v for v in (_num(r.get("max_ms")) for r in intervals) if v is not None]
+        p99s = [v for v in (number(r.get("p99_ms")) for r in intervals) if v is not None]
+        maxes = [v for v in (number(r.get("max_ms")) for r in intervals) if v is not None]
         latency.update(worst_interval_p99_ms=max(p99s) if p99s else None,
                        max_ms=max(maxes) if maxes else None,
                        method="approximate: count-weighted percentiles of interval values")
@@ -283,7 +280,7 @@ def _stream_summary(camera: str, model: str, intervals: list[dict[str, Any]],
         for name in ("count", "rate_hz", "p50_ms", "p90_ms", "p99_ms", "max_ms", "errors",
                      "busy", "expired"):
             row[name] = rec.get(name)
-        tolerance = max(float(_num(rec.get("interval_s")) or 0), 5.0)
+        tolerance = max(float(number(rec.get("interval_s")) or 0), 5.0)
         sample = _nearest_system(sys_times, timed_system, rec.get("_t"), tolerance)
         for name in INTERVAL_SYSTEM_FIELDS:
             row[name] = (gpu_temp(sample) if name == "gpu_temp_c" else sample.get(name)) \
