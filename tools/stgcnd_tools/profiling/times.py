@@ -81,10 +81,6 @@ def load_times(path: str | Path) -> list[TimingRecord]:
                          "exportTimes")
 
 
-def _as_records(records: Iterable[TimingRecord | Mapping[str, Any]]) -> list[TimingRecord]:
-    return [r if isinstance(r, TimingRecord) else record_from_json(r) for r in records]
-
-
 def series(records: Sequence[TimingRecord], name: str) -> np.ndarray:
     """One column (a SERIES name) as float64, records without that field left out."""
     return np.asarray([getattr(r, name) for r in records if getattr(r, name) is not None],
@@ -102,10 +98,9 @@ def _jitter(values: np.ndarray) -> dict[str, float]:
     }
 
 
-def summarize_times(records: Iterable[TimingRecord | Mapping[str, Any]],
-                    batch: int = 1) -> dict[str, Any]:
+def summarize_times(records: Iterable[TimingRecord], batch: int = 1) -> dict[str, Any]:
     """Summary of per-iteration timings; `batch` = windows per inference, for windows/s."""
-    recs = _as_records(records)
+    recs = list(records)
     if not recs:
         raise UserError("the trtexec timing file has no records; run trtexec with more "
                         "--iterations or a longer --duration")
