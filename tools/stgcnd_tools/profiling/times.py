@@ -128,16 +128,6 @@ def summarize_times(records: Iterable[TimingRecord], batch: int = 1) -> dict[str
     return out
 
 
-def percentile_table(records: Sequence[TimingRecord],
-                     percentiles: Iterable[float] = REPORT_PERCENTILES) -> list[dict[str, float]]:
-    """Rows {percentile, gpu_compute_ms, latency_ms} for a percentile curve."""
-    qs = [float(q) for q in percentiles]
-    compute = np.percentile(series(records, "gpu_compute_ms"), qs)
-    latency = np.percentile(series(records, "latency_ms"), qs)
-    return [{"percentile": q, "gpu_compute_ms": float(c), "latency_ms": float(lat)}
-            for q, c, lat in zip(qs, compute, latency)]
-
-
 def _write_csv(path: Path, head: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     with path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
@@ -162,7 +152,8 @@ def write_times_outputs(records: Sequence[TimingRecord], out_dir: str | Path,
                [[i, rec.start_ms - t0, *("" if getattr(rec, name) is None else
                                          getattr(rec, name) for name in SERIES)]
                 for i, rec in enumerate(records)])
+    qs = [float(q) for q in REPORT_PERCENTILES]  # the percentile curve's points
     _write_csv(paths["latency_percentiles.csv"], ["percentile", "gpu_compute_ms", "latency_ms"],
-               [[r["percentile"], r["gpu_compute_ms"], r["latency_ms"]]
-                for r in percentile_table(records)])
+               zip(qs, *(np.percentile(series(records, name), qs).tolist()
+                         for name in ("gpu_compute_ms", "latency_ms"))))
     return paths
