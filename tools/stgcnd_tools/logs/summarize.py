@@ -156,10 +156,6 @@ def action_spans(log: LogScan) -> list[dict[str, Any]]:
     return sorted(spans.values(), key=lambda s: (s["camera"], s["started"] or 0.0))
 
 
-def _lower_rank(sorted_values: list[float], percent: float) -> float:
-    return sorted_values[math.floor(percent / 100 * (len(sorted_values) - 1))]
-
-
 def _weighted_percentile(pairs: list[tuple[float | None, int]], percent: float) -> float | None:
     """Percentile of values each standing for `weight` samples (None values are left out)."""
     valued = sorted((v, w) for v, w in pairs if v is not None and w > 0)
@@ -260,7 +256,8 @@ def _stream_summary(camera: str, model: str, intervals: list[dict[str, Any]],
     timed = sorted(v for v in (number(r.get("total_ms")) for r in requests
                                if r.get("outcome", "ok") == "ok") if v is not None)
     if timed:
-        latency = {f"p{p}_ms": _lower_rank(timed, p) for p in SPAN_PERCENTILES}
+        latency = {f"p{p}_ms": timed[math.floor(p / 100 * (len(timed) - 1))]  # lower rank
+                   for p in SPAN_PERCENTILES}
         latency.update(max_ms=timed[-1], samples=len(timed),
                        method="exact, from per-request `request` events")
     else:

@@ -180,11 +180,6 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _options_dict(options: RunOptions) -> dict[str, Any]:
-    return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
-            for k, v in asdict(options).items()}
-
-
 def _stream_output(proc: subprocess.Popen[str], log_path: Path, echo: TextIO | None,
                    tail: deque[str]) -> None:
     assert proc.stdout is not None
@@ -227,7 +222,8 @@ def run_trtexec(options: RunOptions, out_dir: str | Path, *, trtexec: str | Path
         "command": command,
         "command_line": shlex.join(command),
         "trtexec": str(binary),
-        "options": _options_dict(options),
+        "options": {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple)
+                        else v) for k, v in asdict(options).items()},
         "out_dir": str(out.resolve()),
         "started_at": _now(),
         "finished_at": None,
