@@ -150,36 +150,24 @@ def run_peer(spec: ModelSpec, job: dict[str, object], x: np.ndarray, cache_dir: 
             return [float(t) for t in r["times_ms"]], r["logits"], float(r["first_call_s"])
 
 
-class _Loader:
-    """Opens backends for the bench; ONNX Runtime and TensorRT artefacts come from the store."""
-
-    def __init__(self, cfg: BenchConfig) -> None:
-        self.cfg = cfg
-        self._store: EngineStore | None = None
-
-    def store(self) -> EngineStore:
-        if self._store is None:
-            self._store = EngineStore(engines_root(self.cfg.store))
-        return self._store
-
-    def open(self, model: Any, name: str, precision: str, batch: int) -> Runtime:
-        cfg = self.cfg
-        compile_mode, graph = TORCH_VARIANTS.get(name, ("off", name.endswith("-cudagraph")))
-        if (graph or compile_mode != "off") and cfg.device != "cuda":
-            raise BackendUnavailable("CUDA graphs and torch.compile need --device cuda")
-        if name in TORCH_VARIANTS:
-            return runtime_module("torch").TorchRuntime(
-                model, precision, cfg.device, cuda_graph=graph, max_batch=batch,
-                threads=cfg.threads, compile_mode=compile_mode,
-                compile_cache=self.store().root)
-        base = name[:-len("-cudagraph")] if graph else name  # str.removesuffix: 3.9+
-        if precision == "bf16":
-            raise BackendUnavailable("bf16 is offered by the torch backend on the CPU only")
-        options = BuildOptions(precision=precision, max_batch=batch,
-                               device="cuda" if base == "tensorrt" else cfg.device,
-                               threads=cfg.threads, cuda_graph=graph,
-                               allow_synthetic_calibration=True)
-        return load_runtime(model, base, options, self.store())
+def open_backend(cfg: BenchConfig, store: EngineStore, model: Any, name: str, precision: str,
+                 batch: int) -> Runtime:
+    """A bench backend; ONNX Runtime and TensorRT artefacts come from the store."""
+    compile_mode, graph = TORCH_VARIANTS.get(name, ("off", name.endswith("-cudagraph")))
+    if (graph or compile_mode != "off") and cfg.device != "cuda":
+        raise BackendUnavailable("CUDA graphs and torch.compile need --device cuda")
+    if name in TORCH_VARIANTS:
+        return runtime_module("torch").TorchRuntime(
+            model, precision, cfg.device, cuda_graph=graph, max_batch=batch,
+            threads=cfg.threads, compile_mode=compile_mode, compile_cache=store.root)
+    base = name[:-len("-cudagraph")] if graph else name  # str.removesuffix: 3.9+
+    if precision == "bf16":
+        raise BackendUnavailable("bf16 is offered by the torch backend on the CPU only")
+    options = BuildOptions(precision=precision, max_batch=batch,
+                           device="cuda" if base == "tensorrt" else cfg.device,
+                           threads=cfg.threads, cuda_graph=graph,
+                           allow_synthetic_calibration=True)
+    return load_runtime(model, base, options, store)
 
 
 def peak_gflops(cfg: BenchConfig, precision: str) -> float | None:
@@ -273,7 +261,7 @@ def _trtexec_columns(row: dict[str, Any], engine: str | None, x: np.ndarray,
 
 def run_bench(cfg: BenchConfig) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    loader = _Loader(cfg)
+    store = EngineStore(engines_root(cfg.store))
     for persons in cfg.persons:
         try:
             spec = ModelSpec(checkpoint=cfg.checkpoint, layout=cfg.layout, persons=persons,
@@ -286,17 +274,17 @@ def run_bench(cfg: BenchConfig) -> list[dict[str, Any]]:
             x = synthetic_windows(batch, cfg.frames, persons, spec.num_node, seed=cfg.seed)
             gflop = gflop_per_window(model, x[0])
             names = cfg.backends or default_backends(cfg.device)
-            ours, ref = _bench_shape(cfg, loader, model, x, persons, gflop,
+            ours, ref = _bench_shape(cfg, store, model, x, persons, gflop,
                                      [n for n in names if n not in PEER_MODES])
             rows += ours
             rows += [row for name in names if name in PEER_MODES
                      for precision in cfg.precisions or default_precisions(cfg.device)
-                     for row in _peer_row(cfg, loader, spec, (name, precision), x, gflop,
+                     for row in _peer_row(cfg, store, spec, (name, precision), x, gflop,
                                           ours[0], ref)]
     return rows
 
 
-def _peer_row(cfg: BenchConfig, loader: _Loader, spec: ModelSpec, row_of: tuple[str, str],
+def _peer_row(cfg: BenchConfig, store: EngineStore, spec: ModelSpec, row_of: tuple[str, str],
               x: np.ndarray, gflop: float | None, base_row: dict[str, Any], ref: np.ndarray
               ) -> list[dict[str, Any]]:
     """A peer row, one session (a user's compiled module on one thread), or []."""
@@ -309,7 +297,7 @@ def _peer_row(cfg: BenchConfig, loader: _Loader, spec: ModelSpec, row_of: tuple[
         times, logits, first_s = run_peer(spec, {
             "precision": precision, "device": cfg.device, "mode": PEER_MODES[name],
             "iterations": cfg.iterations, "warmup": cfg.warmup},
-            x, loader.store().root / "torch-compile" / "peers")
+            x, store.root / "torch-compile" / "peers")
     except BackendUnavailable as exc:
         cfg.progress(f"{label}: skipped ({exc})")
         return []
@@ -323,7 +311,7 @@ def _peer_row(cfg: BenchConfig, loader: _Loader, spec: ModelSpec, row_of: tuple[
     return [row]
 
 
-def _bench_shape(cfg: BenchConfig, loader: _Loader, model: Any, x: np.ndarray, persons: int,
+def _bench_shape(cfg: BenchConfig, store: EngineStore, model: Any, x: np.ndarray, persons: int,
                  gflop: float | None, names: list[str]
                  ) -> tuple[list[dict[str, Any]], np.ndarray]:
     """The in-process rows of one (M, B) and the baseline's logits: the baseline and every
@@ -336,7 +324,7 @@ def _bench_shape(cfg: BenchConfig, loader: _Loader, model: Any, x: np.ndarray, p
         for name in names:
             for precision in cfg.precisions or default_precisions(cfg.device):
                 try:
-                    opened.append((name, loader.open(model, name, precision, len(x))))
+                    opened.append((name, open_backend(cfg, store, model, name, precision, len(x))))
                 except BackendUnavailable as exc:
                     cfg.progress(f"[{label}] {name} {precision}: skipped ({exc})")
         cfg.progress(f"[{label}] {len(opened)} runners round-robin, {iters} rounds ...")
