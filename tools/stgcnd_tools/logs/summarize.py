@@ -201,28 +201,23 @@ def summarize(log: LogScan) -> dict[str, Any]:
     sys_times = [e["_t"] for e in timed_system]
     all_times = [e["_t"] for e in (*log.latency, *log.system, *log.requests) if "_t" in e]
 
-    streams: dict[tuple[str, str], dict[str, Any]] = defaultdict(lambda: {"intervals": []})
+    def key(e: dict[str, Any]) -> tuple[str, str]:
+        return str(e.get("camera")), str(e.get("model"))
+
+    intervals: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for rec in sorted(log.latency, key=lambda e: e.get("_t") or datetime.min.replace(
             tzinfo=timezone.utc)):
-        key = (str(rec.get("camera")), str(rec.get("model")))
-        streams[key]["intervals"].append(rec)
-    requests_by_key: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+        intervals[key(rec)].append(rec)
+    requests: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for req in log.requests:
-        requests_by_key[(str(req.get("camera")), str(req.get("model")))].append(req)
-    for key in requests_by_key:  # a stream may be seen only through request events
-        streams.setdefault(key, {"intervals": []})
-
-    out_streams = []
-    for (camera, model), data in sorted(streams.items()):
-        out_streams.append(_stream_summary(camera, model, data["intervals"],
-                                           requests_by_key.get((camera, model), []),
-                                           sys_times, timed_system))
+        requests[key(req)].append(req)
+    # A stream may be seen only through request events.
+    out_streams = [_stream_summary(*k, intervals[k], requests[k], sys_times, timed_system)
+                   for k in sorted({*intervals, *requests})]
     system = {"samples": len(log.system),
-              "sources": sorted({str(e.get("source")) for e in log.system})}
-    for name in SYSTEM_RANGE_FIELDS:
-        values = [gpu_temp(e) for e in log.system] if name == "gpu_temp_c" else \
-            [e.get(name) for e in log.system]
-        system[name] = _range(values)
+              "sources": sorted({str(e.get("source")) for e in log.system}),
+              **{name: _range(gpu_temp(e) if name == "gpu_temp_c" else e.get(name)
+                              for e in log.system) for name in SYSTEM_RANGE_FIELDS}}
     return {
         "lines": {"total": log.total_lines, "skipped_not_ours": log.foreign_lines,
                   "filtered_out": log.filtered_out},
