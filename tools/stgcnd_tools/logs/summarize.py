@@ -128,11 +128,8 @@ def skeleton_quality(log: LogScan) -> list[dict[str, Any]]:
                                "silent": sum(bool(r.get("silent")) for r in records),
                                "blocked": sum(bool(r.get("blocked")) for r in records)}
         for name in QUALITY_SHARES:
-            pairs: list[tuple[float, int]] = []
-            for r in records:
-                value, frames = number(r.get(name)), int(r.get("frames") or 0)
-                if value is not None and frames:
-                    pairs.append((value, frames))
+            pairs = [(v, n) for v, n in ((number(r.get(name)), int(r.get("frames") or 0))
+                                         for r in records) if v is not None and n]
             weight = sum(n for _, n in pairs)
             row[name] = sum(v * n for v, n in pairs) / weight if weight else None
         usable = [number(r.get("usable")) for r in records]
