@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from stgcnd.engines.quantize import quantize_qdq
+from stgcnd.engines.validate import compare_logits
 from stgcnd.export.onnx_export import export_model
 from stgcnd.log import configure_logging
 from stgcnd.model.reference import export_module, load_for_inference, reference_logits
@@ -50,12 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         got = np.concatenate([sess.run(None, {"input": evals[i:i + 16]})[0]
                               for i in range(0, len(evals), 16)])
     ref = reference_logits(model, evals)
-    diff = np.abs(got - ref)
     result = {"frames": spec.frames, "calibration_windows": args.calibration,
               "windows": args.windows, "method": args.method, "demo": spec.is_demo,
-              "quantize_seconds": round(quant_s, 1),
-              "top1_agreement": float(np.mean(ref.argmax(1) == got.argmax(1))),
-              "max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
+              "quantize_seconds": round(quant_s, 1), **compare_logits(ref, got),
               "logit_abs_max": float(np.abs(ref).max()),
               "fp32_classes": np.bincount(ref.argmax(1), minlength=ref.shape[1]).tolist()}
     if ref.shape[1] == 2:

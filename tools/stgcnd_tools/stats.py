@@ -60,5 +60,10 @@ def count_codes(codes: np.ndarray) -> dict[str, int]:
     return dict(sorted(Counter(str(c) for c in codes if c).items()))
 
 
+def number(value: Any) -> float | None:
+    """`value` if it is an int or a float (a JSON number; not a bool), else None."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def rate(count: int, seconds: float) -> float:
     return count / seconds if seconds > 0 else 0.0

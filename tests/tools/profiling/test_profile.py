@@ -21,16 +21,14 @@ def test_real_profiles(shared, name):
     assert not profile.repaired
     assert [la.name for la in profile.layers] == [r["name"] for r in records]
     assert profile.total_average_ms == pytest.approx(sum(r["averageMs"] for r in records))
-    ranked = profile.sorted_layers()
-    assert ranked[0].average_ms == max(r["averageMs"] for r in records)
-    assert [la.average_ms for la in ranked] == sorted((r["averageMs"] for r in records),
-                                                      reverse=True)
+    ranked = profile.to_dict()["per_layer"]
+    assert [r["average_ms"] for r in ranked] == sorted((r["averageMs"] for r in records),
+                                                       reverse=True)
     assert profile.has_median == ("medianMs" in records[0])
-    shares = [profile.share(la) for la in profile.layers]
-    assert sum(shares) == pytest.approx(100.0)
+    assert sum(r["share_percent"] for r in ranked) == pytest.approx(100.0)
     # Our share is recomputed from averages; trtexec's percentage uses totals: close anyway.
-    for layer, record in zip(profile.layers, records):
-        assert profile.share(layer) == pytest.approx(record["percentage"], abs=0.05)
+    for row, record in zip(ranked, sorted(records, key=lambda r: -r["averageMs"])):
+        assert row["share_percent"] == pytest.approx(record["percentage"], abs=0.05)
 
 
 @pytest.mark.parametrize("stem", ["trex_tf-resnet50_rtx3090_fp32",
@@ -68,7 +66,8 @@ def test_trt82_layout_without_median():
     profile = load_profile(DATA / "handmade_profile_trt82_no_median.json")
     assert not profile.has_median
     assert all(la.median_ms is None for la in profile.layers)
-    assert [la.name for la in profile.sorted_layers()] == ["conv1 + relu1", "fc1", "pool1"]
+    ranked = profile.to_dict()["per_layer"]
+    assert [r["name"] for r in ranked] == ["conv1 + relu1", "fc1", "pool1"]
 
 
 def test_not_a_profile(tmp_path):

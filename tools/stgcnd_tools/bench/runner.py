@@ -10,6 +10,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,8 @@ from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd.provision.load import load_runtime
 from stgcnd.runtimes import available, runtime_module
-from stgcnd.runtimes.base import Runtime, RuntimeInfo
-from stgcnd.runtimes.timing import time_round_robin
+from stgcnd.runtimes.base import Runner, Runtime, RuntimeInfo
+from stgcnd.runtimes.timing import Timed, time_round_robin
 from stgcnd.server.config import engines_root
 from stgcnd_tools.profiling import (
     RunOptions,
@@ -153,40 +154,28 @@ def run_peer(spec: ModelSpec, job: dict[str, object], x: np.ndarray, cache_dir: 
             return [float(t) for t in r["times_ms"]], r["logits"], float(r["first_call_s"])
 
 
-class _Loader:
-    """Opens backends for the bench; ONNX Runtime and TensorRT artefacts come from the store."""
-
-    def __init__(self, cfg: BenchConfig) -> None:
-        self.cfg = cfg
-        self._store: EngineStore | None = None
-
-    def store(self) -> EngineStore:
-        if self._store is None:
-            self._store = EngineStore(engines_root(self.cfg.store))
-        return self._store
-
-    def open(self, model: Any, name: str, precision: str, batch: int) -> Runtime:
-        cfg = self.cfg
-        compile_mode, graph = TORCH_VARIANTS.get(name, ("off", name.endswith("-cudagraph")))
-        if (graph or compile_mode != "off") and cfg.device != "cuda":
-            raise BackendUnavailable("CUDA graphs and torch.compile need --device cuda")
-        if name in TORCH_VARIANTS:
-            return runtime_module("torch").TorchRuntime(
-                model, precision, cfg.device, cuda_graph=graph, max_batch=batch,
-                threads=cfg.threads, compile_mode=compile_mode,
-                compile_cache=self.store().root)
-        base = name[:-len("-cudagraph")] if graph else name  # str.removesuffix: 3.9+
-        if precision == "bf16":
-            raise BackendUnavailable("bf16 is offered by the torch backend on the CPU only")
-        tuned = name == AUTOTUNED
-        options = BuildOptions(precision=precision, max_batch=batch,
-                               device="cuda" if base == "tensorrt" or tuned else cfg.device,
-                               threads=cfg.threads, cuda_graph=graph,
-                               compile="max-autotune" if tuned else "off",
-                               # the one batch size the row times: one trial, not ten
-                               buckets=(batch,) if tuned else DEFAULT_BUCKETS,
-                               allow_synthetic_calibration=True)
-        return load_runtime(model, "torch" if tuned else base, options, self.store())
+def open_backend(cfg: BenchConfig, store: EngineStore, model: Any, name: str, precision: str,
+                 batch: int) -> Runtime:
+    """A bench backend; ONNX Runtime and TensorRT artefacts come from the store."""
+    compile_mode, graph = TORCH_VARIANTS.get(name, ("off", name.endswith("-cudagraph")))
+    if (graph or compile_mode != "off") and cfg.device != "cuda":
+        raise BackendUnavailable("CUDA graphs and torch.compile need --device cuda")
+    if name in TORCH_VARIANTS:
+        return runtime_module("torch").TorchRuntime(
+            model, precision, cfg.device, cuda_graph=graph, max_batch=batch,
+            threads=cfg.threads, compile_mode=compile_mode, compile_cache=store.root)
+    base = name[:-len("-cudagraph")] if graph else name  # str.removesuffix: 3.9+
+    if precision == "bf16":
+        raise BackendUnavailable("bf16 is offered by the torch backend on the CPU only")
+    tuned = name == AUTOTUNED
+    options = BuildOptions(precision=precision, max_batch=batch,
+                           device="cuda" if base == "tensorrt" or tuned else cfg.device,
+                           threads=cfg.threads, cuda_graph=graph,
+                           compile="max-autotune" if tuned else "off",
+                           # the one batch size the row times: one trial, not ten
+                           buckets=(batch,) if tuned else DEFAULT_BUCKETS,
+                           allow_synthetic_calibration=True)
+    return load_runtime(model, "torch" if tuned else base, options, store)
 
 
 def peak_gflops(cfg: BenchConfig, precision: str) -> float | None:
@@ -199,43 +188,29 @@ def peak_gflops(cfg: BenchConfig, precision: str) -> float | None:
 
 def time_sessions(runtime: Runtime, x: np.ndarray, n: int, iterations: int, warmup: int
                   ) -> dict[str, Any]:
-    """Drive n runners from n threads at once; latencies per runner, outputs, wall time."""
+    """Drive n runners from n threads at once, timed from when all are warm; latencies per
+    runner, outputs, wall time."""
     sessions = [runtime.open_runner((len(x),), 0) for _ in range(n)]
-    results: list[Any] = [None] * n
-    errors: list[BaseException] = []
-    start = threading.Barrier(n + 1)
-    done = threading.Barrier(n + 1)
+    warm = threading.Barrier(n + 1)
 
-    def worker(i: int) -> None:
+    def work(session: Runner) -> Timed:
         try:
             for _ in range(warmup):
-                sessions[i].run(list(x))
-        except BaseException as exc:
-            errors.append(exc)
-        start.wait()
-        try:
-            if not errors:
-                results[i] = time_round_robin([sessions[i]], x, iterations, 0)[0]
-        except BaseException as exc:
-            errors.append(exc)
+                session.run(list(x))
         finally:
-            done.wait()
+            warm.wait()  # a failed warm-up too, so that nobody waits for it
+        return time_round_robin([session], x, iterations, 0)[0]
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(n)]
     try:
-        for t in threads:
-            t.start()
-        start.wait()
-        t0 = time.perf_counter()
-        done.wait()
-        wall = time.perf_counter() - t0
-        for t in threads:
-            t.join()
+        with ThreadPoolExecutor(n) as pool:
+            futures = [pool.submit(work, s) for s in sessions]
+            warm.wait()
+            t0 = time.perf_counter()
+            results = [f.result() for f in futures]  # the first failure is raised
+            wall = time.perf_counter() - t0
     finally:
         for s in sessions:
             s.close()
-    if errors:
-        raise errors[0]
     return {"per_session": [r[0] for r in results], "outputs": [r[1] for r in results],
             "parts": results[0][2], "wall_s": wall}
 
@@ -247,10 +222,8 @@ def _row(name: str, info: RuntimeInfo, x: np.ndarray, persons: int, frames: int,
     stats = latency_stats(all_times)
     batch = x.shape[0]
     peak = peak_gflops(cfg, info.precision)
-    if sessions == 1:
-        wps = batch * 1e3 / stats["mean_ms"]
-    else:
-        wps = batch * len(all_times) / timed["wall_s"]
+    wps = (batch * 1e3 / stats["mean_ms"] if sessions == 1 else  # N sessions: all together
+           batch * len(all_times) / timed["wall_s"])
     row: dict[str, Any] = {
         "backend": name, "precision": info.precision, "device": info.device,
         "persons": persons, "frames": frames, "batch": batch, "sessions": sessions,
@@ -269,10 +242,9 @@ def _row(name: str, info: RuntimeInfo, x: np.ndarray, persons: int, frames: int,
 def _compare(row: dict[str, Any], outputs: list[np.ndarray], ref: np.ndarray,
              base_row: dict[str, Any]) -> None:
     compared = [compare_logits(ref, o) for o in outputs]
-    row["max_abs_diff"] = max(c["max_abs_diff"] for c in compared)
+    row.update({k: max(c[k] for c in compared)  # the worst session's
+                for k in ("max_abs_diff", "margin_change_median", "margin_change_max")})
     row["top1_agreement"] = float(np.mean([c["top1_agreement"] for c in compared]))
-    row["margin_change_median"] = max(c["margin_change_median"] for c in compared)
-    row["margin_change_max"] = max(c["margin_change_max"] for c in compared)
     if row["sessions"] == 1:
         row["speedup"] = base_row["median_ms"] / row["median_ms"]
         row["speedup_min"] = base_row["min_ms"] / row["min_ms"]
@@ -297,7 +269,7 @@ def _trtexec_columns(row: dict[str, Any], engine: str | None, x: np.ndarray,
 
 def run_bench(cfg: BenchConfig) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    loader = _Loader(cfg)
+    store = EngineStore(engines_root(cfg.store))
     for persons in cfg.persons:
         try:
             spec = ModelSpec(checkpoint=cfg.checkpoint, layout=cfg.layout, persons=persons,
@@ -310,17 +282,17 @@ def run_bench(cfg: BenchConfig) -> list[dict[str, Any]]:
             x = synthetic_windows(batch, cfg.frames, persons, spec.num_node, seed=cfg.seed)
             gflop = gflop_per_window(model, x[0])
             names = cfg.backends or default_backends(cfg.device)
-            ours, ref = _bench_shape(cfg, loader, model, x, persons, gflop,
+            ours, ref = _bench_shape(cfg, store, model, x, persons, gflop,
                                      [n for n in names if n not in PEER_MODES])
             rows += ours
             rows += [row for name in names if name in PEER_MODES
                      for precision in cfg.precisions or default_precisions(cfg.device)
-                     for row in _peer_row(cfg, loader, spec, (name, precision), x, gflop,
+                     for row in _peer_row(cfg, store, spec, (name, precision), x, gflop,
                                           ours[0], ref)]
     return rows
 
 
-def _peer_row(cfg: BenchConfig, loader: _Loader, spec: ModelSpec, row_of: tuple[str, str],
+def _peer_row(cfg: BenchConfig, store: EngineStore, spec: ModelSpec, row_of: tuple[str, str],
               x: np.ndarray, gflop: float | None, base_row: dict[str, Any], ref: np.ndarray
               ) -> list[dict[str, Any]]:
     """A peer row, one session (a user's compiled module on one thread), or []."""
@@ -333,7 +305,7 @@ def _peer_row(cfg: BenchConfig, loader: _Loader, spec: ModelSpec, row_of: tuple[
         times, logits, first_s = run_peer(spec, {
             "precision": precision, "device": cfg.device, "mode": PEER_MODES[name],
             "iterations": cfg.iterations, "warmup": cfg.warmup},
-            x, loader.store().root / "torch-compile" / "peers")
+            x, store.root / "torch-compile" / "peers")
     except BackendUnavailable as exc:
         cfg.progress(f"{label}: skipped ({exc})")
         return []
@@ -347,7 +319,7 @@ def _peer_row(cfg: BenchConfig, loader: _Loader, spec: ModelSpec, row_of: tuple[
     return [row]
 
 
-def _bench_shape(cfg: BenchConfig, loader: _Loader, model: Any, x: np.ndarray, persons: int,
+def _bench_shape(cfg: BenchConfig, store: EngineStore, model: Any, x: np.ndarray, persons: int,
                  gflop: float | None, names: list[str]
                  ) -> tuple[list[dict[str, Any]], np.ndarray]:
     """The in-process rows of one (M, B) and the baseline's logits: the baseline and every
@@ -360,7 +332,7 @@ def _bench_shape(cfg: BenchConfig, loader: _Loader, model: Any, x: np.ndarray, p
         for name in names:
             for precision in cfg.precisions or default_precisions(cfg.device):
                 try:
-                    opened.append((name, loader.open(model, name, precision, len(x))))
+                    opened.append((name, open_backend(cfg, store, model, name, precision, len(x))))
                 except BackendUnavailable as exc:
                     cfg.progress(f"[{label}] {name} {precision}: skipped ({exc})")
         cfg.progress(f"[{label}] {len(opened)} runners round-robin, {iters} rounds ...")

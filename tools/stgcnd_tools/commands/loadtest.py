@@ -26,13 +26,12 @@ from stgcnd_tools.loadtest.scenarios import (
 )
 from stgcnd_tools.loadtest.serve import ServedDaemon, ServeOptions
 
-# Load options a scenario sets itself (the argparse dest of each, and its flag): given with
-# --scenario they would be ignored, so they are refused. Their defaults are None here and
-# resolved in _plan, to tell a flag given from one left alone.
-SCENARIO_SETS = {"processes": "--processes", "cameras": "--cameras", "mode": "--mode",
-                 "rate": "--rate", "closed_loop": "--closed-loop", "duration": "--duration",
-                 "warmup": "--warmup", "join": "--join", "join_at": "--join-at",
-                 "join_window": "--join-window"}
+# Load options a scenario sets itself (argparse dests), with their defaults without one:
+# given with --scenario they would be ignored, so they are refused. argparse's defaults are
+# None, to tell a flag given from one left alone; rate and closed_loop resolve in _plan.
+LOAD_DEFAULTS = {"processes": 1, "cameras": 4, "mode": "window", "rate": None,
+                 "closed_loop": None, "duration": 10.0, "warmup": 2.0, "join": 0,
+                 "join_at": None, "join_window": 5.0}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -121,7 +120,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def check_options(args: argparse.Namespace) -> None:
     """Refuse what this run could not honour, before anything starts."""
     if args.scenario:
-        given = [flag for dest, flag in SCENARIO_SETS.items()
+        given = ["--" + dest.replace("_", "-") for dest in LOAD_DEFAULTS
                  if getattr(args, dest) is not None]
         if given:
             scenario = SCENARIOS[args.scenario]
@@ -136,17 +135,12 @@ def check_options(args: argparse.Namespace) -> None:
         raise UserError("give --endpoint of a running daemon, or --serve to start one")
 
 
-# The load options' defaults without --scenario (argparse's are None: see SCENARIO_SETS).
-LOAD_DEFAULTS = {"processes": 1, "cameras": 4, "mode": "window", "duration": 10.0,
-                 "warmup": 2.0, "join": 0, "join_at": None, "join_window": 5.0}
-
-
 def _plan(args: argparse.Namespace, endpoint: str) -> LoadPlan:
     if args.scenario:
         load = SCENARIOS[args.scenario].load
     else:
         load = {k: d if getattr(args, k) is None else getattr(args, k)
-                for k, d in LOAD_DEFAULTS.items()}
+                for k, d in LOAD_DEFAULTS.items() if k not in ("rate", "closed_loop")}
         load["rate_hz"] = (None if args.closed_loop else DEFAULT_RATE_HZ if args.rate is None
                            else args.rate)
     return LoadPlan(endpoint=endpoint, model=args.model, timeout_ms=args.timeout_ms,

@@ -15,7 +15,6 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import TextIO
 
 import numpy as np
 import zmq
@@ -124,16 +123,11 @@ def format_table(rows: list[dict[str, object]]) -> str:
 
 
 def simulate(endpoint: str, cameras: int = 4, fps: float = 25.0, mode: str = "push",
-             duration: float = 20.0, model: str | None = None, out: TextIO | None = None,
-             refresh: float = 1.0, err: TextIO | None = None, legend: str = "",
+             duration: float = 20.0, model: str | None = None, legend: str = "",
              timeout: float = 5.0) -> list[dict[str, object]]:
-    """Run the cameras, each request with `timeout` seconds; print a live table every
-    `refresh` seconds (on a terminal); return the final rows.
-
-    The final table goes to `out` (with `legend` under it), then one line per failure cause
-    to `err` (stderr).
-    """
-    out = out or sys.stdout
+    """Run the cameras, each request with `timeout` seconds; on a terminal, a live table
+    every second; return the final rows. The final table goes to stdout (with `legend`
+    under it), then one line per failure cause to stderr."""
     plan = LoadPlan(endpoint, cameras=cameras, mode=mode, rate_hz=fps, duration=duration,
                     warmup=0.0, model=model, timeout_ms=timeout * 1e3, retries=CLIENT_RETRIES)
     clock, stop = RunClock(), threading.Event()
@@ -155,25 +149,19 @@ def simulate(endpoint: str, cameras: int = 4, fps: float = 25.0, mode: str = "pu
     for c in cams:
         c.ready.wait(HELLO_TIMEOUT_S + timeout)
     clock.start_at(time.time())
-    live = getattr(out, "isatty", lambda: False)()
+    under = "\n" + legend if legend else ""
     try:
         while any(th.is_alive() for th in threads):
-            time.sleep(refresh)
-            if live:
-                out.write("\x1b[H\x1b[J" + format_table([row(c, clock.now()) for c in cams])
-                          + ("\n" + legend if legend else "") + "\n")
-            out.flush()
+            time.sleep(1.0)
+            if sys.stdout.isatty():
+                print("\x1b[H\x1b[J" + format_table([row(c, clock.now()) for c in cams]) + under,
+                      flush=True)
     except KeyboardInterrupt:
         stop.set()
     for th in threads:
         th.join(timeout=10)
     rows = [row(c, clock.now()) for c in cams]
-    out.write(format_table(rows) + "\n")
-    if legend:
-        out.write(legend + "\n")
-    out.flush()
-    err = err or sys.stderr
+    print(format_table(rows) + under, flush=True)
     for line in failure_lines(rows):
-        err.write(line + "\n")
-    err.flush()
+        print(line, file=sys.stderr, flush=True)
     return rows

@@ -16,7 +16,7 @@ class EventPrinter(threading.Thread):
         super().__init__(name="demo-events", daemon=True)
         self.endpoint, self.say = endpoint, say
         self.stop = threading.Event()
-        self.started_events = self.ended_events = 0
+        self.started_events = 0
         self.ended_reasons: Counter[str] = Counter()  # reason -> events that ended so
         self._subscribed = threading.Event()
 
@@ -35,7 +35,6 @@ class EventPrinter(threading.Thread):
                     self.say(f"event {event['id']}: {event['class']} started on "
                              f"{event['camera']} at {at} (probability {event['probability']})")
                 else:
-                    self.ended_events += 1
                     self.ended_reasons[str(event["reason"])] += 1
                     self.say(f"event {event['id']}: ended at {at} after "
                              f"{event['duration_s']} s, peak {event['peak']} "

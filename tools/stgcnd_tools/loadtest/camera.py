@@ -82,8 +82,6 @@ class CameraResult:
 
 def camera_data(plan: LoadPlan, camera: CameraPlan, target: ModelTarget) -> np.ndarray:
     """What the camera sends: windows (n, 3, T, V, M) or frames (T, 3, V, M), contiguous."""
-    # stgcnd.model.synthetic is numpy only (no torch); imported here, before the clock starts.
-
     _, t, v, m = target.input_shape
     seed = plan.seed * 1_000_003 + camera.index
     if plan.mode == "window":

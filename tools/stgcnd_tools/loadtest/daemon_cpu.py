@@ -10,6 +10,8 @@ from typing import Any
 
 import psutil
 
+from stgcnd_tools.stats import number
+
 LOCAL_PREFIXES = ("ipc://", "inproc://", "tcp://127.", "tcp://localhost:", "tcp://[::1]:")
 # The daemon read this many more requests than the load sent (beyond its own few control
 # calls): other clients share it, which the report says.
@@ -48,13 +50,13 @@ def _int(value: object) -> int | None:
 def sample(stats: dict[str, Any], endpoint: str, served_pid: int | None = None) -> CpuSample:
     """One reading of the daemon's CPU time and request count from a stats reply (and what
     else we know)."""
-    value = stats.get("process_cpu_s")
+    value = number(stats.get("process_cpu_s"))
     requests = _int(stats.get("requests"))
     pid = _int(stats.get("pid"))
     pid = pid if pid is not None else served_pid
     local = pid is not None and (pid == served_pid or is_local(endpoint))
     proc = psutil_cpu_s(pid) if local and pid is not None else None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if value is not None:
         return CpuSample(float(value), "stats", pid, requests=requests, proc_cpu_s=proc)
     if pid is None:
         return CpuSample(None, None, None, "the daemon's stats reply has neither process_cpu_s "

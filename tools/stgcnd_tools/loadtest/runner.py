@@ -34,35 +34,14 @@ def describe_target(info: Any, model: str | None) -> ModelTarget:
     return ModelTarget(m.name, tuple(m.input_shape), m.stride)
 
 
-class _Control:
-    """The parent's own client: hello at the start, then the two stats samples."""
-
-    def __init__(self, plan: LoadPlan, served_pid: int | None) -> None:
-        self.plan = plan
-        self.served_pid = served_pid
-        timeout = max(CONTROL_TIMEOUT_S, plan.timeout_ms / 1e3)
-        self.client = Client(plan.endpoint, camera_id=f"lt-{plan.run_id}-control",
-                             timeout=timeout, retries=1, server_key=plan.server_key,
-                             client_key=plan.client_key)
-
-    def hello(self) -> tuple[Any, ModelTarget]:
-        try:
-            info = self.client.hello()
-        except ClientError as exc:
-            raise UserError(f"cannot reach the daemon at {self.plan.endpoint}: {exc}; start it "
-                            "(stgcnd serve) or use --serve") from None
-        return info, describe_target(info, self.plan.model)
-
-    def sample(self) -> tuple[float, daemon_cpu.CpuSample]:
-        """(when, the daemon's CPU time) now; a failed stats call gives an empty sample."""
-        try:
-            stats = self.client.stats()
-        except ClientError as exc:
-            return time.monotonic(), daemon_cpu.CpuSample(None, None, None, f"stats: {exc}")
-        return time.monotonic(), daemon_cpu.sample(stats, self.plan.endpoint, self.served_pid)
-
-    def close(self) -> None:
-        self.client.close()
+def _sample(control: Client, endpoint: str, served_pid: int | None
+            ) -> tuple[float, daemon_cpu.CpuSample]:
+    """(when, the daemon's CPU time) now; a failed stats call gives an empty sample."""
+    try:
+        stats = control.stats()
+    except ClientError as exc:
+        return time.monotonic(), daemon_cpu.CpuSample(None, None, None, f"stats: {exc}")
+    return time.monotonic(), daemon_cpu.sample(stats, endpoint, served_pid)
 
 
 def run_load(plan: LoadPlan, served_pid: int | None = None,
@@ -72,13 +51,19 @@ def run_load(plan: LoadPlan, served_pid: int | None = None,
     `floor`, if given, runs once the daemon has answered and before the load starts (the
     bare ZeroMQ floor, which the daemon's goals are judged against); its result is the
     report's `floor`."""
-    control = _Control(plan, served_pid)
-    try:
-        info, target = control.hello()
+    # The parent's own client: hello at the start, then the two stats samples.
+    with Client(plan.endpoint, camera_id=f"lt-{plan.run_id}-control", retries=1,
+                timeout=max(CONTROL_TIMEOUT_S, plan.timeout_ms / 1e3),
+                server_key=plan.server_key, client_key=plan.client_key) as control:
+        try:
+            info = control.hello()
+        except ClientError as exc:
+            raise UserError(f"cannot reach the daemon at {plan.endpoint}: {exc}; start it "
+                            "(stgcnd serve) or use --serve") from None
+        target = describe_target(info, plan.model)
         measured_floor = floor() if floor is not None else None
-        cameras, samples = _run_processes(plan, target, control)
-    finally:
-        control.close()
+        cameras, samples = _run_processes(
+            plan, target, lambda: _sample(control, plan.endpoint, served_pid))
     model = info.model(target.name)
     return build_report(plan, target, cameras, samples, model={
         "name": model.name, "input_shape": list(model.input_shape), "backend": model.backend,
@@ -86,7 +71,8 @@ def run_load(plan: LoadPlan, served_pid: int | None = None,
         served=served, floor=measured_floor)
 
 
-def _run_processes(plan: LoadPlan, target: ModelTarget, control: _Control
+def _run_processes(plan: LoadPlan, target: ModelTarget,
+                   sample: Callable[[], tuple[float, daemon_cpu.CpuSample]]
                    ) -> tuple[list[CameraResult], dict[str, Any]]:
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
@@ -103,9 +89,9 @@ def _run_processes(plan: LoadPlan, target: ModelTarget, control: _Control
         t0 = time.monotonic() + START_DELAY_S
         go.set()
         _sleep_until(t0 + plan.warmup)
-        first_at, first = control.sample()
+        first_at, first = sample()
         _sleep_until(t0 + plan.end)
-        last_at, last = control.sample()
+        last_at, last = sample()
         done = collect(results, procs, "done", plan.timeout_ms / 1e3 + 60.0)
     except BaseException:
         stop.set()

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from stgcnd.errors import UserError
-from stgcnd_tools.logs.summarize import LogScan, action_spans
+from stgcnd_tools.logs.summarize import LogScan, action_spans, gpu_temp
+from stgcnd_tools.stats import number
 
 # The streams' colours: matplotlib's tab10 and its light tones, without those the machine's
 # series use (black CPU, gray GPU load, red temperature, blue clock, orange power).
@@ -22,13 +23,8 @@ STREAM_COLOURS = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17bec
 
 
 def _series(events: list[dict[str, Any]], key: str) -> tuple[list[Any], list[float]]:
-    xs, ys = [], []
-    for e in events:
-        value = e.get(key)
-        if "_t" in e and isinstance(value, (int, float)) and not isinstance(value, bool):
-            xs.append(e["_t"])
-            ys.append(float(value))
-    return xs, ys
+    timed = [(e["_t"], number(e.get(key))) for e in events if "_t" in e]
+    return [t for t, v in timed if v is not None], [float(v) for _, v in timed if v is not None]
 
 
 def plot(log: LogScan, out_path: str | Path, title: str | None = None) -> Path:
@@ -62,9 +58,8 @@ def figure(log: LogScan, title: str | None = None) -> Any:
     if not latency and not system:
         raise UserError("nothing to plot: no timestamped `latency` or `system` events in the "
                         "input (check --camera/--since/--until)")
-    for e in system:  # Orin hides the GPU sensor while it is power-gated: use the hottest.
-        if e.get("gpu_temp_c") is None:
-            e["gpu_temp_c"] = e.get("temp_max_c")
+    for e in system:
+        e["gpu_temp_c"] = gpu_temp(e)
 
     clock = [k for k in ("gpu_freq_mhz", "power_total_mw") if _series(system, k)[0]]
     spans = [s for s in action_spans(log) if s["started"] is not None]
@@ -77,9 +72,8 @@ def figure(log: LogScan, title: str | None = None) -> Any:
     streams: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for e in latency:
         streams.setdefault((str(e.get("camera")), str(e.get("model"))), []).append(e)
-    palette = STREAM_COLOURS
     for i, ((camera, model), events) in enumerate(sorted(streams.items())):
-        color = palette[i % len(palette)]
+        color = STREAM_COLOURS[i % len(STREAM_COLOURS)]
         label = f"{camera} / {model}"
         for key, style, name in (("p50_ms", "-", "p50"), ("p99_ms", "--", "p99")):
             xs, ys = _series(events, key)
@@ -128,11 +122,8 @@ def figure(log: LogScan, title: str | None = None) -> Any:
         _timeline(axes[-1][0], spans, feeds, latency, system)
 
     # One legend, outside the data (it hid the p99 peaks inside).
-    handles, labels = [], []
-    for ax in fig.axes:
-        h, lab = ax.get_legend_handles_labels()
-        handles += h
-        labels += lab
+    pairs = [ax.get_legend_handles_labels() for ax in fig.axes]
+    handles, labels = [h for hs, _ in pairs for h in hs], [x for _, xs in pairs for x in xs]
     if handles:
         fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(0.80, 0.97), fontsize=8,
                    framealpha=0.9)

@@ -8,6 +8,7 @@ approximation, reported beside the worst interval's p99).
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
 import re
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from stgcnd_tools.stats import number
 from stgcnd_tools.table import cell, table
 
 SYSTEM_RANGE_FIELDS = ("gpu_load_pct", "gpu_freq_mhz", "gpu_temp_c", "temp_max_c",
@@ -126,14 +128,11 @@ def skeleton_quality(log: LogScan) -> list[dict[str, Any]]:
                                "silent": sum(bool(r.get("silent")) for r in records),
                                "blocked": sum(bool(r.get("blocked")) for r in records)}
         for name in QUALITY_SHARES:
-            pairs: list[tuple[float, int]] = []
-            for r in records:
-                value, frames = _num(r.get(name)), int(r.get("frames") or 0)
-                if value is not None and frames:
-                    pairs.append((value, frames))
+            pairs = [(v, n) for v, n in ((number(r.get(name)), int(r.get("frames") or 0))
+                                         for r in records) if v is not None and n]
             weight = sum(n for _, n in pairs)
             row[name] = sum(v * n for v, n in pairs) / weight if weight else None
-        usable = [_num(r.get("usable")) for r in records]
+        usable = [number(r.get("usable")) for r in records]
         row["worst_usable"] = min((u for u in usable if u is not None), default=None)
         out.append(row)
     return out
@@ -146,39 +145,25 @@ def action_spans(log: LogScan) -> list[dict[str, Any]]:
     for e in log.actions:
         span = spans.setdefault(str(e.get("id")), {
             "camera": str(e.get("camera")), "model": e.get("model"), "class": e.get("class"),
-            "started": _num(e.get("started")), "ended": None, "peak": _num(e.get("peak")),
+            "started": number(e.get("started")), "ended": None, "peak": number(e.get("peak")),
             "reason": None})
         if e.get("kind") == "end":
-            span.update(ended=_num(e.get("ended")), peak=_num(e.get("peak")),
+            span.update(ended=number(e.get("ended")), peak=number(e.get("peak")),
                         reason=e.get("reason"))
     return sorted(spans.values(), key=lambda s: (s["camera"], s["started"] or 0.0))
-
-
-def _lower_rank(sorted_values: list[float], percent: float) -> float:
-    return sorted_values[math.floor(percent / 100 * (len(sorted_values) - 1))]
 
 
 def _weighted_percentile(pairs: list[tuple[float | None, int]], percent: float) -> float | None:
     """Percentile of values each standing for `weight` samples (None values are left out)."""
     valued = sorted((v, w) for v, w in pairs if v is not None and w > 0)
-    total = sum(w for _, w in valued)
-    if total == 0:
+    if not valued:
         return None
-    rank = math.floor(percent / 100 * (total - 1))
-    seen = 0
-    for value, weight in valued:
-        seen += weight
-        if rank < seen:
-            return value
-    return valued[-1][0]
-
-
-def _num(value: Any) -> float | None:
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    ends = list(itertools.accumulate(w for _, w in valued))  # the last rank each value holds
+    return valued[bisect.bisect_right(ends, math.floor(percent / 100 * (ends[-1] - 1)))][0]
 
 
 def _range(values: Iterable[Any]) -> dict[str, float] | None:
-    nums = [v for v in (_num(x) for x in values) if v is not None]
+    nums = [v for v in (number(x) for x in values) if v is not None]
     if not nums:
         return None
     return {"min": min(nums), "mean": round(sum(nums) / len(nums), 3), "max": max(nums)}
@@ -202,7 +187,7 @@ def _nearest_system(times: list[datetime], samples: list[dict[str, Any]], when: 
     return best[1] if best else None
 
 
-def _gpu_temp(sample: dict[str, Any]) -> Any:
+def gpu_temp(sample: dict[str, Any]) -> Any:
     # Orin reports the GPU sensor as absent while the GPU is power-gated; fall back to hottest.
     return sample.get("gpu_temp_c") if sample.get("gpu_temp_c") is not None \
         else sample.get("temp_max_c")
@@ -213,28 +198,23 @@ def summarize(log: LogScan) -> dict[str, Any]:
     sys_times = [e["_t"] for e in timed_system]
     all_times = [e["_t"] for e in (*log.latency, *log.system, *log.requests) if "_t" in e]
 
-    streams: dict[tuple[str, str], dict[str, Any]] = defaultdict(lambda: {"intervals": []})
+    def key(e: dict[str, Any]) -> tuple[str, str]:
+        return str(e.get("camera")), str(e.get("model"))
+
+    intervals: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for rec in sorted(log.latency, key=lambda e: e.get("_t") or datetime.min.replace(
             tzinfo=timezone.utc)):
-        key = (str(rec.get("camera")), str(rec.get("model")))
-        streams[key]["intervals"].append(rec)
-    requests_by_key: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+        intervals[key(rec)].append(rec)
+    requests: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for req in log.requests:
-        requests_by_key[(str(req.get("camera")), str(req.get("model")))].append(req)
-    for key in requests_by_key:  # a stream may be seen only through request events
-        streams.setdefault(key, {"intervals": []})
-
-    out_streams = []
-    for (camera, model), data in sorted(streams.items()):
-        out_streams.append(_stream_summary(camera, model, data["intervals"],
-                                           requests_by_key.get((camera, model), []),
-                                           sys_times, timed_system))
+        requests[key(req)].append(req)
+    # A stream may be seen only through request events.
+    out_streams = [_stream_summary(*k, intervals[k], requests[k], sys_times, timed_system)
+                   for k in sorted({*intervals, *requests})]
     system = {"samples": len(log.system),
-              "sources": sorted({str(e.get("source")) for e in log.system})}
-    for name in SYSTEM_RANGE_FIELDS:
-        values = [_gpu_temp(e) for e in log.system] if name == "gpu_temp_c" else \
-            [e.get(name) for e in log.system]
-        system[name] = _range(values)
+              "sources": sorted({str(e.get("source")) for e in log.system}),
+              **{name: _range(gpu_temp(e) if name == "gpu_temp_c" else e.get(name)
+                              for e in log.system) for name in SYSTEM_RANGE_FIELDS}}
     return {
         "lines": {"total": log.total_lines, "skipped_not_ours": log.foreign_lines,
                   "filtered_out": log.filtered_out},
@@ -252,7 +232,7 @@ def _stream_summary(camera: str, model: str, intervals: list[dict[str, Any]],
                     requests: list[dict[str, Any]], sys_times: list[datetime],
                     timed_system: list[dict[str, Any]]) -> dict[str, Any]:
     def total(name: str) -> int:
-        return int(sum(_num(r.get(name)) or 0 for r in intervals))
+        return int(sum(number(r.get(name)) or 0 for r in intervals))
 
     if intervals:
         count = total("count")
@@ -265,20 +245,21 @@ def _stream_summary(camera: str, model: str, intervals: list[dict[str, Any]],
         ok, errors, busy, expired = (outcomes["ok"], outcomes["error"], outcomes["busy"],
                                      outcomes["expired"])
     latency: dict[str, Any]
-    timed = sorted(v for v in (_num(r.get("total_ms")) for r in requests
+    timed = sorted(v for v in (number(r.get("total_ms")) for r in requests
                                if r.get("outcome", "ok") == "ok") if v is not None)
     if timed:
-        latency = {f"p{p}_ms": _lower_rank(timed, p) for p in SPAN_PERCENTILES}
+        latency = {f"p{p}_ms": timed[math.floor(p / 100 * (len(timed) - 1))]  # lower rank
+                   for p in SPAN_PERCENTILES}
         latency.update(max_ms=timed[-1], samples=len(timed),
                        method="exact, from per-request `request` events")
     else:
-        weights = [(_num(r.get("ok", r.get("count"))) or 0) for r in intervals]
+        weights = [(number(r.get("ok", r.get("count"))) or 0) for r in intervals]
         latency = {}
         for p in SPAN_PERCENTILES:
-            pairs = [(_num(r.get(f"p{p}_ms")), int(w)) for r, w in zip(intervals, weights)]
+            pairs = [(number(r.get(f"p{p}_ms")), int(w)) for r, w in zip(intervals, weights)]
             latency[f"p{p}_ms"] = _weighted_percentile(pairs, p)
-        p99s = [v for v in (_num(r.get("p99_ms")) for r in intervals) if v is not None]
-        maxes = [v for v in (_num(r.get("max_ms")) for r in intervals) if v is not None]
+        p99s = [v for v in (number(r.get("p99_ms")) for r in intervals) if v is not None]
+        maxes = [v for v in (number(r.get("max_ms")) for r in intervals) if v is not None]
         latency.update(worst_interval_p99_ms=max(p99s) if p99s else None,
                        max_ms=max(maxes) if maxes else None,
                        method="approximate: count-weighted percentiles of interval values")
@@ -288,10 +269,10 @@ def _stream_summary(camera: str, model: str, intervals: list[dict[str, Any]],
         for name in ("count", "rate_hz", "p50_ms", "p90_ms", "p99_ms", "max_ms", "errors",
                      "busy", "expired"):
             row[name] = rec.get(name)
-        tolerance = max(float(_num(rec.get("interval_s")) or 0), 5.0)
+        tolerance = max(float(number(rec.get("interval_s")) or 0), 5.0)
         sample = _nearest_system(sys_times, timed_system, rec.get("_t"), tolerance)
         for name in INTERVAL_SYSTEM_FIELDS:
-            row[name] = (_gpu_temp(sample) if name == "gpu_temp_c" else sample.get(name)) \
+            row[name] = (gpu_temp(sample) if name == "gpu_temp_c" else sample.get(name)) \
                 if sample else None
         per_interval.append(row)
 

@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from stgcnd.errors import UserError
 
@@ -30,6 +32,17 @@ _LOG_MARKERS = re.compile(r"^&&&& (RUNNING|PASSED|FAILED) TensorRT\.trtexec|"
 # Files a report never reads; skipping them keeps folder scans quiet.
 _IGNORED_SUFFIXES = {".png", ".md", ".csv", ".engine", ".plan", ".onnx", ".trt"}
 _OWN_OUTPUTS = {"report.json", "summary.json", "build.metadata.json", "profile.metadata.json"}
+T = TypeVar("T")
+
+
+def read_artefact(path: str | Path, parse: Callable[[str], T], what: str, flag: str) -> T:
+    """`parse` of the file's text; UserError naming the trtexec flag that writes it if the
+    file cannot be read or is not one."""
+    try:
+        return parse(Path(path).read_text(encoding="utf-8", errors="replace"))
+    except (ValueError, OSError) as exc:
+        raise UserError(f"cannot read {what} from {path}: {exc}; pass the file written by "
+                        f"`trtexec --{flag}=FILE`") from None
 
 
 def detect_text(head: str) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stgcnd.errors import UserError
+from stgcnd_tools.profiling.detect import read_artefact
 
 # Data type tokens as they appear in "Format/Datatype" strings and 11.x "DataType" values.
 _PRECISION_PATTERNS = (
@@ -141,10 +141,5 @@ def parse_layer_info(data: Any) -> LayerInfo:
 
 
 def load_layer_info(path: str | Path) -> LayerInfo:
-    """Read an `--exportLayerInfo` file; UserError if it is not one."""
-    path = Path(path)
-    try:
-        return parse_layer_info(json.loads(path.read_text(encoding="utf-8", errors="replace")))
-    except (ValueError, OSError) as exc:
-        raise UserError(f"cannot read trtexec layer info from {path}: {exc}; pass the file "
-                        "written by `trtexec --exportLayerInfo=FILE`") from None
+    return read_artefact(path, lambda text: parse_layer_info(json.loads(text)),
+                         "trtexec layer info", "exportLayerInfo")

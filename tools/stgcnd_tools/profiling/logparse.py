@@ -127,12 +127,8 @@ def _parse_performance_line(message: str, perf: dict[str, Any]) -> bool:
     amount, unit = float(number.group(1)), number.group(2)
     if key == "Throughput":
         perf["throughput_qps"] = amount
-    elif unit == "s":
-        perf[f"{_slug(key)}_s"] = amount
-    elif unit == "ms":
-        perf[f"{_slug(key)}_ms"] = amount
     else:
-        perf[_slug(key)] = amount
+        perf[_slug(key) + (f"_{unit}" if unit in ("s", "ms") else "")] = amount
     return True
 
 
@@ -208,12 +204,9 @@ def _parse_build_facts(message: str, parsed: TrtexecLog) -> None:
     body = re.sub(r"^\[TRT\]\s*", "", message)
     total = _TOTAL_MEMORY.match(body)
     if total:
-        value = int(total.group("value"))
-        key = f"total_{_slug(total.group('what'))}_memory"
-        if total.group("unit") == "MiB":
-            parsed.build[f"{key}_mib"] = value
-        else:
-            parsed.build[f"{key}_bytes"] = value
+        unit = "mib" if total.group("unit") == "MiB" else "bytes"
+        key = f"total_{_slug(total.group('what'))}_memory_{unit}"
+        parsed.build[key] = int(total.group("value"))
         return
     for key, pattern in _BUILD_FACTS.items():
         found = pattern.search(body)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stgcnd.errors import UserError
+from stgcnd_tools.profiling.detect import read_artefact
 
 _RECORD_START = re.compile(r'\{\s*"name"\s*:\s*"')
 # A name ends at the first `", "timeMs" :` after it: the next field the writer prints.
@@ -25,7 +25,6 @@ class LayerTime:
     total_ms: float
     average_ms: float
     median_ms: float | None
-    percentage: float | None
 
 
 @dataclass
@@ -44,23 +43,14 @@ class LayerProfile:
     def has_median(self) -> bool:
         return any(layer.median_ms is not None for layer in self.layers)
 
-    def sorted_layers(self) -> list[LayerTime]:
-        return sorted(self.layers, key=lambda layer: layer.average_ms, reverse=True)
-
-    def share(self, layer: LayerTime) -> float:
-        """Percent of the summed per-layer average time (recomputed, not the file's value)."""
-        total = self.total_average_ms
-        return 100.0 * layer.average_ms / total if total > 0 else 0.0
-
     def to_dict(self, layer_types: dict[str, str] | None = None) -> dict[str, Any]:
-        layer_types = layer_types or {}
-        rows = []
-        for rank, layer in enumerate(self.sorted_layers(), start=1):
-            rows.append({
-                "rank": rank, "name": layer.name, "type": layer_types.get(layer.name),
-                "average_ms": layer.average_ms, "median_ms": layer.median_ms,
-                "total_ms": layer.total_ms, "share_percent": self.share(layer),
-            })
+        """The layers slowest first; shares of the summed average time (recomputed, not the
+        file's `percentage`)."""
+        total, types = self.total_average_ms, layer_types or {}
+        rows = [{"rank": rank, "name": la.name, "type": types.get(la.name),
+                 "average_ms": la.average_ms, "median_ms": la.median_ms, "total_ms": la.total_ms,
+                 "share_percent": 100.0 * la.average_ms / total if total > 0 else 0.0}
+                for rank, la in enumerate(sorted(self.layers, key=lambda la: -la.average_ms), 1)]
         return {"count": self.count, "layers": len(self.layers),
                 "total_average_ms": self.total_average_ms, "has_median": self.has_median,
                 "repaired_invalid_json": self.repaired, "per_layer": rows}
@@ -80,13 +70,10 @@ def _from_objects(items: list[Any]) -> LayerProfile:
         total = float(item.get("timeMs", 0.0))
         average = item.get("averageMs")
         median = item.get("medianMs")
-        percentage = item.get("percentage")
         layers.append(LayerTime(
             name=str(item["name"]), total_ms=total,
             average_ms=float(average) if average is not None else total / max(count or 1, 1),
-            median_ms=float(median) if median is not None else None,
-            percentage=float(percentage) if percentage is not None else None,
-        ))
+            median_ms=float(median) if median is not None else None))
     return LayerProfile(count=count, layers=layers)
 
 
@@ -126,10 +113,4 @@ def parse_profile_text(text: str) -> LayerProfile:
 
 
 def load_profile(path: str | Path) -> LayerProfile:
-    """Read an `--exportProfile` file; UserError if it is not one."""
-    path = Path(path)
-    try:
-        return parse_profile_text(path.read_text(encoding="utf-8", errors="replace"))
-    except (ValueError, OSError) as exc:
-        raise UserError(f"cannot read a trtexec layer profile from {path}: {exc}; pass the file "
-                        "written by `trtexec --exportProfile=FILE`") from None
+    return read_artefact(path, parse_profile_text, "a trtexec layer profile", "exportProfile")

@@ -21,6 +21,7 @@ from stgcnd_tools.profiling.detect import find_artefacts
 from stgcnd_tools.profiling.facts import facts, image, to_markdown
 from stgcnd_tools.profiling.layerinfo import LayerInfo, load_layer_info
 from stgcnd_tools.profiling.logparse import TrtexecLog, load_logish, write_metadata
+from stgcnd_tools.profiling.plots import plots_unavailable_reason
 from stgcnd_tools.profiling.profile import LayerProfile, load_profile
 from stgcnd_tools.profiling.times import (
     TimingRecord,
@@ -250,7 +251,9 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
         result.files += write_times_outputs(runs[0].times, out, batch).values()
     if runs[0].log:
         result.files += write_metadata(runs[0].log, out)
-    reason = "disabled with --no-plots" if not plots else plots_unavailable()
+    reason = "disabled with --no-plots" if not plots else plots_unavailable_reason()
+    if plots and reason:
+        log.warning("trtexec_plots_skipped", reason=reason)
     if reason is None:
         report["plots"] = [p.name for p in _draw_plots(runs, sections, out, top_k, report)]
     report["plots_skipped"] = reason
@@ -260,13 +263,6 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path | None = No
     log.info("trtexec_report_written", out_dir=str(out), runs=len(runs),
              plots=len(report["plots"]), plots_skipped=report["plots_skipped"])
     return result
-
-
-def plots_unavailable() -> str | None:
-    reason = plots.plots_unavailable_reason()
-    if reason:
-        log.warning("trtexec_plots_skipped", reason=reason)
-    return reason
 
 
 def _draw_plots(runs: Sequence[RunData], sections: Sequence[dict[str, Any]], out: Path,

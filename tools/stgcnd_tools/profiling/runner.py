@@ -7,7 +7,6 @@ Not verified against a real trtexec in CI: the tests run a stand-in executable.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -25,13 +24,15 @@ from typing import Any, TextIO
 
 from stgcnd import __version__
 from stgcnd.errors import UserError
+from stgcnd.fsutil import file_sha256, read_system_file
 from stgcnd.log import get_logger
+from stgcnd_tools.profiling.detect import CANONICAL_NAMES
 from stgcnd_tools.profiling.logparse import load_log
 
 log = get_logger(__name__)
 
-ARTEFACT_NAMES = {"times": "times.json", "profile": "profile.json", "layer_info": "layers.json",
-                  "log": "trtexec.log"}
+# What trtexec writes; the run's own two files are CANONICAL_NAMES' others.
+ARTEFACT_NAMES = {k: CANONICAL_NAMES[k] for k in ("times", "profile", "layer_info", "log")}
 PRECISION_FLAGS = ("fp16", "bf16", "int8", "fp8", "int4", "best", "stronglyTyped")
 LOG_TAIL_LINES = 15
 
@@ -158,24 +159,15 @@ def build_command(trtexec: Path, options: RunOptions, out_dir: Path) -> list[str
 
 def file_metadata(path: Path) -> dict[str, Any]:
     """path, size, sha256 and mtime of a model file."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
     stat = path.stat()
-    return {
-        "path": str(path.resolve()),
-        "size_bytes": stat.st_size,
-        "sha256": digest.hexdigest(),
-        "mtime": datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc).isoformat(),
-    }
+    return {"path": str(path.resolve()), "size_bytes": stat.st_size,
+            "sha256": file_sha256(path),
+            "mtime": datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc).isoformat()}
 
 
 def _l4t_release() -> str | None:
-    try:
-        return Path("/etc/nv_tegra_release").read_text(encoding="utf-8").splitlines()[0].strip()
-    except (OSError, IndexError):
-        return None
+    text = read_system_file(Path("/etc/nv_tegra_release"))
+    return text.splitlines()[0].strip() if text else None
 
 
 def _now() -> str:
@@ -186,11 +178,6 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
     os.replace(tmp, path)
-
-
-def _options_dict(options: RunOptions) -> dict[str, Any]:
-    return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
-            for k, v in asdict(options).items()}
 
 
 def _stream_output(proc: subprocess.Popen[str], log_path: Path, echo: TextIO | None,
@@ -229,13 +216,14 @@ def run_trtexec(options: RunOptions, out_dir: str | Path, *, trtexec: str | Path
     log_path = out / ARTEFACT_NAMES["log"]
     engine_meta = {"stgcnd_engine_metadata": 1, "kind": "engine" if options.engine else "onnx",
                    **file_metadata(model)}
-    _write_json(out / "engine_metadata.json", engine_meta)
+    _write_json(out / CANONICAL_NAMES["engine_metadata"], engine_meta)
     config: dict[str, Any] = {
         "stgcnd_run_config": 1,
         "command": command,
         "command_line": shlex.join(command),
         "trtexec": str(binary),
-        "options": _options_dict(options),
+        "options": {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple)
+                        else v) for k, v in asdict(options).items()},
         "out_dir": str(out.resolve()),
         "started_at": _now(),
         "finished_at": None,
@@ -244,7 +232,7 @@ def run_trtexec(options: RunOptions, out_dir: str | Path, *, trtexec: str | Path
                      "platform": platform.platform(), "l4t": _l4t_release(), "tensorrt": None},
         "host": platform.node(),
     }
-    _write_json(out / "run_config.json", config)
+    _write_json(out / CANONICAL_NAMES["run_config"], config)
     log.info("trtexec_start", command=config["command_line"], out_dir=str(out))
 
     tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
@@ -287,10 +275,10 @@ def run_trtexec(options: RunOptions, out_dir: str | Path, *, trtexec: str | Path
                   timed_out=timed_out.is_set(),
                   artefacts={k: p.name for k, p in artefacts.items()}, missing=missing)
     config["versions"]["tensorrt"] = tensorrt_version
-    _write_json(out / "run_config.json", config)
+    _write_json(out / CANONICAL_NAMES["run_config"], config)
     if options.save_engine and Path(options.save_engine).is_file():
         engine_meta["saved_engine"] = file_metadata(Path(options.save_engine))
-        _write_json(out / "engine_metadata.json", engine_meta)
+        _write_json(out / CANONICAL_NAMES["engine_metadata"], engine_meta)
 
     if returncode != 0 or timed_out.is_set():
         log.error("trtexec_failed", exit_code=returncode, log=str(log_path))

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from stgcnd.errors import UserError
+from stgcnd_tools.profiling.detect import read_artefact
 from stgcnd_tools.stats import TRTEXEC_KEYS, distribution
 
 # Series in the order they appear in tables and CSVs; values are TimingRecord attributes.
@@ -76,17 +77,8 @@ def parse_times(data: Any) -> list[TimingRecord]:
 
 
 def load_times(path: str | Path) -> list[TimingRecord]:
-    """Read an `--exportTimes` file; UserError if it is not one."""
-    path = Path(path)
-    try:
-        return parse_times(json.loads(path.read_text(encoding="utf-8", errors="replace")))
-    except (ValueError, OSError) as exc:
-        raise UserError(f"cannot read trtexec timings from {path}: {exc}; pass the file written "
-                        "by `trtexec --exportTimes=FILE`") from None
-
-
-def _as_records(records: Iterable[TimingRecord | Mapping[str, Any]]) -> list[TimingRecord]:
-    return [r if isinstance(r, TimingRecord) else record_from_json(r) for r in records]
+    return read_artefact(path, lambda text: parse_times(json.loads(text)), "trtexec timings",
+                         "exportTimes")
 
 
 def series(records: Sequence[TimingRecord], name: str) -> np.ndarray:
@@ -106,10 +98,9 @@ def _jitter(values: np.ndarray) -> dict[str, float]:
     }
 
 
-def summarize_times(records: Iterable[TimingRecord | Mapping[str, Any]],
-                    batch: int = 1) -> dict[str, Any]:
+def summarize_times(records: Iterable[TimingRecord], batch: int = 1) -> dict[str, Any]:
     """Summary of per-iteration timings; `batch` = windows per inference, for windows/s."""
-    recs = _as_records(records)
+    recs = list(records)
     if not recs:
         raise UserError("the trtexec timing file has no records; run trtexec with more "
                         "--iterations or a longer --duration")
@@ -137,16 +128,6 @@ def summarize_times(records: Iterable[TimingRecord | Mapping[str, Any]],
     return out
 
 
-def percentile_table(records: Sequence[TimingRecord],
-                     percentiles: Iterable[float] = REPORT_PERCENTILES) -> list[dict[str, float]]:
-    """Rows {percentile, gpu_compute_ms, latency_ms} for a percentile curve."""
-    qs = [float(q) for q in percentiles]
-    compute = np.percentile(series(records, "gpu_compute_ms"), qs)
-    latency = np.percentile(series(records, "latency_ms"), qs)
-    return [{"percentile": q, "gpu_compute_ms": float(c), "latency_ms": float(lat)}
-            for q, c, lat in zip(qs, compute, latency)]
-
-
 def _write_csv(path: Path, head: Sequence[str], rows: Iterable[Sequence[Any]]) -> None:
     with path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
@@ -171,7 +152,8 @@ def write_times_outputs(records: Sequence[TimingRecord], out_dir: str | Path,
                [[i, rec.start_ms - t0, *("" if getattr(rec, name) is None else
                                          getattr(rec, name) for name in SERIES)]
                 for i, rec in enumerate(records)])
+    qs = [float(q) for q in REPORT_PERCENTILES]  # the percentile curve's points
     _write_csv(paths["latency_percentiles.csv"], ["percentile", "gpu_compute_ms", "latency_ms"],
-               [[r["percentile"], r["gpu_compute_ms"], r["latency_ms"]]
-                for r in percentile_table(records)])
+               zip(qs, *(np.percentile(series(records, name), qs).tolist()
+                         for name in ("gpu_compute_ms", "latency_ms"))))
     return paths
