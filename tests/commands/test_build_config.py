@@ -18,7 +18,9 @@ from stgcnd.provision import first_that_serves
 from stgcnd.server.config import load_config
 from stgcnd.server.serving_plan import Target, serving_plan
 
-FRAMES = 30
+# T does not matter to the plan or the store (as in tests/engines): short windows keep each
+# build's export and ONNX Runtime artefact cheap.
+FRAMES = 8
 
 # Configurations `serve` accepts, each a [[models]] table (the demo model: no torch needed).
 CONFIGS = {

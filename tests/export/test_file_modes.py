@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from stgcnd.fsutil import atomic_write_bytes, atomic_write_json
-from tests.conftest import REPO
 
 
 def mode(path: Path) -> int:
@@ -33,12 +30,16 @@ def test_atomic_writes_follow_the_umask(tmp_path, umask):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.json"]
 
 
-def test_stgcnd_export_writes_0644_under_umask_022(tmp_path):
-    pytest.importorskip("torch")  # export loads the model with PyTorch
+def test_stgcnd_export_writes_0644_under_umask_022(tmp_path, checkpoint_path, stgcnd_main):
+    # In process: the umask is this process's, set around the command as a shell would set it
+    # for a child; the narrow checkpoint writes the same two files as the demo's full widths.
     out = tmp_path / "single.onnx"
-    r = subprocess.run([sys.executable, "-m", "stgcnd", "export", "--frames", "30",
-                        "--skip-validation", "--output", str(out)], capture_output=True,
-                       text=True, cwd=REPO, timeout=300, preexec_fn=lambda: os.umask(0o022))
+    old = os.umask(0o022)
+    try:
+        r = stgcnd_main("export", "--checkpoint", str(checkpoint_path), "--frames", "30",
+                        "--skip-validation", "--output", str(out))
+    finally:
+        os.umask(old)
     assert r.returncode == 0, r.stderr
     assert mode(out) == 0o644
     assert mode(out.with_name(out.name + ".json")) == 0o644

@@ -36,8 +36,10 @@ def chosen(model, options, store) -> Choice:
 
 
 @no_gpu
-def test_auto_measures_both_cpu_runtimes_and_remembers(tmp_path):
-    model = load_model(ModelSpec(frames=30))
+def test_auto_measures_both_cpu_runtimes_and_remembers(tmp_path, checkpoint_path):
+    # The narrow network: what is checked is the choice and its memory, not the numbers of a
+    # full-width one (each allowance exports, validates and times both runtimes, int8 too).
+    model = load_model(ModelSpec(checkpoint=checkpoint_path, frames=30))
     store = EngineStore(tmp_path / "engines")
     with capture_logs() as logs:
         runtime = open_runtime(model, "auto", BuildOptions(), store)

@@ -21,7 +21,8 @@ FOREIGN = ["Traceback (most recent call last):", "some other program says hi",
            '{"no_event_field": 1}', "[1, 2, 3]"]
 
 
-def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def piped(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
+    """`stgcnd ARGS` reading a real pipe; the other calls run in process (stgcnd_main)."""
     return subprocess.run([sys.executable, "-m", "stgcnd", *args], input=stdin,
                           capture_output=True, text=True, timeout=120)
 
@@ -64,8 +65,8 @@ def daemon_log(tmp_path, make_tegrastats) -> Path:  # noqa: F811 - the fixture
     return path
 
 
-def test_daemon_log_summary_counts(daemon_log):
-    result = run_cli("logs", "summarize", str(daemon_log), "--json")
+def test_daemon_log_summary_counts(daemon_log, stgcnd_main):
+    result = stgcnd_main("logs", "summarize", str(daemon_log), "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["lines"]["skipped_not_ours"] == len(FOREIGN)
@@ -90,27 +91,27 @@ def test_daemon_log_summary_counts(daemon_log):
 
 def test_camera_filter_text_output_and_plot(daemon_log, tmp_path):
     out = tmp_path / "cam3.png"
-    result = run_cli("logs", "summarize", "--camera", "cam3", "--plot", str(out),
-                     stdin=daemon_log.read_text())
+    result = piped("logs", "summarize", "--camera", "cam3", "--plot", str(out),
+                   stdin=daemon_log.read_text())
     assert result.returncode == 0, result.stderr
     assert "camera cam3" in result.stdout and "camera cam1" not in result.stdout
     assert "requests 35 (ok 30, errors 1" in result.stdout
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
 
 
-def test_since_until_filter(daemon_log):
-    future = run_cli("logs", "summarize", str(daemon_log), "--json", "--since",
-                     "2999-01-01T00:00:00Z")
+def test_since_until_filter(daemon_log, stgcnd_main):
+    future = stgcnd_main("logs", "summarize", str(daemon_log), "--json", "--since",
+                         "2999-01-01T00:00:00Z")
     assert json.loads(future.stdout)["streams"] == []
-    recent = run_cli("logs", "summarize", str(daemon_log), "--json", "--since", "1h")
+    recent = stgcnd_main("logs", "summarize", str(daemon_log), "--json", "--since", "1h")
     assert len(json.loads(recent.stdout)["streams"]) == 2
-    bad = run_cli("logs", "summarize", str(daemon_log), "--since", "yesterday-ish")
+    bad = stgcnd_main("logs", "summarize", str(daemon_log), "--since", "yesterday-ish")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "--since" in bad.stderr
 
 
-def test_missing_file_is_a_one_line_user_error(tmp_path):
-    result = run_cli("logs", "summarize", str(tmp_path / "missing.log"))
+def test_missing_file_is_a_one_line_user_error(tmp_path, stgcnd_main):
+    result = stgcnd_main("logs", "summarize", str(tmp_path / "missing.log"))
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "cannot read" in result.stderr
 
@@ -154,17 +155,17 @@ def test_syslog_prefixed_lines_are_read():
     assert summary["streams"][0]["requests"] == 5 and summary["streams"][0]["errors"] == 1
 
 
-def test_tegrastats_parse_command(tmp_path):
+def test_tegrastats_parse_command(tmp_path, stgcnd_main):
     source = DATA / "agx_orin_jp6_r36_4_4.txt"
-    result = run_cli("tegrastats", "parse", str(source))
+    result = stgcnd_main("tegrastats", "parse", str(source))
     assert result.returncode == 0, result.stderr
     rows = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(rows) == 3 and all(r["ok"] for r in rows)
     assert [r["power_mw"]["VIN_SYS_5V0"] for r in rows] == [4707, 4607, 4707]
-    piped = run_cli("tegrastats", "parse", "-", stdin="not tegrastats\n" + source.read_text())
-    rows = [json.loads(line) for line in piped.stdout.splitlines()]
+    from_pipe = piped("tegrastats", "parse", "-", stdin="not tegrastats\n" + source.read_text())
+    rows = [json.loads(line) for line in from_pipe.stdout.splitlines()]
     assert [r["ok"] for r in rows] == [False, True, True, True]
-    missing = run_cli("tegrastats", "parse", str(tmp_path / "none.log"))
+    missing = stgcnd_main("tegrastats", "parse", str(tmp_path / "none.log"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
 
 

@@ -1,30 +1,22 @@
-"""`stgcnd bench` end to end on the CPU (a short window so that it takes seconds)."""
+"""`stgcnd bench` end to end on the CPU (a short window so that it takes seconds), and
+`stgcnd doctor --json`: what the commands do and say, called in process (`stgcnd_main`)."""
 
 from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
 
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
-    p for p in (str(REPO / "daemon"), os.environ.get("PYTHONPATH")) if p)}
-
-
-def test_bench_cpu_rows(tmp_path, checkpoint_path):
+def test_bench_cpu_rows(tmp_path, checkpoint_path, stgcnd_main):
     out_json, out_csv = tmp_path / "bench.json", tmp_path / "bench.csv"
-    proc = subprocess.run(
-        [sys.executable, "-m", "stgcnd", "bench", "--checkpoint", str(checkpoint_path),
-         "--frames", "16", "--persons", "1", "2", "--backends", "torch", "--iterations", "3",
-         "--warmup", "1", "--sessions", "1", "2", "--json", str(out_json), "--csv",
-         str(out_csv)], capture_output=True, text=True, timeout=300, cwd=REPO,
-        env=ENV)
+    proc = stgcnd_main(
+        "bench", "--checkpoint", str(checkpoint_path), "--frames", "16", "--persons", "1", "2",
+        "--backends", "torch", "--iterations", "3", "--warmup", "1", "--sessions", "1", "2",
+        "--json", str(out_json), "--csv", str(out_csv))
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(out_json.read_text())
     # Per persons count: the baseline, then torch fp32 with 1 and 2 sessions.
@@ -53,17 +45,13 @@ def test_bench_cpu_rows(tmp_path, checkpoint_path):
     assert "[M=2 B=1]" in proc.stderr
 
 
-def test_bench_rejects_bad_flags():
-    proc = subprocess.run([sys.executable, "-m", "stgcnd", "bench", "--batch", "0"],
-                          capture_output=True, text=True, timeout=60, cwd=REPO,
-                          env=ENV)
+def test_bench_rejects_bad_flags(stgcnd_main):
+    proc = stgcnd_main("bench", "--batch", "0")
     assert proc.returncode == 2 and "error" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_doctor_json():
-    proc = subprocess.run([sys.executable, "-m", "stgcnd", "doctor", "--json"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO,
-                          env=ENV)
+def test_doctor_json(stgcnd_main):
+    proc = stgcnd_main("doctor", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["python"].startswith(sys.version.split()[0])

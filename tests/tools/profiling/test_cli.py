@@ -1,4 +1,6 @@
-"""`stgcnd trtexec run|parse|report` as a user runs them (real subprocesses)."""
+"""`stgcnd trtexec run|parse|report` as a user runs them: `run` as a real subprocess (it starts
+trtexec, a stand-in here, as a child), `parse` and `report` (what they read and say) called in
+process (`stgcnd_main`)."""
 
 from __future__ import annotations
 
@@ -16,9 +18,9 @@ def stgcnd(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
                           env=env, cwd=REPO, timeout=120)
 
 
-def test_parse_profile_json(shared):
+def test_parse_profile_json(shared, stgcnd_main):
     name = "farabimahmud_detr_int8.exportProfile.json"
-    proc = stgcnd("trtexec", "parse", str(shared / name), "--json", "--top", "0")
+    proc = stgcnd_main("trtexec", "parse", str(shared / name), "--json", "--top", "0")
     assert proc.returncode == 0, proc.stderr
     entry = json.loads(proc.stdout)["files"][0]
     raw = [r for r in json.loads((shared / name).read_text()) if "name" in r]
@@ -28,8 +30,8 @@ def test_parse_profile_json(shared):
     assert len(entry["profile"]["per_layer"]) == 840
 
 
-def test_parse_folder_text(shared):
-    proc = stgcnd("trtexec", "parse", str(shared))
+def test_parse_folder_text(shared, stgcnd_main):
+    proc = stgcnd_main("trtexec", "parse", str(shared))
     assert proc.returncode == 0, proc.stderr
     for name in shared.iterdir():
         if name.suffix != ".md":
@@ -37,22 +39,22 @@ def test_parse_folder_text(shared):
     assert "Throughput" not in proc.stderr
 
 
-def test_parse_count_types_and_derived_files(shared, tmp_path):
+def test_parse_count_types_and_derived_files(shared, tmp_path, stgcnd_main):
     layers = shared / "trex_mobilenetv2-qat_titanrtx.exportLayerInfo.json"
-    proc = stgcnd("trtexec", "parse", str(layers), "--count-types", "Einsum,CaskConvolution")
+    proc = stgcnd_main("trtexec", "parse", str(layers), "--count-types", "Einsum,CaskConvolution")
     assert proc.returncode == 0, proc.stderr
     assert "Requested types: Einsum 0, CaskConvolution 34" in proc.stdout
-    proc = stgcnd("trtexec", "parse", str(DATA / "handmade_trt10_times.json"), "--out",
-                  str(tmp_path), "--batch", "4")
+    proc = stgcnd_main("trtexec", "parse", str(DATA / "handmade_trt10_times.json"), "--out",
+                       str(tmp_path), "--batch", "4")
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "summary.json").read_text())["batch"] == 4
     assert (tmp_path / "latency_percentiles.csv").is_file()
 
 
-def test_parse_unknown_file_is_one_line_error(tmp_path):
+def test_parse_unknown_file_is_one_line_error(tmp_path, stgcnd_main):
     path = tmp_path / "x.json"
     path.write_text("{}")
-    proc = stgcnd("trtexec", "parse", str(path))
+    proc = stgcnd_main("trtexec", "parse", str(path))
     assert proc.returncode == 2
     assert "not a trtexec artefact" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -98,14 +100,14 @@ def test_run_without_trtexec(tmp_path, fake_trtexec_env):
     assert "/usr/src/tensorrt/bin/trtexec" in proc.stderr
 
 
-def test_report_compare(shared, tmp_path):
+def test_report_compare(shared, tmp_path, stgcnd_main):
     a = make_run_dir(tmp_path / "fp32", sorted(shared.glob("trex_tf-resnet50_rtx3090_fp32.*")))
     b = make_run_dir(tmp_path / "int8", [
         shared / "trex_mobilenetv2-qat_titanrtx.exportProfile.json",
         shared / "trex_mobilenetv2-qat_titanrtx.exportLayerInfo.json",
         shared / "nvidia_qat-ptq-notebook_mobilenetv2_qat-int8_trt8.2.5.trtexec.log"])
     out = tmp_path / "cmp"
-    proc = stgcnd("trtexec", "report", str(a), "--compare", str(b), "--out", str(out))
+    proc = stgcnd_main("trtexec", "report", str(a), "--compare", str(b), "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     assert f"report: {out / 'report.md'}" in proc.stdout
     report = json.loads((out / "report.json").read_text())
