@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Dict
 
@@ -111,6 +111,29 @@ def tuned_buckets(manifest: dict[str, Any]) -> frozenset[int]:
     return frozenset(int(b) for b, t in trials.items() if t.get("mode") == TUNED)
 
 
+def _try(runtime: Any, model: Any, windows: np.ndarray, reference: Callable[..., np.ndarray],
+         compare: Callable[[np.ndarray, np.ndarray], dict[str, Any]]) -> dict[str, Any]:
+    """One bucket through the runner that serves, against the fp32 reference."""
+    t0 = time.perf_counter()
+    runner = runtime.open_runner([len(windows)], 0)
+    try:
+        got = runner.run(list(windows))
+    finally:
+        runner.close()
+    if runtime.compile_failed:  # the runtime fell back to the uncompiled module: say so
+        return {"mode": FALLBACK, "why": "max-autotune failed to compile it (the "
+                "torch_compile_failed log line says why)"}
+    ref = reference(model, windows)
+    result = compare(ref, got)
+    bound = RELATIVE_TOLERANCE * float(np.abs(ref).max())
+    ok = result["finite"] and result["max_abs_diff"] <= bound
+    verdict = {"mode": TUNED if ok else FALLBACK, "max_abs_diff": result["max_abs_diff"],
+               "bound": bound, "seconds": round(time.perf_counter() - t0, 1)}
+    if not ok:
+        verdict["why"] = "its logits differ from the fp32 reference beyond the bound"
+    return verdict
+
+
 def _trial_main(job_path: str) -> None:
     """In the trial process: per bucket, a `trying` line, then its verdict line."""
     # The trial process exists to run torch: its imports are this function's.
@@ -120,43 +143,29 @@ def _trial_main(job_path: str) -> None:
     from stgcnd.model.spec import ModelSpec
     from stgcnd.runtimes import runtime_module
 
-    TorchRuntime = runtime_module("torch").TorchRuntime
+    torch_runtime = runtime_module("torch")
+    TorchRuntime = torch_runtime.TorchRuntime
 
     job = json.loads(Path(job_path).read_text())
     configure_logging(**job["log"])
     model = load_model(ModelSpec(**job["spec"]))
     buckets: list[int] = job["buckets"]
-    runtime = TorchRuntime(model, job["precision"], "cuda", cuda_graph=True,
-                           max_batch=max(buckets), compile_mode=TUNED,
-                           compile_cache=Path(job["store_root"]))
     windows = default_windows(model.spec, max(buckets))
+    # Before any bucket: no CUDA ends the process here (no bucket blamed), no Triton says so.
+    why_not = torch_runtime.torch_compile.unavailable(torch_runtime.cuda_device())
     for b in buckets:
-        print(json.dumps({"trial": 1, "trying": b}), flush=True)
-        t0 = time.perf_counter()
-        verdict: dict[str, Any]
-        if runtime.compile_mode != TUNED:
-            verdict = {"mode": FALLBACK, "why": "max-autotune cannot run here (compile "
-                       f"{runtime.info.details.get('compile')}): see the torch_compile_* log"}
-        else:
-            runner = runtime.open_runner([b], 0)
-            try:
-                got = runner.run(list(windows[:b]))
-            finally:
-                runner.close()
-            ref = reference_logits(model, windows[:b])
-            result = compare_logits(ref, got)
-            bound = RELATIVE_TOLERANCE * float(np.abs(ref).max())
-            ok = result["finite"] and result["max_abs_diff"] <= bound
-            verdict = {"mode": TUNED if ok else FALLBACK,
-                       "max_abs_diff": result["max_abs_diff"], "bound": bound,
-                       "seconds": round(time.perf_counter() - t0, 1)}
-            if not ok:
-                verdict["why"] = "its logits differ from the fp32 reference beyond the bound"
-            if runtime.compile_failed:
-                verdict = {"mode": FALLBACK, "why": "max-autotune failed to compile it"}
-                runtime = TorchRuntime(model, job["precision"], "cuda", cuda_graph=True,
-                                       max_batch=max(buckets), compile_mode=TUNED,
-                                       compile_cache=Path(job["store_root"]))
+        verdict: dict[str, Any] = {"mode": FALLBACK, "why": f"max-autotune cannot run here: "
+                                   f"{why_not}"}
+        if why_not is None:
+            print(json.dumps({"trial": 1, "trying": b}), flush=True)
+            # Autotuned kernels for `b` alone: a runner always holds bucket 1 too, which runs
+            # the default kernels here unless it is the one tried, so a fault is b's.
+            runtime = TorchRuntime(model, job["precision"], "cuda", cuda_graph=True,
+                                   max_batch=b, compile_mode=TUNED,
+                                   compile_cache=Path(job["store_root"]),
+                                   tuned_batches=frozenset({b}))
+            verdict = _try(runtime, model, windows[:b], reference_logits, compare_logits)
+            runtime.close()
         print(json.dumps({"trial": 1, "bucket": b, "verdict": verdict}), flush=True)
     os._exit(0)  # inductor's compile workers: no slow interpreter teardown
 
