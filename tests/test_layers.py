@@ -60,6 +60,7 @@ LAZY_PLACES = {
     "stgcnd.cli",                   # the command being run
     "stgcnd.telemetry.sampler",     # pynvml (the optional `nvml` extra)
     "stgcnd.server.events",         # the MQTT sink (paho) where [events.mqtt] is configured
+    "stgcnd.server.server",         # start_curve(): the CURVE key handler where CURVE is on
     "stgcnd_tools.logs.plot",       # matplotlib
     "stgcnd_tools.profiling.plots",
 }
