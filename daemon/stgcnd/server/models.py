@@ -20,7 +20,7 @@ from stgcnd.runtimes.base import Runtime
 from stgcnd.server.config import Config, ModelConfig, check_event_classes
 from stgcnd.server.executor import Executor
 from stgcnd.server.scheduler import Job, Scheduler
-from stgcnd.server.serving_plan import BOARD, serving_plan
+from stgcnd.server.serving_plan import Target, serving_plan
 
 if TYPE_CHECKING:  # loaded by Planner.for_gpu: a CPU-only serve never needs it
     from stgcnd.server.memory_plan import MemoryPlan
@@ -200,7 +200,7 @@ class Planner:
             from stgcnd.runtimes.free_memory import device_memory, reserve_mb
             from stgcnd.server.memory_plan import MemoryPlan
             server = self.config.server
-            reserve = reserve_mb(server.memory_reserve_mb, BOARD.jetson)
+            reserve = reserve_mb(server.memory_reserve_mb, Target.this_machine().jetson)
             budget = server.memory_budget_mb
             if budget:
                 budget = max(budget - self.kept_bytes // 2**20, 1)
