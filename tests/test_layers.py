@@ -60,6 +60,8 @@ LAZY_PLACES = {
     "stgcnd.cli",                   # the command being run
     "stgcnd.telemetry.sampler",     # pynvml (the optional `nvml` extra)
     "stgcnd.server.events",         # the MQTT sink (paho) where [events.mqtt] is configured
+    "stgcnd.server.server",         # start_curve(): the CURVE key handler where CURVE is on
+    "stgcnd.server.models",         # Planner.for_gpu(): the memory plan, for a GPU model only
     "stgcnd_tools.logs.plot",       # matplotlib
     "stgcnd_tools.profiling.plots",
 }

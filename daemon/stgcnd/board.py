@@ -16,9 +16,6 @@ ROOT = Path("/")
 JETSON_MAX_BATCH = 8
 JETSON_RESERVE_MB = 1536     # left to the cameras and the OS out of the shared memory
 JETSON_WORKSPACE_MB = 384    # TensorRT builder workspace (1 GiB elsewhere)
-# L4T release -> JetPack, for messages and `doctor` (the releases users are on).
-JETPACKS = {"35.4": "5.1.2", "35.5": "5.1.3", "35.6": "5.1.4", "36.3": "6.0", "36.4": "6.1/6.2",
-            "38.2": "7.0"}
 
 
 @dataclass(frozen=True)
@@ -27,16 +24,6 @@ class Board:
     model: str                 # "NVIDIA Jetson Orin NX Engineering Reference Developer Kit"
     l4t: str | None            # "35.4.1"
     memory_mb: int             # physical memory (shared with the GPU on a Jetson)
-
-    @property
-    def jetpack(self) -> str | None:
-        if self.l4t is None:
-            return None
-        return JETPACKS.get(".".join(self.l4t.split(".")[:2]))
-
-    def describe(self) -> dict[str, object]:
-        return {"jetson": self.jetson, "model": self.model, "l4t": self.l4t,
-                "jetpack": self.jetpack, "memory_mb": self.memory_mb}
 
 
 def _read(root: Path, rel: str) -> str | None:

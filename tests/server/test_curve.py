@@ -17,7 +17,8 @@ import zmq
 from stgcnd.cli import main as stgcnd
 from stgcnd.errors import UserError
 from stgcnd.server.config import Config, ServerConfig
-from stgcnd.server.curve import check_security, curve_enabled, load_authorized, server_keypair
+from stgcnd.server.curve import load_authorized, server_keypair
+from stgcnd.server.curve_policy import check_security, curve_enabled
 from stgcnd_client import Client, Events, Forbidden, Timeout
 from stgcnd_client.curve import curve_options
 from tests.conftest import REPO

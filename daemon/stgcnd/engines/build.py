@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from stgcnd.engines.builders import BuildContext, Builder, build_steps, get_builder
+from stgcnd.engines.builders.base import device_identity
 from stgcnd.engines.child_build import BuildProcessDied, run_in_child
-from stgcnd.engines.device import device_identity, runtime_identity
+from stgcnd.engines.device import runtime_identity
 from stgcnd.engines.exported import ExportedModel, read_sidecar, sidecar_path
 from stgcnd.engines.keys import describe_key_change, key_digest
 from stgcnd.engines.lock import READ_ONLY_ERRNOS, build_lock

@@ -1,13 +1,13 @@
 """What device an artefact was built for: GPU name and compute capability, Jetson release.
 
-These go into the store's cache key, so a JetPack upgrade or another GPU rebuilds with a log
+These go into the store's cache key (engines/builders/base.py's device_identity, which loads
+this module for a CUDA device only), so a JetPack upgrade or another GPU rebuilds with a log
 line saying what changed. The GPU is asked through torch only when it is already imported,
 else the CUDA driver, else nvidia-smi.
 """
 
 from __future__ import annotations
 
-import platform
 import re
 import shutil
 import subprocess
@@ -124,17 +124,13 @@ def gpu_identity() -> dict[str, Any] | None:
     return _gpu_from_torch() or device_properties() or _gpu_from_nvidia_smi()
 
 
-def device_identity(device: str) -> dict[str, Any]:
-    """The device part of a cache key: 'cpu' -> the CPU architecture; 'cuda' -> GPU + Jetson."""
-    ident: dict[str, Any] = {"kind": device, "machine": platform.machine()}
-    if device == "cuda":
-        gpu = gpu_identity()
-        ident["gpu"] = gpu["name"] if gpu else None
-        ident["compute_capability"] = gpu["compute_capability"] if gpu else None
-        jetson = jetson_identity()
-        if jetson:
-            ident["jetson"] = jetson
-    return ident
+def cuda_identity() -> dict[str, Any]:
+    """A CUDA device's part of the cache key beyond its architecture: GPU + Jetson."""
+    gpu = gpu_identity()
+    ident = {"gpu": gpu["name"] if gpu else None,
+             "compute_capability": gpu["compute_capability"] if gpu else None}
+    jetson = jetson_identity()
+    return {**ident, "jetson": jetson} if jetson else ident
 
 
 def device_slug(identity: dict[str, Any]) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from stgcnd.errors import UserError
 from stgcnd.runtimes import available, gpu_present
 from stgcnd.server.config import Config, ModelConfig, check_files
-from stgcnd.server.curve import check_security
+from stgcnd.server.curve_policy import check_security
 from stgcnd.server.transport import parse_endpoint
 
 # The precisions each named runtime serves (runtimes/*, engines/builders/*).

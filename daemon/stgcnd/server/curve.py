@@ -1,14 +1,14 @@
 """ZeroMQ CURVE for cameras on other machines: the daemon's key pair, the allowed client
 keys (pyzmq certificate files, reread on SIGHUP, optionally bound to camera ids) and the ZAP
 handler, a thread that answers from the keys in memory so that no handshake waits on a file.
+Loaded only where CURVE is on (server/server.py); what every server needs of CURVE is in
+server/curve_policy.py.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
@@ -18,6 +18,7 @@ from zmq.utils import z85
 from stgcnd.errors import UserError
 from stgcnd.log import get_logger
 from stgcnd.server.config import Config
+from stgcnd.server.curve_policy import ClientKey
 from stgcnd.server.handshakes import Refusal, Refusals
 from stgcnd.threadname import name_os_thread
 
@@ -29,16 +30,6 @@ POLL_MS = 100  # how soon the handler thread notices stop()
 UNKNOWN_KEY = Refusal("unknown-key", "the client's CURVE key is not authorized",
                       "add the client's .key to the authorized directory (`stgcnd keys "
                       "create`), then `systemctl reload stgcnd`")
-
-
-@dataclass(frozen=True)
-class ClientKey:
-    name: str                   # its file's name without .key
-    public: str                 # z85, 40 characters: the connection's ZAP User-Id
-    cameras: tuple[str, ...]    # the camera ids it may use; empty: any
-
-    def allows(self, camera: str) -> bool:
-        return not self.cameras or camera in self.cameras
 
 
 # ------------------------------------------------------------------------- where the keys live
@@ -58,42 +49,6 @@ def authorized_dir(config: Config) -> Path:
     if config.server.authorized_keys_dir:
         return Path(config.server.authorized_keys_dir).expanduser()
     return keys_dir(config) / "authorized"
-
-
-def curve_enabled(config: Config) -> bool:
-    """curve = on/off, or auto: on where the endpoint or the events endpoint is a tcp one that
-    other machines can reach."""
-    if config.server.curve != "auto":
-        return config.server.curve == "on"
-    return any(reachable(e) for e in (config.endpoint, config.server.events_endpoint))
-
-
-def reachable(endpoint: str) -> bool:
-    return endpoint.startswith("tcp://") and not loopback(endpoint)
-
-
-def loopback(endpoint: str) -> bool:
-    host = endpoint.split("://", 1)[1].rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # "*", an interface or a host name: assume others can reach it
-
-
-def check_security(config: Config) -> None:
-    """A tcp endpoint others can reach, without CURVE: anyone reaching the port could submit
-    work and read (or reset) every camera's predictions. Refused unless insecure = true."""
-    if curve_enabled(config) or config.server.insecure:
-        return
-    for endpoint in (config.endpoint, config.server.events_endpoint):
-        if reachable(endpoint):
-            raise UserError(f"{endpoint} is reachable from other machines but curve = "
-                            "\"off\": anyone who reaches the port could use every camera or "
-                            "read every event; set curve = \"auto\" and give cameras keys "
-                            "(`stgcnd keys create`), listen on 127.0.0.1, or set insecure = "
-                            "true in [server]")
 
 
 # --------------------------------------------------------------------------------- key files
@@ -159,11 +114,11 @@ class Curve:
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], config: Config) -> None:
         self.directory = authorized_dir(config)
-        self.public, secret = server_keypair(keys_dir(config))
-        self._secret = secret
+        self.public, self._secret = server_keypair(keys_dir(config))
         self.keys: dict[str, ClientKey] = {}  # swapped whole on reload: readers need no lock
         # Refused handshakes, from the ZAP handler (unknown keys) and from the sockets'
-        # monitors (no keys, a wrong server key: server/handshakes.py).
+        # monitors (no keys, a wrong server key: server/handshakes.py); its count is the
+        # stats reply's curve.denied.
         self.refusals = Refusals("curve_denied", "denied")
         self.dropped = 0  # requests refused: their connection's key was revoked since
         self._stop = threading.Event()
@@ -173,11 +128,6 @@ class Curve:
         self.reload()
         self._thread = threading.Thread(target=self._run, name="zap", daemon=True)
         self._thread.start()
-
-    @property
-    def denied(self) -> int:
-        """Handshakes refused, ever (the stats reply's curve.denied)."""
-        return self.refusals.count
 
     def secure(self, router: zmq.Socket[bytes]) -> None:
         router.setsockopt(zmq.CURVE_SERVER, 1)
@@ -223,10 +173,8 @@ class Curve:
         public = z85.encode(request[6]).decode() if len(request) > 6 else ""
         key = self.keys.get(public)
         if key is None:
-            self._denied(address.decode(errors="replace"), public)
+            peer = address.decode(errors="replace")
+            self.refusals.refused(UNKNOWN_KEY, f"ip:{peer}" if peer else "", address=peer,
+                                  client_key=public)
             return [version, req_id, b"400", b"unknown key", b"", b""]
         return [version, req_id, b"200", b"OK", public.encode(), b""]
-
-    def _denied(self, address: str, public: str) -> None:
-        self.refusals.refused(UNKNOWN_KEY, f"ip:{address}" if address else "",
-                              address=address, client_key=public)

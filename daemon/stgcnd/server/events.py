@@ -23,7 +23,7 @@ from stgcnd.log import get_logger
 from stgcnd.server.cameras import CameraState
 from stgcnd.server.config import Config, EventsConfig, ServerConfig
 from stgcnd.server.connections import Connections
-from stgcnd.server.curve import Curve
+from stgcnd.server.curve_policy import KeyHandler
 from stgcnd.server.feed_health import FeedHealth
 from stgcnd.server.models import ServedModel
 from stgcnd.server.peers import peer_key
@@ -358,7 +358,7 @@ class EventFeed:
     """
 
     def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], config: Config,
-                 curve: Curve | None = None, cap: int = 0) -> None:
+                 curve: KeyHandler | None = None, cap: int = 0) -> None:
         """`curve`: CURVE for the socket (server/curve.py), where the daemon has it: a
         subscriber then needs an authorized key (any: camera bindings are not applied).
         `cap`: the most subscriber connections (server/connections.py's split_budget)."""

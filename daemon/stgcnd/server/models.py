@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from stgcnd.engines.retry import BuildRetry
 from stgcnd.engines.store import EngineStore
@@ -16,12 +17,13 @@ from stgcnd.model.spec import ModelSpec, default_labels
 from stgcnd.provision import first_that_serves
 from stgcnd.provision.load import Choice
 from stgcnd.runtimes.base import Runtime
-from stgcnd.runtimes.free_memory import device_memory, reserve_mb
 from stgcnd.server.config import Config, ModelConfig, check_event_classes
 from stgcnd.server.executor import Executor
-from stgcnd.server.memory_plan import MB, MemoryPlan
 from stgcnd.server.scheduler import Job, Scheduler
-from stgcnd.server.serving_plan import BOARD, serving_plan
+from stgcnd.server.serving_plan import Target, serving_plan
+
+if TYPE_CHECKING:  # loaded by Planner.for_gpu: a CPU-only serve never needs it
+    from stgcnd.server.memory_plan import MemoryPlan
 
 log = get_logger(__name__)
 
@@ -195,11 +197,13 @@ class Planner:
 
     def for_gpu(self) -> MemoryPlan:
         if self.plan is None:
+            from stgcnd.runtimes.free_memory import device_memory, reserve_mb
+            from stgcnd.server.memory_plan import MemoryPlan
             server = self.config.server
-            reserve = reserve_mb(server.memory_reserve_mb, BOARD.jetson)
+            reserve = reserve_mb(server.memory_reserve_mb, Target.this_machine().jetson)
             budget = server.memory_budget_mb
             if budget:
-                budget = max(budget - self.kept_bytes // MB, 1)
+                budget = max(budget - self.kept_bytes // 2**20, 1)
             # Free memory the one way `doctor` reads it too (MemAvailable on a Jetson).
             self.plan = MemoryPlan.for_device(budget, reserve, device_memory)
         return self.plan
@@ -295,9 +299,9 @@ def _hold_the_budget(plan: MemoryPlan, served: ServedModel, runners_from: int,
     if plan.left >= 0:
         return
     log.warning("memory_plan_corrected", model=served.name, runtime=placed.runtime,
-                planned_mb=round(placed.estimate * placed.instances / MB, 1),
-                measured_mb=round(took / MB, 1),
-                fixed_mb=round(plan.fixed.get(placed.runtime, 0) / MB, 1),
+                planned_mb=round(placed.estimate * placed.instances / 2**20, 1),
+                measured_mb=round(took / 2**20, 1),
+                fixed_mb=round(plan.fixed.get(placed.runtime, 0) / 2**20, 1),
                 buckets_before=list(served.buckets))
     _remake(plan, served, start, lambda: plan.refit(
         served.name, served.runtime, served.buckets, served.config.instances,
@@ -311,7 +315,7 @@ def _hold_the_budget(plan: MemoryPlan, served: ServedModel, runners_from: int,
         placed = plan.placed[-1]
         scale = placed.runner_bytes / max(placed.estimate, 1)
         log.warning("memory_plan_corrected", model=served.name, runtime=placed.runtime,
-                    held_mb=round(held / MB, 1), buckets_before=list(served.buckets),
+                    held_mb=round(held / 2**20, 1), buckets_before=list(served.buckets),
                     reason="the runners made before still hold memory")
         _remake(plan, served, start, lambda: plan.fit(
             served.name, served.runtime, served.buckets, served.config.instances,

@@ -23,7 +23,7 @@ from stgcnd.log import debug_enabled, get_logger
 from stgcnd.server.admission import admit, model_for
 from stgcnd.server.cameras import MAX_WAITING, CameraState, CameraTable, Sent
 from stgcnd.server.connections import Connections
-from stgcnd.server.curve import ClientKey, Curve
+from stgcnd.server.curve_policy import ClientKey, KeyHandler
 from stgcnd.server.errorlog import ClientErrorLog
 from stgcnd.server.events import EventFeed
 from stgcnd.server.executor import Reply
@@ -71,9 +71,9 @@ class RequestPath:
         # (fd, peer) of an oversized message, banned once the rest of it is dropped
         self._ban_when_discarded: tuple[int, str] | None = None
         self.log_requests = debug_enabled()  # per-request events only at log level debug
-        self.curve: Curve | None = None  # CURVE on: each request's key, and its cameras
+        self.curve: KeyHandler | None = None  # CURVE on: each request's key, and its cameras
 
-    def use_curve(self, curve: Curve) -> None:
+    def use_curve(self, curve: KeyHandler) -> None:
         self.curve = curve
         self.receiver.users = True
 
@@ -387,7 +387,7 @@ class RequestPath:
                 "camera_churn_refused": self.cameras.churn_refused,
                 "connections": self.connections.stats(),
                 "oversized_messages": self.receiver.oversized_messages,
-                **({"curve": {"denied": self.curve.denied, "dropped": self.curve.dropped,
+                **({"curve": {"denied": self.curve.refusals.count, "dropped": self.curve.dropped,
                               "clients": len(self.curve.keys)}} if self.curve else {})}
 
 

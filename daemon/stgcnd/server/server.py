@@ -23,7 +23,7 @@ from stgcnd.server.cameras import CameraTable
 from stgcnd.server.config import RESTART, SERVER_ENGINE, Config
 from stgcnd.server.config_checks import check_config
 from stgcnd.server.connections import CLOSE_IDLE_S, Connections, connection_caps
-from stgcnd.server.curve import Curve, curve_enabled
+from stgcnd.server.curve_policy import KeyHandler, curve_enabled
 from stgcnd.server.events import EventFeed
 from stgcnd.server.handshakes import Refusals, monitor_reporter
 from stgcnd.server.heap import (
@@ -69,6 +69,14 @@ class Reloaded(NamedTuple):
     models: dict[str, ServedModel]
 
 
+def start_curve(ctx: zmq.Context[zmq.Socket[bytes]], config: Config) -> KeyHandler | None:
+    """The key handler where CURVE is on; its module (a thread and key files) loads only then."""
+    if not curve_enabled(config):
+        return None
+    from stgcnd.server.curve import Curve
+    return Curve(ctx, config)
+
+
 def in_thread(name: str, work: Callable[[], T]) -> Future[T]:
     """Run `work` on a thread of its own; its Future. A daemon thread: a stop abandons a
     build in progress (load_models' cancel) without waiting for it at exit."""
@@ -111,7 +119,7 @@ class Server:
         s = config.server
         self._ctx = zmq.Context()
         # CURVE before the binds: no connection without a key (server/curve.py).
-        self.curve = Curve(self._ctx, config) if curve_enabled(config) else None
+        self.curve = start_curve(self._ctx, config)
         requests_cap, events_cap = connection_caps(s.max_connections, bool(s.events_endpoint))
         # Refused handshakes: the client never hears why, so the log says it
         # (server/handshakes.py); with CURVE, as curve_denied with the ZAP handler's.

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from stgcnd.board import JETSON_MAX_BATCH, JETSON_WORKSPACE_MB, detect
 from stgcnd.engines.options import BuildOptions
@@ -17,7 +18,6 @@ from stgcnd.server.config import ModelConfig
 AUTO_MAX_BATCH_GPU = 64
 AUTO_MAX_BATCH_CPU = 16
 WORKSPACE_MB = 1024      # TensorRT builder workspace off a Jetson
-BOARD = detect()         # which machine this is (stgcnd/board.py): read once, from files
 PLATFORMS = ("here", "jetson", "other")
 
 
@@ -30,8 +30,9 @@ class Target:
     here: bool = True        # False: a board described by flags (its runtimes are unknown)
 
     @classmethod
+    @lru_cache(maxsize=None)  # which machine this is (stgcnd/board.py): read once, from files
     def this_machine(cls) -> Target:
-        return cls(jetson=BOARD.jetson)
+        return cls(jetson=detect().jetson)
 
     @classmethod
     def described(cls, platform: str, device: str | None) -> Target:
@@ -42,7 +43,7 @@ class Target:
                             f"{', '.join(PLATFORMS)}")
         gpu = None if device is None else device == "cuda"
         if platform == "here":
-            return cls(jetson=BOARD.jetson, gpu=gpu)
+            return cls(jetson=cls.this_machine().jetson, gpu=gpu)
         if platform == "jetson":
             return cls(jetson=True, gpu=gpu is not False, here=False)
         return cls(jetson=False, gpu=bool(gpu), here=False)

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from stgcnd.engines.device import device_identity, runtime_identity
 from stgcnd.engines.options import BuildOptions
 from stgcnd.runtimes.base import Runtime
+
+
+def device_identity(device: str) -> dict[str, Any]:
+    """The device part of a cache key: 'cpu' -> the CPU architecture; 'cuda' -> GPU + Jetson
+    too (engines/device.py: loaded for a CUDA device only, a CPU's serve never needs it)."""
+    ident: dict[str, Any] = {"kind": device, "machine": platform.machine()}
+    if device == "cuda":
+        from stgcnd.engines.device import cuda_identity
+        ident.update(cuda_identity())
+    return ident
 
 
 @dataclass
@@ -43,7 +53,7 @@ class Builder:
     def environment(self, options: BuildOptions) -> dict[str, Any]:
         return {"backend_version": self.version(),
                 "device": device_identity(self.device_kind(options)),
-                "runtime": runtime_identity(self.name)}
+                "runtime": {}}  # TensorRT's own: builders/tensorrt.py
 
     def check(self, options: BuildOptions) -> None:
         """Raise UserError if `options` cannot be built here, saying what would make it work."""

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from stgcnd.engines.builders.base import BuildContext, Builder
-from stgcnd.engines.device import device_identity, device_slug
+from stgcnd.engines.builders.base import BuildContext, Builder, device_identity
+from stgcnd.engines.device import device_slug, runtime_identity
 from stgcnd.engines.lock import build_lock
 from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import UserError
@@ -337,6 +337,10 @@ class TensorRTBuilder(Builder):
 
     def device_kind(self, options: BuildOptions) -> str:
         return "cuda"
+
+    def environment(self, options: BuildOptions) -> dict[str, Any]:
+        # An engine is tied to the libraries' Debian packages, not only the module's version.
+        return {**super().environment(options), "runtime": runtime_identity(self.name)}
 
     def version(self) -> str | None:
         return str(import_tensorrt().__version__)
