@@ -115,7 +115,9 @@ class TorchRuntime(Runtime):
         # None: every batch size autotuned (the trial itself).
         self.tuned_batches = tuned_batches
         self._runs: Runs = (self.module, ())
-        self._tuned_runs: Runs | None = None
+        self._tuned_runs: Runs = self._runs
+        self._runs_mode = "off"           # what _runs were compiled with
+        self._tuned: frozenset[int] = frozenset()  # the batch sizes that run _tuned_runs
         self._formula: MotionFormula = getattr(model.module, "motion_formula",
                                                "first-difference")
         self._use_compile("off")
@@ -148,8 +150,10 @@ class TorchRuntime(Runtime):
         with max-autotune for some batch sizes only, the default kernels for the rest."""
         self.compile_mode = mode
         some = mode == "max-autotune" and self.tuned_batches is not None
-        self._runs = self._compiled_runs("reduce-overhead" if some else mode)
-        self._tuned_runs = self._compiled_runs(mode) if some else None
+        self._runs_mode = "reduce-overhead" if some else mode
+        self._runs = self._compiled_runs(self._runs_mode)
+        self._tuned_runs = self._compiled_runs(mode) if some else self._runs
+        self._tuned = (self.tuned_batches or frozenset()) if some else frozenset()
 
     def _compiled_runs(self, mode: str) -> Runs:
         module = self.module
@@ -161,16 +165,11 @@ class TorchRuntime(Runtime):
             return as_run(module), (as_run(module.origin), as_run(module.motion))
         return as_run(module), ()
 
-    def _tuned(self, batch: int) -> bool:
-        return self._tuned_runs is not None and batch in (self.tuned_batches or ())
-
     def _runs_for(self, batch: int) -> Runs:
-        return self._tuned_runs if self._tuned_runs is not None and self._tuned(batch) \
-            else self._runs
+        return self._tuned_runs if batch in self._tuned else self._runs
 
     def _mode_for(self, batch: int) -> str:
-        some = self._tuned_runs is not None
-        return "reduce-overhead" if some and not self._tuned(batch) else self.compile_mode
+        return self.compile_mode if batch in self._tuned else self._runs_mode
 
     def _compile_failed(self, exc: Exception, mode: str, batch: int | None = None) -> None:
         log.warning("torch_compile_failed", mode=mode, batch=batch,
@@ -282,7 +281,7 @@ class TorchRuntime(Runtime):
 
     def close(self) -> None:
         self.module = None  # type: ignore[assignment]
-        self._runs, self._tuned_runs = (None, ()), None  # type: ignore[assignment]
+        self._runs = self._tuned_runs = (None, ())  # type: ignore[assignment]
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Dict
 
@@ -111,24 +111,15 @@ def tuned_buckets(manifest: dict[str, Any]) -> frozenset[int]:
     return frozenset(int(b) for b, t in trials.items() if t.get("mode") == TUNED)
 
 
-def _try(runtime: Any, model: Any, windows: np.ndarray, reference: Callable[..., np.ndarray],
-         compare: Callable[[np.ndarray, np.ndarray], dict[str, Any]]) -> dict[str, Any]:
-    """One bucket through the runner that serves, against the fp32 reference."""
-    t0 = time.perf_counter()
-    runner = runtime.open_runner([len(windows)], 0)
-    try:
-        got = runner.run(list(windows))
-    finally:
-        runner.close()
-    if runtime.compile_failed:  # the runtime fell back to the uncompiled module: say so
+def _verdict(result: dict[str, Any], bound: float, seconds: float, compile_failed: bool
+             ) -> dict[str, Any]:
+    """A bucket's verdict from its comparison with the fp32 reference (engines/validate.py)."""
+    if compile_failed:  # the runtime fell back to the uncompiled module: say so
         return {"mode": FALLBACK, "why": "max-autotune failed to compile it (the "
                 "torch_compile_failed log line says why)"}
-    ref = reference(model, windows)
-    result = compare(ref, got)
-    bound = RELATIVE_TOLERANCE * float(np.abs(ref).max())
     ok = result["finite"] and result["max_abs_diff"] <= bound
     verdict = {"mode": TUNED if ok else FALLBACK, "max_abs_diff": result["max_abs_diff"],
-               "bound": bound, "seconds": round(time.perf_counter() - t0, 1)}
+               "bound": bound, "seconds": round(seconds, 1)}
     if not ok:
         verdict["why"] = "its logits differ from the fp32 reference beyond the bound"
     return verdict
@@ -160,11 +151,18 @@ def _trial_main(job_path: str) -> None:
             print(json.dumps({"trial": 1, "trying": b}), flush=True)
             # Autotuned kernels for `b` alone: a runner always holds bucket 1 too, which runs
             # the default kernels here unless it is the one tried, so a fault is b's.
+            t0 = time.perf_counter()
             runtime = TorchRuntime(model, job["precision"], "cuda", cuda_graph=True,
                                    max_batch=b, compile_mode=TUNED,
                                    compile_cache=Path(job["store_root"]),
                                    tuned_batches=frozenset({b}))
-            verdict = _try(runtime, model, windows[:b], reference_logits, compare_logits)
+            runner = runtime.open_runner([b], 0)  # the runner that serves
+            got = runner.run(list(windows[:b]))
+            runner.close()
+            ref = reference_logits(model, windows[:b])
+            verdict = _verdict(compare_logits(ref, got),
+                               RELATIVE_TOLERANCE * float(np.abs(ref).max()),
+                               time.perf_counter() - t0, runtime.compile_failed)
             runtime.close()
         print(json.dumps({"trial": 1, "bucket": b, "verdict": verdict}), flush=True)
     os._exit(0)  # inductor's compile workers: no slow interpreter teardown
