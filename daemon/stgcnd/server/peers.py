@@ -8,6 +8,8 @@ import os
 import socket
 import struct
 
+from stgcnd.server.socket_owners import SOCKET_OWNERS
+
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _LOOPBACK = ("127.", "::1", "::ffff:127.")
 
@@ -57,9 +59,10 @@ def accepted_peer(fd: int) -> tuple[str, int] | None:
         peer = sock.getpeername()
         address = str(peer[0])
         if address.startswith(_LOOPBACK):
-            uid = loopback_uid(sock.family, peer, sock.getsockname())
-            if uid is not None:
-                return f"uid:{uid}", ino
+            owner = loopback_owner(sock.family, peer, sock.getsockname())
+            if owner is not None:
+                pid = SOCKET_OWNERS.process(owner[1], owner[0])
+                return (f"uid:{owner[0]}" if pid is None else f"pid:{pid}"), ino
         return peer_key(address, fd), ino
     except OSError:
         return None
@@ -82,8 +85,9 @@ _diag: list[socket.socket | None] = []  # the netlink socket, opened on first us
 _diag_seq = itertools.count(1)
 
 
-def loopback_uid(family: int, peer: tuple, local: tuple) -> int | None:  # type: ignore[type-arg]
-    """The uid owning the client's socket of a loopback tcp connection, from our ends'
+def loopback_owner(family: int, peer: tuple, local: tuple  # type: ignore[type-arg]
+                   ) -> tuple[int, int] | None:
+    """(uid, inode) of the client's socket of a loopback tcp connection, from our ends'
     addresses (peer, local: getpeername/getsockname); None where it cannot be asked."""
     if not _diag:
         try:
@@ -112,7 +116,8 @@ def loopback_uid(family: int, peer: tuple, local: tuple) -> int | None:  # type:
                 continue
             if kind == _NLMSG_ERROR or len(reply) < _UID_AT + _UID_INODE.size:
                 return None  # ENOENT: the client's socket is gone already
-            return int(_UID_INODE.unpack_from(reply, _UID_AT)[0])
+            uid, inode = _UID_INODE.unpack_from(reply, _UID_AT)
+            return int(uid), int(inode)
     except (OSError, ValueError, struct.error):
         return None
     return None
