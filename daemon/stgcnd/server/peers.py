@@ -17,9 +17,11 @@ _LOOPBACK = ("127.", "::1", "::ffff:127.")
 # The peer of a request (`peer_key`) comes from the connection's own metadata (Peer-Address),
 # not from its fd number, which a new connection may reuse: the process for an ipc client
 # (SO_PEERCRED; the camera table shares slots by it, bans refuse it) and the address for tcp. A
-# tcp client on the loopback is its user: at accept, the kernel is asked who owns the client's
-# end of the connection (NETLINK_SOCK_DIAG, an exact 4-tuple lookup), so a hundred
-# loopback connections of one process are one peer, not a hundred. That key is kept by fd
+# tcp client on the loopback is its process where the daemon can see it, else its user: at
+# accept, the kernel is asked who owns the client's end of the connection (NETLINK_SOCK_DIAG,
+# an exact 4-tuple lookup: its uid and its socket's inode), and the inode is looked for in
+# /proc/PID/fd (socket_owners.py, within a time budget), so a hundred loopback connections of
+# one process are one peer, and two processes of one user two. That key is kept by fd
 # (`Connections.loopback`, dropped on the fd's disconnect or a new accept on its number) and
 # looked up by fd for each request from the loopback. Without netlink (or when the client's
 # socket is gone by then), and for a process in another pid namespace (pid 0), the key is the
@@ -27,8 +29,9 @@ _LOOPBACK = ("127.", "::1", "::ffff:127.")
 # a connection, is never banned as a whole: a ban closes the connection only.
 def peer_key(address: str, fd: int, loopback: dict[int, str] | None = None) -> str:
     """The peer of connection `fd` from its Peer-Address metadata: 'localhost:UID:GID:PID'
-    for ipc, the IP for tcp; for the loopback, the user found at accept (`loopback`, by fd:
-    Connections.loopback). See the comment above for who is keyed per connection."""
+    for ipc, the IP for tcp; for the loopback, the process or user found at accept
+    (`loopback`, by fd: Connections.loopback). See the comment above for who is keyed per
+    connection."""
     if address.startswith("localhost:"):
         pid = address.rsplit(":", 1)[-1]
         if pid not in ("", "0"):
@@ -44,8 +47,8 @@ def peer_key(address: str, fd: int, loopback: dict[int, str] | None = None) -> s
 
 def accepted_peer(fd: int) -> tuple[str, int] | None:
     """(peer key, inode) of an accepted connection's fd, asked of the kernel (the same key
-    `peer_key` makes from a message's metadata, given the loopback users found here); None
-    when the fd is gone or not a socket."""
+    `peer_key` makes from a message's metadata, given the loopback processes and users found
+    here); None when the fd is gone or not a socket."""
     try:
         sock = socket.socket(fileno=fd)
     except OSError:
