@@ -1,4 +1,4 @@
-"""The camera table's slots: shared by peer (process, address or loopback user), never by
+"""The camera table's slots: shared by peer (process, or address for remote tcp), never by
 invented camera id; served cameras keep a reserve, and churn is bounded per peer. The rule
 tests run with no reserve (reserve=0): they are about the shares."""
 
@@ -213,3 +213,24 @@ def test_served_ids_are_remembered_in_bounded_memory():
         table.reclaim_idle(float(i) * 10 + 6, idle_timeout=5.0)
     assert len(table.served) == 4 * 2
     assert list(table.served)[-1] == "c99" and "c0" not in table.served
+
+
+def test_a_peer_holding_every_slot_with_active_served_cameras_gives_one_to_a_returning_camera():
+    """Issue #41: one peer's served cameras, all sending every 0.2 s, hold every slot; a
+    camera of another peer, served before, comes back: it takes the least recently active of
+    them at once, and that one, asking again, is refused while its peer's others stay busy."""
+    table = CameraTable(4)
+    legit, _ = table.get("legit", 0.0, "pid:2")
+    assert legit is not None
+    table.mark_served(legit)
+    table.reclaim_idle(400.0, 300.0)  # away: it left the table, its id is remembered
+    for t in range(20):
+        for i in range(4):
+            cam, _ = table.get(f"hold-{i}", 400.0 + t * 0.2 + i * 0.01, "pid:1")
+            assert cam is not None
+            table.mark_served(cam)
+    now = 400.0 + 20 * 0.2
+    cam, evicted = table.get("legit", now, "pid:2")
+    assert cam is not None and evicted is not None
+    assert (evicted.camera, evicted.peer, evicted.rule) == ("hold-0", "pid:1", "over-share")
+    assert table.get("hold-0", now + 0.01, "pid:1") == (None, None)

@@ -83,7 +83,7 @@ def test_a_client_without_keys_is_reported(curve_router):
         assert refusal.reason in ("no-keys", "hung-up"), refusal
         assert "stgcnd keys create" in refusal.action
         # On the loopback the refusal can beat the loop to the accept: then who is unknown.
-        assert peer == "unknown" or peer.startswith(("uid:", "ip:", "fd:")), peer
+        assert peer == "unknown" or peer.startswith(("pid:", "uid:", "ip:", "fd:")), peer
 
 
 def test_the_peer_is_named_when_its_connection_was_seen_first(curve_router):

@@ -139,7 +139,7 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         "must be > 0 seconds", gt=0)] = 300.0
     max_cameras: Annotated[int, restart_key(
         "cameras served at once; when all are taken, slots are shared by peer (client "
-        "process, address or loopback user), an eighth kept for cameras served before "
+        "process, or address for remote tcp), an eighth kept for cameras served before "
         "(docs/hardening.md)", "must be >= 1", ge=1)] = 64
     max_connections: Annotated[int, restart_key(
         "connections accepted at most, cameras and event subscribers together (these get "

@@ -163,7 +163,7 @@ class Connections:
         self.name = name
         self.quiet_gives_way = quiet_gives_way
         self.by_fd: dict[int, Connection] = {}
-        # fd -> peer key of a loopback tcp connection, its user (connections.peer_key)
+        # fd -> peer key of a loopback tcp connection, its process or user (peers.peer_key)
         self.loopback: dict[int, str] = {}
         address = f"inproc://stgcnd-monitor-{next(_unique)}"
         sock.monitor(address, _ACCEPTED | _DISCONNECTED | _LISTENING | _ACCEPT_FAILED
@@ -380,7 +380,7 @@ class Connections:
             return  # already gone: its disconnect event follows
         peer, ino = found
         self._closing.pop(fd, None)  # the number is reused: the old one was closed
-        if peer.startswith("uid:"):
+        if peer.startswith(("uid:", "pid:")):  # ipc's metadata names its pid: unused there
             self.loopback[fd] = peer
         until = self._banned.get(peer)
         if until is not None and until > now:

@@ -8,6 +8,8 @@ import os
 import socket
 import struct
 
+from stgcnd.server.socket_owners import SOCKET_OWNERS
+
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _LOOPBACK = ("127.", "::1", "::ffff:127.")
 
@@ -15,9 +17,11 @@ _LOOPBACK = ("127.", "::1", "::ffff:127.")
 # The peer of a request (`peer_key`) comes from the connection's own metadata (Peer-Address),
 # not from its fd number, which a new connection may reuse: the process for an ipc client
 # (SO_PEERCRED; the camera table shares slots by it, bans refuse it) and the address for tcp. A
-# tcp client on the loopback is its user: at accept, the kernel is asked who owns the client's
-# end of the connection (NETLINK_SOCK_DIAG, an exact 4-tuple lookup), so a hundred
-# loopback connections of one process are one peer, not a hundred. That key is kept by fd
+# tcp client on the loopback is its process where the daemon can see it, else its user: at
+# accept, the kernel is asked who owns the client's end of the connection (NETLINK_SOCK_DIAG,
+# an exact 4-tuple lookup: its uid and its socket's inode), and the inode is looked for in
+# /proc/PID/fd (socket_owners.py, within a time budget), so a hundred loopback connections of
+# one process are one peer, and two processes of one user two. That key is kept by fd
 # (`Connections.loopback`, dropped on the fd's disconnect or a new accept on its number) and
 # looked up by fd for each request from the loopback. Without netlink (or when the client's
 # socket is gone by then), and for a process in another pid namespace (pid 0), the key is the
@@ -25,8 +29,9 @@ _LOOPBACK = ("127.", "::1", "::ffff:127.")
 # a connection, is never banned as a whole: a ban closes the connection only.
 def peer_key(address: str, fd: int, loopback: dict[int, str] | None = None) -> str:
     """The peer of connection `fd` from its Peer-Address metadata: 'localhost:UID:GID:PID'
-    for ipc, the IP for tcp; for the loopback, the user found at accept (`loopback`, by fd:
-    Connections.loopback). See the comment above for who is keyed per connection."""
+    for ipc, the IP for tcp; for the loopback, the process or user found at accept
+    (`loopback`, by fd: Connections.loopback). See the comment above for who is keyed per
+    connection."""
     if address.startswith("localhost:"):
         pid = address.rsplit(":", 1)[-1]
         if pid not in ("", "0"):
@@ -42,8 +47,8 @@ def peer_key(address: str, fd: int, loopback: dict[int, str] | None = None) -> s
 
 def accepted_peer(fd: int) -> tuple[str, int] | None:
     """(peer key, inode) of an accepted connection's fd, asked of the kernel (the same key
-    `peer_key` makes from a message's metadata, given the loopback users found here); None
-    when the fd is gone or not a socket."""
+    `peer_key` makes from a message's metadata, given the loopback processes and users found
+    here); None when the fd is gone or not a socket."""
     try:
         sock = socket.socket(fileno=fd)
     except OSError:
@@ -57,9 +62,10 @@ def accepted_peer(fd: int) -> tuple[str, int] | None:
         peer = sock.getpeername()
         address = str(peer[0])
         if address.startswith(_LOOPBACK):
-            uid = loopback_uid(sock.family, peer, sock.getsockname())
-            if uid is not None:
-                return f"uid:{uid}", ino
+            owner = loopback_owner(sock.family, peer, sock.getsockname())
+            if owner is not None:
+                pid = SOCKET_OWNERS.process(owner[1], owner[0])
+                return (f"uid:{owner[0]}" if pid is None else f"pid:{pid}"), ino
         return peer_key(address, fd), ino
     except OSError:
         return None
@@ -82,8 +88,9 @@ _diag: list[socket.socket | None] = []  # the netlink socket, opened on first us
 _diag_seq = itertools.count(1)
 
 
-def loopback_uid(family: int, peer: tuple, local: tuple) -> int | None:  # type: ignore[type-arg]
-    """The uid owning the client's socket of a loopback tcp connection, from our ends'
+def loopback_owner(family: int, peer: tuple, local: tuple  # type: ignore[type-arg]
+                   ) -> tuple[int, int] | None:
+    """(uid, inode) of the client's socket of a loopback tcp connection, from our ends'
     addresses (peer, local: getpeername/getsockname); None where it cannot be asked."""
     if not _diag:
         try:
@@ -112,7 +119,8 @@ def loopback_uid(family: int, peer: tuple, local: tuple) -> int | None:  # type:
                 continue
             if kind == _NLMSG_ERROR or len(reply) < _UID_AT + _UID_INODE.size:
                 return None  # ENOENT: the client's socket is gone already
-            return int(_UID_INODE.unpack_from(reply, _UID_AT)[0])
+            uid, inode = _UID_INODE.unpack_from(reply, _UID_AT)
+            return int(uid), int(inode)
     except (OSError, ValueError, struct.error):
         return None
     return None
