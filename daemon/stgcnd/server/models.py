@@ -13,7 +13,7 @@ from stgcnd.engines.retry import BuildRetry
 from stgcnd.engines.store import EngineStore
 from stgcnd.errors import BuildCancelled, UserError, step_of
 from stgcnd.log import get_logger
-from stgcnd.model.spec import ModelSpec, default_labels
+from stgcnd.model.spec import ModelSpec, check_labels, default_labels
 from stgcnd.provision import first_that_serves
 from stgcnd.provision.load import Choice
 from stgcnd.runtimes.base import Runtime
@@ -259,6 +259,14 @@ def _serve_with(mc: ModelConfig, choice: Choice, spec: ModelSpec, store: EngineS
             free_before[0] = plan.free_now()
     runtime = choice.load(spec, store, noop_compute_us=mc.noop_compute_us,
                           before_load=artefact_ready if plan is not None else None)
+    try:  # before any runner: a label per class the artefact itself has, on every runtime
+        artefact = " ".join(filter(None, (runtime.info.name, "artefact",
+                                          runtime.info.artifact)))
+        check_labels(mc.labels, runtime.artefact_classes,
+                     f"{mc.checkpoint or 'the demo model'} (its {artefact})")
+    except BaseException:
+        runtime.close()
+        raise
     max_batch = min(choice.options.max_batch, int(runtime.info.max_batch))
     # The options' buckets (serving_plan: the one source), cut by what the artefact takes.
     buckets = [b for b in choice.options.buckets if b <= max_batch]
