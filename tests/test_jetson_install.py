@@ -45,6 +45,7 @@ unprivileged user.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -191,6 +192,62 @@ def test_the_unit_runs_the_documented_venv():
     unit = (REPO / "systemd" / "stgcnd.service").read_text()
     assert f"ExecStart={OPT}/venv/bin/stgcnd serve" in unit
     assert "ProtectHome=yes" in unit  # why the doc says: not editable
+
+
+def install_commands() -> list[str]:
+    """Every command line of the Install section's shell blocks, in the doc's order."""
+    return [line for b in blocks() if b.lang == "bash" for line in commands(b.code)]
+
+
+@pytest.mark.parametrize("release", ["r35.4.1", "r36.4.3"])
+def test_the_unit_is_installed_and_checked_before_the_first_start(tmp_path, stgcnd_main,
+                                                                  release):
+    """install -> unit -> doctor -> start (issue #43): a device node, group or address the
+    unit lacks is found by `stgcnd doctor` before `auto` serves on the CPU under it. And the
+    doctor of step 6, on the root file system the steps before it leave (the groups and user
+    that step 4 makes, the unit where it installs it) and with the configuration the unit
+    reads, passes its unit checks on JetPack 5 and 6."""
+    lines = install_commands()
+
+    def first(what: str, *words: str) -> int:
+        found = [i for i, line in enumerate(lines) if all(w in line for w in words)]
+        assert found, f"docs/jetson.md's Install section has no command for {what}"
+        return found[0]
+
+    venv = first("the venv", "python3 -m venv")
+    group = first("a missing render group", "groupadd --system render")
+    user = first("the service's user", "useradd")
+    config = first("the configuration", "install", "/etc/stgcnd/stgcnd.toml")
+    unit = first("the unit", "install", "systemd/stgcnd.service", "/etc/systemd/system/")
+    doctor = first("doctor", f"{OPT}/venv/bin/stgcnd doctor")
+    start = first("the first start", "systemctl enable --now stgcnd")
+    assert venv < group < user < unit < doctor < start and config < doctor, lines
+    assert "--config /etc/stgcnd/stgcnd.toml" in lines[doctor]
+    exec_start = next(line for line in (REPO / "systemd" / "stgcnd.service").read_text()
+                      .splitlines() if line.startswith("ExecStart="))
+    assert exec_start.endswith("--config /etc/stgcnd/stgcnd.toml"), exec_start
+    assert "216/GROUP" in DOC.read_text()
+
+    # The root file system as steps 1-4 leave it.
+    root = tmp_path / "root"
+    for d in ("etc/systemd/system", "proc/device-tree"):
+        (root / d).mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "commands" / "data" / f"nv_tegra_release.{release}",
+                root / "etc" / "nv_tegra_release")
+    (root / "proc" / "device-tree" / "model").write_text("NVIDIA Orin NX Developer Kit\x00")
+    words = lines[user].split()
+    name, groups = words[-1], words[words.index("--groups") + 1].split(",")
+    (root / "etc" / "passwd").write_text(f"root:x:0:0::/root:/bin/bash\n{name}:x:998:998::/:/x\n")
+    (root / "etc" / "group").write_text("".join(f"{g}:x:{100 + i}:\n" for i, g in
+                                                enumerate(["root", *groups, name])))
+    shutil.copy(REPO / "systemd" / "stgcnd.service", root / lines[unit].split()[-1].lstrip("/"))
+    r = stgcnd_main("doctor", "--json", "--root", str(root), "--config",
+                    str(REPO / "systemd" / "stgcnd.toml"))
+    checks = {c["name"]: c for c in json.loads(r.stdout)["checks"]}
+    unit_checks = {k: v["status"] for k, v in checks.items() if k.startswith("unit")}
+    assert unit_checks == {"unit: device nodes": "ok", "unit: user and groups": "ok",
+                           "unit: address filter": "ok"}, checks
+    assert r.returncode == 0
 
 
 @pytest.mark.parametrize("python", sorted(JETPACK_PYTHONS))

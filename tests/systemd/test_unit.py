@@ -81,8 +81,8 @@ def test_nodes_in_use_reads_maps_and_fds(tmp_path):
 
 
 def test_a_unit_without_the_jetpack6_nodes_is_caught_with_its_fix(tmp_path):
-    from stgcnd.commands.doctor_checks import FAIL, OK, unit_devices
-    from stgcnd.device_nodes import KNOWN, Node, Unit, unit_gaps
+    from stgcnd.commands.doctor_unit import FAIL, OK, unit_devices
+    from stgcnd.device_nodes import KNOWN, Node, Unit, describe, unit_gaps
 
     # The unit before issue #31: R36's fence and render nodes, and the render group, missing.
     old = "\n".join(line for line in UNIT.read_text().splitlines()
@@ -97,10 +97,13 @@ def test_a_unit_without_the_jetpack6_nodes_is_caught_with_its_fix(tmp_path):
 
     # doctor, on nodes as this machine describes them (mode 0666: no group needed); the unit
     # allows /dev/null, not /dev/zero.
+    from stgcnd.commands.doctor_unit import UnitFile
+
     path = tmp_path / "stgcnd.service"
     path.write_text(old)
-    bad = unit_devices(nodes=["/dev/null", "/dev/zero"], unit=path)
-    assert bad["status"] == FAIL and "could not open /dev/zero:" in bad["detail"]
+    here = [describe(p) for p in ("/dev/null", "/dev/zero")]
+    bad = unit_devices(UnitFile(path), here, "opened here")
+    assert bad["status"] == FAIL and "could not open /dev/zero " in bad["detail"]
     assert "DeviceAllow=/dev/zero rw" in bad["fix"] and "systemctl edit stgcnd" in bad["fix"]
-    assert unit_devices(nodes=["/dev/null"], unit=UNIT)["status"] == OK
-    assert unit_devices(nodes=[], unit=UNIT)["status"] == "skip"
+    assert unit_devices(UnitFile(UNIT), here[:1])["status"] == OK
+    assert unit_devices(UnitFile(UNIT), [])["status"] == "skip"

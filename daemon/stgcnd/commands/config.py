@@ -18,6 +18,7 @@ import msgspec
 from stgcnd.server.config import load_config
 from stgcnd.server.config_checks import check_config
 from stgcnd.server.config_docs import example, key_table
+from stgcnd.server.model_files import labels_problems
 
 
 def register(subparsers: Any) -> None:
@@ -51,7 +52,7 @@ def _print(text: str) -> int:
 
 def run_check(args: argparse.Namespace) -> int:
     config = load_config(args.file)
-    not_checked = check_config(config)
+    not_checked = check_config(config, read_files=labels_problems)
     resolved = msgspec.to_builtins(config)
     resolved["endpoint"] = config.endpoint
     resolved["engines_dir"] = str(config.engines_dir)

@@ -12,14 +12,16 @@ from typing import Any
 from stgcnd import __version__
 from stgcnd.board import detect
 from stgcnd.commands.doctor_checks import jetson_stack, run_checks
+from stgcnd.commands.doctor_unit import INSTALLED_UNIT, find_unit, unit_checks
 from stgcnd.cpupower import cpu_power
 from stgcnd.engines.device import gpu_identity
 from stgcnd.engines.store import EngineStore
-from stgcnd.errors import BackendUnavailable
+from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.runtimes import available, import_tensorrt, import_torch
-from stgcnd.runtimes.free_memory import free_memory, reserve_mb
+from stgcnd.runtimes.free_memory import free_memory
 from stgcnd.runtimes.tensorrt_runtime import missing_api
-from stgcnd.server.config import engines_root
+from stgcnd.server.config import Config, load_config
+from stgcnd.server.models import memory_plan_for
 from stgcnd.versions import module_version
 
 
@@ -31,6 +33,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--engines", "--store", dest="store", type=Path, default=None,
                    help="engine store directory to inspect")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="the daemon's configuration, read as `stgcnd serve` reads it (default: "
+                        "$STGCND_CONFIG, else /etc/stgcnd/stgcnd.toml, else the defaults): its "
+                        "memory_reserve_mb and memory_budget_mb make the memory budget, its "
+                        "engines_dir the store, its endpoints and MQTT broker what the unit "
+                        "must let through")
+    p.add_argument("--unit", type=Path, nargs="?", default=None, const=Path(INSTALLED_UNIT),
+                   metavar="PATH",
+                   help="check this systemd unit file (and its drop-ins) before its first "
+                        "start: the device nodes CUDA opens, its user and groups, its address "
+                        "filter against the configuration (default: /" + INSTALLED_UNIT +
+                        ", which is checked without this flag too once installed)")
     # Where to read the Jetson's files from (/etc/nv_tegra_release, the dpkg database,
     # /usr/local/cuda, the CPU's sysfs): for tests and for inspecting a mounted root filesystem.
     p.add_argument("--root", type=Path, default=Path("/"),
@@ -70,21 +84,26 @@ def _tensorrt() -> dict[str, Any]:
     return out
 
 
-def _driver() -> dict[str, Any]:
-    """The GPU through the CUDA driver (the daemon's one CUDA layer): free memory now, read
-    the one way the daemon's memory plan reads it (stgcnd/runtimes/free_memory.py: MemAvailable on a
-    Jetson), and what is left for the models once the default reserve is kept for the
-    cameras (memory_reserve_mb)."""
+def _driver(config: Config) -> dict[str, Any]:
+    """The GPU through the CUDA driver (the daemon's one CUDA layer): free memory now and
+    the models' budget, computed as the daemon's memory plan computes them at start
+    (server.models.memory_plan_for: MemAvailable on a Jetson, less the configuration's
+    memory_reserve_mb, within its memory_budget_mb)."""
     try:
-        free = free_memory(reserve_mb(-1, detect().jetson) * 2**20)
+        plan = memory_plan_for(config.server)
+        source = free_memory(plan.reserve).source
     except Exception as exc:
         return {"available": False, "reason": str(exc)}
-    return {"available": True, **free.describe()}
+    mb = 2**20
+    return {"available": True, "memory_free_mb": plan.free_at_start // mb,
+            "memory_total_mb": plan.total // mb, "reserve_mb": plan.reserve // mb,
+            "for_models_mb": plan.budget // mb,
+            "budget_mb": config.server.memory_budget_mb, "source": source}
 
 
-def _store(path: Path | None) -> dict[str, Any]:
+def _store(path: Path) -> dict[str, Any]:
     try:
-        store = EngineStore(engines_root(path))
+        store = EngineStore(path)
         entries = store.list()
     except Exception as exc:
         return {"available": False, "reason": str(exc)}
@@ -92,41 +111,65 @@ def _store(path: Path | None) -> dict[str, Any]:
             "entries": entries}
 
 
-def collect(store: Path | None = None, root: Path = Path("/"),
-            smoke_test: bool = False) -> dict[str, Any]:
+def _config(path: Path | None) -> tuple[Config, dict[str, Any]]:
+    """The daemon's configuration (its defaults where it does not load, said in the report)."""
+    try:
+        config = load_config(path)
+    except UserError as exc:
+        return Config(), {"source": str(path or "the default configuration"),
+                          "error": str(exc)}
+    return config, {"source": config.source}
+
+
+def collect(store: Path | None = None, root: Path = Path("/"), smoke_test: bool = False,
+            config_path: Path | None = None, unit: Path | None = None) -> dict[str, Any]:
     gpu = gpu_identity()
     jetson = jetson_stack(root)
+    config, config_report = _config(config_path)
+    checks = run_checks(root, smoke=smoke_test)
+    unit_path = find_unit(root, None if unit is None else
+                          root / INSTALLED_UNIT if unit == Path(INSTALLED_UNIT) else unit)
+    if unit_path is not None:
+        live = root.resolve() == Path("/").resolve()
+        checks += unit_checks(unit_path, root, config, live, detect(root).l4t or None)
     return {
+        "config": config_report,
         "stgcnd": __version__,
         "python": f"{platform.python_version()} ({sys.executable})",
         "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
         "versions": {n: module_version(n) for n in
                      ("numpy", "torch", "onnx", "onnxruntime", "zmq", "msgpack", "structlog")},
         "gpu": gpu,
-        "driver": _driver() if gpu else {"available": False, "reason": "no GPU"},
+        "driver": _driver(config) if gpu else {"available": False, "reason": "no GPU"},
         "cuda": _torch_cuda(),
         "tensorrt": _tensorrt(),
         "jetson": jetson,
         # On a Jetson: power mode, clocks, memory, tegrastats, the driver; and the TensorRT
         # smoke test when asked for. Each {name, status, detail, fix} (doctor_checks.py).
-        "checks": run_checks(root, smoke=smoke_test),
+        "checks": checks,
         "cpu_power": cpu_power(root),
         "backends": {k: v or "ok" for k, v in available().items()},
-        "store": _store(store),
+        "store": _store(store or config.engines_dir),
     }
 
 
 def run(args: argparse.Namespace) -> int:
-    report = collect(args.store, args.root, smoke_test=args.smoke_test)
-    smoke_failed = any(c["name"] == "tensorrt smoke test" and c["status"] == "fail"
-                       for c in report["checks"])
+    report = collect(args.store, args.root, smoke_test=args.smoke_test,
+                     config_path=args.config, unit=args.unit)
+    # Exit status 1 where the smoke test or the unit fails: a script installing the unit
+    # stops before its first start.
+    failed = any((c["name"] == "tensorrt smoke test" or c["name"].startswith("unit"))
+                 and c["status"] == "fail" for c in report["checks"])
     if args.json:
         print(json.dumps(report, indent=2, default=str))
-        return 1 if smoke_failed else 0
+        return 1 if failed else 0
     v = report["versions"]
     print(f"stgcnd      {report['stgcnd']}")
     print(f"python      {report['python']}")
     print(f"platform    {report['platform']}")
+    cfg = report["config"]
+    print(f"config      {cfg['source']}" + (f": UNREADABLE, the defaults are used: "
+                                             f"{cfg['error']}" if cfg.get("error") else ""))
     for name in ("numpy", "torch", "onnx", "onnxruntime", "zmq", "msgpack", "structlog"):
         label = "pyzmq" if name == "zmq" else name
         print(f"{label:<11} {v[name] or 'not installed'}")
@@ -139,9 +182,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"cuda        {'GPU ' + gpu['name'] if gpu else 'no GPU'} (torch: not available)")
     drv = report["driver"]
     if drv.get("available"):
+        budget = (f", within memory_budget_mb {drv['budget_mb']}" if drv["budget_mb"] else "")
         print(f"memory      {drv['memory_free_mb']} MB free of {drv['memory_total_mb']} MB "
               f"({drv['source']}); {drv['for_models_mb']} MB for the models after the "
-              f"{drv['reserve_mb']} MB reserve (memory_reserve_mb)")
+              f"{drv['reserve_mb']} MB reserve (memory_reserve_mb{budget})")
     trt = report["tensorrt"]
     print(f"tensorrt    {trt['tensorrt'] or 'not importable'}"
           + (f" ({trt['tensorrt_api']})" if trt.get("tensorrt_api") else ""))
@@ -166,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"store       {s['root']}: {s['artefacts']} artefact(s)")
     else:
         print(f"store       unavailable ({s.get('reason')})")
-    return 1 if smoke_failed else 0
+    return 1 if failed else 0
 
 
 def _print_checks(checks: list[dict[str, Any]]) -> None:

@@ -22,7 +22,6 @@ from typing import Any, Dict
 import numpy as np
 
 from stgcnd.board import Board, detect
-from stgcnd.device_nodes import Unit, describe, nodes_in_use, unit_gaps
 from stgcnd.engines.builders.tensorrt import network_flags, strongly_typed_only
 from stgcnd.fsutil import parse_int, read_system_file
 from stgcnd.runtimes import import_tensorrt
@@ -47,8 +46,7 @@ Check = Dict[str, Any]  # typing.Dict: evaluated at run time, and 3.8 has no dic
 # - tegrastats: on PATH or in /usr/bin;
 # - the CUDA driver, through stgcnd's ctypes layer (runtimes/cuda.py): GPU, compute capability,
 #   free memory;
-# - the device nodes CUDA opened in this process, against the systemd unit's DeviceAllow= and
-#   SupplementaryGroups= (stgcnd/device_nodes.py): what CUDA needs under the unit.
+# - (the systemd unit: doctor_unit.py, after these.)
 #
 # And with `stgcnd doctor --smoke-test`, wherever tensorrt imports: a one-layer network (ReLU on
 # a 1x3x4x4 input) built with TensorRT's network API, deserialized and run once through the
@@ -326,34 +324,6 @@ def cuda_driver(load: Callable[[], object] = libraries,
     return check(name, OK, f"{detail}, {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB")
 
 
-# --- the device nodes the unit allows --------------------------------------------------------
-
-INSTALLED_UNIT = Path("/etc/systemd/system/stgcnd.service")
-PACKAGED_UNIT = Path(__file__).resolve().parents[3] / "systemd" / "stgcnd.service"
-
-
-def unit_devices(nodes: list[str] | None = None, unit: Path | None = None) -> Check:
-    """Whether the systemd unit lets the daemon open every node CUDA opened here (call after
-    the driver check: CUDA is up in this process then)."""
-    name = "device nodes (unit)"
-    found = nodes_in_use() if nodes is None else nodes
-    path = unit or next((p for p in (INSTALLED_UNIT, PACKAGED_UNIT) if p.is_file()), None)
-    if not found:
-        return check(name, SKIP, "CUDA opened no device node in this process")
-    if path is None:
-        return check(name, SKIP, f"CUDA uses {', '.join(found)}; no unit to check them against "
-                     f"({INSTALLED_UNIT} is not installed)")
-    gaps = unit_gaps(Unit.parse(path.read_text()), [describe(p) for p in found])
-    if not gaps:
-        return check(name, OK, f"{path} allows every node CUDA uses: {', '.join(found)} "
-                     "(drop-ins from `systemctl edit` not read)")
-    lines = sorted({line for need in gaps.values() for line in need})
-    return check(name, FAIL, f"under {path} CUDA could not open {', '.join(sorted(gaps))}: the "
-                 "daemon would serve on the CPU under systemd while it works by hand",
-                 f"add to the unit's [Service] (sudo systemctl edit stgcnd): {'; '.join(lines)}; "
-                 "then sudo systemctl restart stgcnd")
-
-
 # --- the TensorRT smoke test -----------------------------------------------------------------
 
 class DriverDevice:
@@ -505,7 +475,7 @@ def run_checks(root: Path = Path("/"), smoke: bool = False, live: bool | None = 
         out += [power_mode(root, live), clocks(root), memory(root, board),
                 tegrastats(root, live)]
         if live:
-            out += [cuda_driver(), unit_devices()]
+            out.append(cuda_driver())
         else:
             out.append(check("cuda driver", SKIP, "not asked: --root is not this machine's root"))
     if smoke:

@@ -147,3 +147,19 @@ def export_model(model: LoadedModel, output: Path, dynamic_batch: bool = False,
     log.info("onnx_exported", path=str(output), sha256=sha, dynamic_batch=dynamic_batch,
              variant=variant, validation=validation)
     return ExportResult(output, sidecar_path(output), sha, validation, sidecar)
+
+
+def output_classes(path: Path) -> int | None:
+    """The class count an ONNX file's graph itself has (its logits output's last dimension),
+    read without its weights; None where the dimension is not a number."""
+    import onnx
+
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception as exc:  # a protobuf DecodeError, or the file unreadable
+        raise UserError(f"{path} is not a readable ONNX model ({exc}); export it again with "
+                        "`stgcnd export`") from None
+    outputs = [o for o in graph.output if o.name == OUTPUT_NAME] or list(graph.output[:1])
+    dims = outputs[0].type.tensor_type.shape.dim if outputs else []
+    last = dims[-1].dim_value if dims else 0
+    return int(last) if last > 0 else None

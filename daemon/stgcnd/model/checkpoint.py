@@ -25,6 +25,7 @@ from stgcnd.model.filekind import (
     nested_state_dicts,
 )
 from stgcnd.model.layouts import LAYOUTS
+from stgcnd.model.spec import check_labels
 
 STREAMS = ("origin_stream", "motion_stream")
 WRAPPERS = ("state_dict", "model", "model_state_dict")  # keys a state_dict is often saved under
@@ -170,9 +171,7 @@ def check_against_spec(info: CheckpointInfo, layout: str, labels: tuple[str, ...
                else f"no built-in layout has {info.num_node} joints")
         raise CheckpointError(f"{source} was trained on {info.num_node} joints but layout "
                               f"{layout!r} has {want_v}: {fix}")
-    if labels and len(labels) != info.num_class:
-        raise CheckpointError(f"{source} has {info.num_class} classes but {len(labels)} labels "
-                              f"were given ({', '.join(labels)}); give exactly {info.num_class}")
+    check_labels(labels, info.num_class, source)
     if info.in_channels != 3:
         fold = ""
         if info.in_channels % 3 == 0:

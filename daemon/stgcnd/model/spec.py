@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stgcnd.errors import CheckpointError
 from stgcnd.model.layouts import LAYOUTS, STRATEGIES
 
 DEMO_SEED = 20261122
@@ -20,6 +22,18 @@ def default_labels(num_class: int) -> tuple[str, ...]:
     if num_class == 2:
         return ("normal", "abnormal")
     return tuple(f"class_{i}" for i in range(num_class))
+
+
+def check_labels(labels: Sequence[str], classes: int, source: str) -> None:
+    """The one check of the configured labels against the class count the model itself has
+    (a checkpoint's classifier, an ONNX graph's output, a TensorRT engine's output binding),
+    made on every runtime: a label per class, or predictions are named wrongly."""
+    if labels and len(labels) != classes:
+        raise CheckpointError(
+            f"{source} has {classes} classes but {len(labels)} labels were given "
+            f"({', '.join(labels)}); give exactly {classes} (labels = [...] in the model's "
+            f"section, one name per class in class order), or serve the model trained with "
+            f"{len(labels)} classes")
 
 
 @dataclass(frozen=True)

@@ -331,6 +331,15 @@ class Runtime(ABC):
     """A model loaded into one runtime; a factory of runners."""
 
     info: RuntimeInfo
+    # The class count the loaded artefact itself has (the ONNX graph's output, the engine's
+    # output binding, the checkpoint's classifier), set by the runtime when it loads; None
+    # where it cannot say, and then the manifest's `info.num_class` stands for it.
+    classes: int | None = None
+
+    @property
+    def artefact_classes(self) -> int:
+        """What the configured labels are checked against (model.spec.check_labels)."""
+        return self.classes if self.classes is not None else self.info.num_class
 
     def open_runner(self, buckets: Sequence[int], lanes: int, name: str = "") -> Runner:
         """One executor's prepared resources, drivable by the I/O loop (blocking runners

@@ -71,6 +71,9 @@ class OnnxRuntimeRuntime(Runtime):
             raise UserError(f"ONNX model {self.model_path} not found; rebuild it with "
                             "`stgcnd build --backend onnxruntime`")
         self.session = ort_session(self.model_path, device, threads)
+        # The graph's own class count (its output's last dimension), not the manifest's.
+        last = self.session.get_outputs()[0].shape[-1]
+        self.classes = last if isinstance(last, int) and last > 0 else None
         self.info = RuntimeInfo(
             name="onnxruntime", precision=precision, device=device,
             input_shape=tuple(input_shape), num_class=int(num_class), max_batch=int(max_batch),

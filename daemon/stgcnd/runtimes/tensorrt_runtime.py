@@ -418,6 +418,8 @@ class TensorRTRuntime(Runtime):
         if len(inputs) != 1:
             raise UserError(f"{engine_path} has {len(inputs)} inputs; expected one window input")
         self.input = inputs[0]
+        self.classes = next((t.shape[-1] for t in self.io if not t.is_input and t.shape[-1] > 0),
+                            None)  # the engine's output binding: its own class count
         self.dynamic = any(d < 0 for d in self.input.shape)
         self.profile_ranges = (profile_batch_ranges(self.engine, self.input.name)
                                if self.dynamic else [(1, 1, 1)])

@@ -135,6 +135,7 @@ class TorchRuntime(Runtime):
         variant = (("optimized" if optimized else "eager")
                    + (f"+compile({self.compile_mode})" if self.compile_mode != "off" else "")
                    + ("+cudagraph" if self.cuda_graph else ""))
+        self.classes = int(model.num_class)  # the checkpoint's classifier (model.info)
         self.info = RuntimeInfo(
             name="torch", precision=precision, device=str(self.device),
             input_shape=tuple(model.spec.input_shape), num_class=int(model.num_class),

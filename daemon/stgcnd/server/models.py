@@ -13,11 +13,11 @@ from stgcnd.engines.retry import BuildRetry
 from stgcnd.engines.store import EngineStore
 from stgcnd.errors import BuildCancelled, UserError, step_of
 from stgcnd.log import get_logger
-from stgcnd.model.spec import ModelSpec, default_labels
+from stgcnd.model.spec import ModelSpec, check_labels, default_labels
 from stgcnd.provision import first_that_serves
 from stgcnd.provision.load import Choice
 from stgcnd.runtimes.base import Runtime
-from stgcnd.server.config import Config, ModelConfig, check_event_classes
+from stgcnd.server.config import Config, ModelConfig, ServerConfig, check_event_classes
 from stgcnd.server.executor import Executor
 from stgcnd.server.scheduler import Job, Scheduler
 from stgcnd.server.serving_plan import Target, serving_plan
@@ -197,20 +197,27 @@ class Planner:
 
     def for_gpu(self) -> MemoryPlan:
         if self.plan is None:
-            from stgcnd.runtimes.free_memory import device_memory, reserve_mb
-            from stgcnd.server.memory_plan import MemoryPlan
-            server = self.config.server
-            reserve = reserve_mb(server.memory_reserve_mb, Target.this_machine().jetson)
-            budget = server.memory_budget_mb
-            if budget:
-                budget = max(budget - self.kept_bytes // 2**20, 1)
-            # Free memory the one way `doctor` reads it too (MemAvailable on a Jetson).
-            self.plan = MemoryPlan.for_device(budget, reserve, device_memory)
+            self.plan = memory_plan_for(self.config.server, self.kept_bytes)
         return self.plan
 
     def log(self) -> None:
         if self.plan is not None:
             self.plan.log_plan()
+
+
+def memory_plan_for(server: ServerConfig, kept_bytes: int = 0) -> MemoryPlan:
+    """The memory plan a start makes from [server]'s memory_reserve_mb and memory_budget_mb
+    (`kept_bytes`: what a reload keeps), from free memory now: the one computation of the
+    budget, made by the daemon and by `stgcnd doctor --config` alike."""
+    from stgcnd.runtimes.free_memory import device_memory, reserve_mb
+    from stgcnd.server.memory_plan import MemoryPlan
+
+    reserve = reserve_mb(server.memory_reserve_mb, Target.this_machine().jetson)
+    budget = server.memory_budget_mb
+    if budget:
+        budget = max(budget - kept_bytes // 2**20, 1)
+    # Free memory the one way (stgcnd/runtimes/free_memory.py: MemAvailable on a Jetson).
+    return MemoryPlan.for_device(budget, reserve, device_memory)
 
 
 def camera_rate_at_risk(mc: ModelConfig, compute_ms: dict[int, float]) -> dict[str, object]:
@@ -259,6 +266,14 @@ def _serve_with(mc: ModelConfig, choice: Choice, spec: ModelSpec, store: EngineS
             free_before[0] = plan.free_now()
     runtime = choice.load(spec, store, noop_compute_us=mc.noop_compute_us,
                           before_load=artefact_ready if plan is not None else None)
+    try:  # before any runner: a label per class the artefact itself has, on every runtime
+        artefact = " ".join(filter(None, (runtime.info.name, "artefact",
+                                          runtime.info.artifact)))
+        check_labels(mc.labels, runtime.artefact_classes,
+                     f"{mc.checkpoint or 'the demo model'} (its {artefact})")
+    except BaseException:
+        runtime.close()
+        raise
     max_batch = min(choice.options.max_batch, int(runtime.info.max_batch))
     # The options' buckets (serving_plan: the one source), cut by what the artefact takes.
     buckets = [b for b in choice.options.buckets if b <= max_batch]
