@@ -22,7 +22,7 @@ from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.log import get_logger
 from stgcnd.runtimes import import_tensorrt
 from stgcnd.runtimes.base import Runner, Runtime, RuntimeInfo, normalize_buckets
-from stgcnd.runtimes.cuda import CudaError, error_name, make_current
+from stgcnd.runtimes.cuda import CudaError, error_name, first_failure, make_current
 from stgcnd.runtimes.cuda_batch import (
     CAPTURE_LOCK,
     DriverGraph,
@@ -669,10 +669,11 @@ class TrtRunner(Runner):
                 ) -> None:
         batch = self.batch
         batch.stage(windows)
-        bad = batch.upload(lanes) | batch.start()
+        bad = first_failure(batch.upload(lanes), batch.start())
         graph = self.graphs.get(bucket)
         if graph is not None and batch.ops.launch_graph is not None:
-            bad |= batch.ops.launch_graph(graph.exec_handle, batch.compute_stream)
+            bad = first_failure(bad, batch.ops.launch_graph(graph.exec_handle,
+                                                           batch.compute_stream))
         else:
             self._set_shape(self.contexts[bucket], bucket)
             self._enqueue(bucket)
