@@ -252,7 +252,7 @@ def _fake_tensorrt(version: str, build: Any) -> types.ModuleType:
 
     class Builder:
         def __init__(self, logger: Any) -> None:
-            pass
+            self.logger = logger
 
         def create_network(self, flags: int) -> Network:
             return Network()
@@ -264,7 +264,7 @@ def _fake_tensorrt(version: str, build: Any) -> types.ModuleType:
             return types.SimpleNamespace(set_shape=lambda *shapes: None)
 
         def build_serialized_network(self, network: Network, config: Config) -> bytes:
-            return build(config)  # type: ignore[no-any-return]
+            return build(config, self.logger)  # type: ignore[no-any-return]
 
     class OnnxParser:
         def __init__(self, network: Any, logger: Any) -> None:
@@ -295,7 +295,7 @@ def install(spec: dict[str, Any]) -> None:
     version = spec["tensorrt"]
     fail_at = spec["fail_at"]
 
-    def build(config: Any) -> bytes:
+    def build(config: Any, logger: Any) -> bytes | None:
         """The build process on the board: the libraries' files fill the page cache; its
         kernel images, the workspace, the builder's own memory and the external tactic
         libraries its config enables are taken; the out-of-memory killer ends it when the
@@ -311,10 +311,12 @@ def install(spec: dict[str, Any]) -> None:
             os.kill(os.getpid(), signal.SIGKILL)  # the out-of-memory killer
         memory.take(need)  # the peak; given back as the build ends (the parent measures
         memory.give_back(need)  # the model from then on: a dead child's share is not its)
-        if fail_at == "build":
-            raise RuntimeError("TensorRT returned no engine: [TRT] Requested amount of GPU "
-                               "memory (1073741824 bytes) could not be allocated (simulated "
-                               "Orin NX out of memory)")
+        if fail_at == "build":  # as TensorRT fails: errors logged, then no engine
+            logger.log(Severity.ERROR, "Requested amount of GPU memory (1073741824 bytes) "
+                       "could not be allocated (simulated Orin NX out of memory)")
+            logger.log(Severity.ERROR, "[builderUtils.cpp::makeEngineFromGraph::1515] Error "
+                       "Code 2: Internal Error (simulated)")
+            return None
         return json.dumps({"simulated": True, "tensorrt": version,
                            "tactic_sources": sources}).encode()
 

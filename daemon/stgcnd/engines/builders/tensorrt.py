@@ -21,14 +21,14 @@ from stgcnd.engines.builders.base import BuildContext, Builder, device_identity
 from stgcnd.engines.device import device_slug, runtime_identity
 from stgcnd.engines.lock import build_lock
 from stgcnd.engines.options import BuildOptions
-from stgcnd.errors import UserError
+from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.fsutil import atomic_write_bytes, file_sha256
 from stgcnd.log import get_logger
 from stgcnd.runtimes import import_tensorrt, runtime_module
 from stgcnd.runtimes.base import Runtime
 from stgcnd.runtimes.cuda import make_current
 from stgcnd.runtimes.cuda_batch import DriverMemory
-from stgcnd.runtimes.tensorrt_runtime import tensorrt_logger, trt_version
+from stgcnd.runtimes.tensorrt_runtime import checked_call, tensorrt_logger, trt_version
 
 log = get_logger(__name__)
 
@@ -382,7 +382,6 @@ class TensorRTBuilder(Builder):
         onnx = ctx.qdq_onnx_path if plan.onnx == "qdq" else ctx.onnx_path
         assert onnx is not None
         logger = make_logger(trt)
-        errors_mark = logger.error_count  # the logger is shared: only this build's errors
         builder = trt.Builder(logger)
         network = builder.create_network(network_flags(trt, plan.strongly_typed))
         parser = trt.OnnxParser(network, logger)
@@ -464,17 +463,22 @@ class TensorRTBuilder(Builder):
                     raise UserError(f"TensorRT {trt.__version__} rejected the calibration "
                                     f"profile for batch {calib_batch}; try --int8-mode qdq")
         t0 = time.perf_counter()
-        if build_api(trt) == "build_serialized_network":
-            serialized = builder.build_serialized_network(network, config)
-        else:
-            engine = builder.build_engine(network, config)
-            serialized = engine.serialize() if engine is not None else None
-        if serialized is None:
-            why = "; ".join(logger.errors_since(errors_mark)[-3:])
-            raise UserError(
-                f"TensorRT {trt.__version__} could not build a {o.precision} engine: "
-                f"{why or 'see the tensorrt_log events'}; try a larger --workspace-mb or "
-                "another precision")
+        built: list[Any] = []
+
+        def run_build() -> bool:
+            if build_api(trt) == "build_serialized_network":
+                built.append(builder.build_serialized_network(network, config))
+            else:
+                engine = builder.build_engine(network, config)
+                built.append(engine.serialize() if engine is not None else None)
+            return built[0] is not None
+
+        try:  # one failure, one line: TensorRT's errors are carried in it, not logged apart
+            checked_call(f"{trt.__version__} building a {o.precision} engine",
+                         "try a larger --workspace-mb or another precision", run_build)
+        except BackendUnavailable as exc:
+            raise UserError(str(exc)) from None
+        serialized = built[0]
         data = _host_bytes(serialized)
         with open(out, "wb") as f:
             f.write(data)
