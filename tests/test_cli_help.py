@@ -56,3 +56,12 @@ def test_demo_help_as_a_user_sees_it():
                             ("--fps", "25")):
         after = text.split(f"{option} ", 2)[-1]
         assert f"(default: {default})" in after.split(" --")[0], option
+
+
+def test_build_help_says_which_tensorrt_builds_qdq_int8():
+    """8.5 (JetPack 5) builds the Q/DQ ONNX as INT8 (its parser imports QuantizeLinear /
+    DequantizeLinear; builders/tensorrt.py's precision_plan): the help must not send a
+    JetPack 5 user away with ">= 8.6"."""
+    (build,) = [p for n, p in PARSERS if n == "stgcnd build"]
+    (mode,) = [a for a in build._actions if "--int8-mode" in a.option_strings]
+    assert "8.6" not in (mode.help or "") and "8.5" in (mode.help or "")

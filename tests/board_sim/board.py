@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import fcntl
 import importlib.machinery
 import json
@@ -10,7 +11,7 @@ import os
 import signal
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,20 @@ OS_MB = 900
 EAGER_MB = {"5.1.2": 700, "6.0": 150}
 BUILD_CACHE_MB = 1500
 ENGINE_MB = 20
+# TensorRT as each JetPack ships it: 5.1.2 -> 8.5.2 (CUDA 11.4), 6.0 -> 8.6.2 (CUDA 12.2).
+TENSORRT = {"5.1.2": "8.5.2.2", "6.0": "8.6.2.3"}
+# What a process pays when TensorRT initialises an external tactic library: the GPU figures
+# TensorRT logs ("[MemUsageChange] Init cuBLAS/cuBLASLt: ... GPU +182", "Init cuDNN: ... GPU
+# +241") loading an engine with trtexec in NVIDIA/TensorRT#2217 (CUDA 11.4, no lazy loading).
+# On an integrated GPU the driver's free memory is the board's, so the host side is inside
+# them. JetPack 6 (lazy loading) is given the same figures: none measured there. A build
+# process pays them when its config enables those sources, a serving process when it loads an
+# engine built with them.
+LIBRARY_MB = {"CUBLAS": 182, "CUDNN": 241}  # CUBLAS_LT comes with cuBLAS (one init line)
+# The build process's own memory beyond its kernel images (EAGER_MB) and the workspace limit:
+# the parsed network, tactic timing buffers, the engine being serialized, libnvinfer's host
+# side. An estimate, not measured on a board.
+BUILDER_MB = 800
 ROW_MB_PER_PERSON = 8    # a runner's activations: 8 MB per person per batch row (estimate)
 MIN_FREE_MB = 100        # the kernel evicts page cache rather than go below this
 
@@ -159,7 +174,8 @@ def board_env(tmp: Path, fail_at: str | None = None, jetpack: str = "5.1.2",
     memory = Memory(root)
     if not memory.path.exists():  # a second daemon on the same board keeps its state
         memory.set(cameras=cameras_gb * 1024, cache=cache_gb * 1024, oom_builds=oom_builds)
-    spec = {"root": str(root), "fail_at": fail_at, "eager_mb": EAGER_MB[jetpack]}
+    spec = {"root": str(root), "fail_at": fail_at, "eager_mb": EAGER_MB[jetpack],
+            "tensorrt": TENSORRT[jetpack]}
     paths = [str(HERE), str(REPO / "daemon"), str(REPO), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "BOARD_SIM": json.dumps(spec),
             "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
@@ -172,13 +188,101 @@ def no_torch_env() -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
-def _fake_tensorrt() -> types.ModuleType:
+class TacticSource(enum.IntEnum):  # 8.5 and 8.6's members (api-8.6.1.txt)
+    CUBLAS = 0
+    CUBLAS_LT = 1
+    CUDNN = 2
+    EDGE_MASK_CONVOLUTIONS = 3
+    JIT_CONVOLUTIONS = 4
+
+
+class Severity(enum.IntEnum):
+    INTERNAL_ERROR = 0
+    ERROR = 1
+    WARNING = 2
+    INFO = 3
+    VERBOSE = 4
+
+
+def _fake_tensorrt(version: str, build: Any) -> types.ModuleType:
+    """A TensorRT 8.5/8.6 module with just the builder surface stgcnd's real build() uses;
+    `build(config)` is what building costs on the board (the engine's bytes, or a kill)."""
     trt = types.ModuleType("tensorrt")
     trt.__spec__ = importlib.machinery.ModuleSpec("tensorrt", None)
-    trt.__version__ = "8.5.2.2"
+    trt.__version__ = version
     trt.BuilderFlag = types.SimpleNamespace(FP16=0, INT8=1)
     trt.NetworkDefinitionCreationFlag = types.SimpleNamespace(EXPLICIT_BATCH=0)
+    trt.MemoryPoolType = types.SimpleNamespace(WORKSPACE=0)
+    trt.TacticSource = TacticSource
+
+    class ILogger:
+        def __init__(self) -> None:
+            pass
+
+    ILogger.Severity = Severity  # type: ignore[attr-defined]
+
+    class Config:
+        def __init__(self) -> None:
+            # 8.5 and 8.6 enable cuBLAS, cuBLASLt and cuDNN by default.
+            self.tactic_sources = sum(1 << int(m) for m in TacticSource)
+            self.workspace = 0
+
+        def set_memory_pool_limit(self, pool: int, size: int) -> None:
+            self.workspace = size
+
+        def set_flag(self, flag: int) -> None:
+            pass
+
+        def get_tactic_sources(self) -> int:
+            return self.tactic_sources
+
+        def set_tactic_sources(self, sources: int) -> bool:
+            self.tactic_sources = int(sources)
+            return True
+
+        def add_optimization_profile(self, profile: Any) -> int:
+            return 0
+
+    if not version.startswith("8.5"):  # the builder optimization level arrived in 8.6
+        Config.builder_optimization_level = 3  # type: ignore[attr-defined]
+
+    class Network:
+        def get_input(self, i: int) -> Any:
+            return types.SimpleNamespace(name="input", shape=(-1, 3, 24, 33, 1))
+
+    class Builder:
+        def __init__(self, logger: Any) -> None:
+            self.logger = logger
+
+        def create_network(self, flags: int) -> Network:
+            return Network()
+
+        def create_builder_config(self) -> Config:
+            return Config()
+
+        def create_optimization_profile(self) -> Any:
+            return types.SimpleNamespace(set_shape=lambda *shapes: None)
+
+        def build_serialized_network(self, network: Network, config: Config) -> bytes:
+            return build(config, self.logger)  # type: ignore[no-any-return]
+
+    class OnnxParser:
+        def __init__(self, network: Any, logger: Any) -> None:
+            pass
+
+        def parse_from_file(self, path: str) -> bool:
+            return True
+
+    trt.ILogger = ILogger
+    trt.IBuilderConfig = Config
+    trt.Builder = Builder
+    trt.OnnxParser = OnnxParser
     return trt
+
+
+def libraries_mb(sources: Iterable[str]) -> int:
+    """What initialising the external tactic libraries among `sources` costs a process."""
+    return sum(mb for name, mb in LIBRARY_MB.items() if name in set(sources))
 
 
 def install(spec: dict[str, Any]) -> None:
@@ -188,7 +292,35 @@ def install(spec: dict[str, Any]) -> None:
     memory = Memory(root)
     memory.set()  # what processes gone since took is free again
     stgcnd.board.ROOT = root
-    sys.modules["tensorrt"] = _fake_tensorrt()
+    version = spec["tensorrt"]
+    fail_at = spec["fail_at"]
+
+    def build(config: Any, logger: Any) -> bytes | None:
+        """The build process on the board: the libraries' files fill the page cache; its
+        kernel images, the workspace, the builder's own memory and the external tactic
+        libraries its config enables are taken; the out-of-memory killer ends it when the
+        board cannot give that (or when told to: `oom_builds`)."""
+        memory.grow_cache(BUILD_CACHE_MB)  # libnvinfer, cuDNN, the timing cache
+        sources = [m.name for m in TacticSource if config.tactic_sources & (1 << int(m))]
+        need = spec["eager_mb"] + config.workspace / MB + BUILDER_MB + libraries_mb(sources)
+        state = memory.state()
+        told = state.get("oom_builds", 0) > 0
+        if told or need > memory.free_mb(state) + state["cache"] - MIN_FREE_MB:
+            if told:
+                memory.add(oom_builds=-1)
+            os.kill(os.getpid(), signal.SIGKILL)  # the out-of-memory killer
+        memory.take(need)  # the peak; given back as the build ends (the parent measures
+        memory.give_back(need)  # the model from then on: a dead child's share is not its)
+        if fail_at == "build":  # as TensorRT fails: errors logged, then no engine
+            logger.log(Severity.ERROR, "Requested amount of GPU memory (1073741824 bytes) "
+                       "could not be allocated (simulated Orin NX out of memory)")
+            logger.log(Severity.ERROR, "[builderUtils.cpp::makeEngineFromGraph::1515] Error "
+                       "Code 2: Internal Error (simulated)")
+            return None
+        return json.dumps({"simulated": True, "tensorrt": version,
+                           "tactic_sources": sources}).encode()
+
+    sys.modules["tensorrt"] = _fake_tensorrt(version, build)
 
     import stgcnd.engines.build as store_build
     import stgcnd.engines.builders.tensorrt as builder
@@ -210,23 +342,11 @@ def install(spec: dict[str, Any]) -> None:
         module.device_properties = orin  # type: ignore[attr-defined]
     cuda.memory_info = mem_get_info  # type: ignore[attr-defined]
     cuda.integrated = lambda: True  # type: ignore[attr-defined]
-    fail_at = spec["fail_at"]
     paid = []  # the first runner of this process pays the libraries' fixed part once
+    libraries: set[str] = set()  # the tactic libraries this process initialised
 
     def check(self: Any, options: Any) -> None:
         pass
-
-    def build(self: Any, ctx: Any, out: Path) -> dict[str, Any]:
-        memory.grow_cache(BUILD_CACHE_MB)  # libnvinfer, cuDNN, the timing cache
-        if memory.state().get("oom_builds", 0) > 0:
-            memory.add(oom_builds=-1)
-            os.kill(os.getpid(), signal.SIGKILL)  # the out-of-memory killer
-        if fail_at == "build":
-            raise RuntimeError("TensorRT returned no engine: [TRT] Requested amount of GPU "
-                               "memory (1073741824 bytes) could not be allocated (simulated "
-                               "Orin NX out of memory)")
-        out.write_bytes(b"simulated engine")
-        return {"tensorrt": "8.5.2.2", "simulated": True}
 
     validate = store_build.validate_artifact
 
@@ -245,6 +365,12 @@ def install(spec: dict[str, Any]) -> None:
         self.compute_us = 0
         self.sim_loaded = True
         memory.take(ENGINE_MB)
+        # Deserializing initialises the tactic libraries the engine was built with, once per
+        # process (the "[MemUsageChange] Init cuBLAS/cuDNN" lines of NVIDIA/TensorRT#2217).
+        built_with = json.loads(Path(engine_path).read_bytes())["tactic_sources"]
+        new = set(built_with) & set(LIBRARY_MB) - libraries
+        libraries.update(new)
+        memory.take(libraries_mb(new))
 
     def runner_bytes(self: Any, buckets: Any) -> int:
         # TensorRT's own figure (device_memory_size): exact for the activations.
@@ -275,7 +401,6 @@ def install(spec: dict[str, Any]) -> None:
             self.sim_loaded = False
 
     builder.TensorRTBuilder.check = check  # type: ignore[method-assign]
-    builder.TensorRTBuilder.build = build  # type: ignore[method-assign]
     store_build.validate_artifact = no_validation
     trt_runtime.TensorRTRuntime.__init__ = load  # type: ignore[method-assign]
     trt_runtime.TensorRTRuntime._open_runner = open_runner  # type: ignore[method-assign]

@@ -131,6 +131,11 @@ USED = {
     ("IBuilderConfig", "set_memory_pool_limit"): VERSIONS,
     ("IBuilderConfig", "builder_optimization_level"): VERSIONS,
     ("IBuilderConfig", "set_flag"): VERSIONS,
+    ("IBuilderConfig", "get_tactic_sources"): VERSIONS,
+    ("IBuilderConfig", "set_tactic_sources"): VERSIONS,
+    ("TacticSource", "CUBLAS"): ("8.6.1", "10.3.0"),
+    ("TacticSource", "CUBLAS_LT"): ("8.6.1", "10.3.0"),
+    ("TacticSource", "CUDNN"): ("8.6.1", "10.3.0"),
     ("IBuilderConfig", "add_optimization_profile"): VERSIONS,
     ("IBuilderConfig", "profiling_verbosity"): VERSIONS,
     ("IBuilderConfig", "create_timing_cache"): VERSIONS,
@@ -192,3 +197,25 @@ def test_every_name_the_builder_touches_is_listed():
                     "INTERNAL_ERROR", "ERROR", "WARNING", "INFO", "Severity"}:
                 missing.add(f"{node.value.id}.{name}")
     assert not missing, f"TensorRT names not checked against the API lists: {missing}"
+
+
+def test_tactic_sources_without_external_libraries_on_8x(caps):
+    """8.5/8.6 enable cuBLAS, cuBLASLt and cuDNN by default (~0.4 GB a process on JetPack 5:
+    NVIDIA/TensorRT#2217): stgcnd builds without them there, with the enum members the release
+    has; 10.x keeps its defaults (those sources are off by default there, gone in 11.x)."""
+    major = int(caps["version"].split(".")[0])
+    expected = ["CUBLAS", "CUBLAS_LT", "CUDNN"] if major < 10 else []
+    assert caps["tactic_sources_off"] == expected
+
+
+def test_tactic_source_mask_from_the_release_enum():
+    env = stub_env("8.6.1")
+    probe = ("import json, tensorrt as trt\n"
+             "from stgcnd.engines.builders import tensorrt as b\n"
+             "every = sum(1 << int(m) for m in trt.TacticSource.__members__.values())\n"
+             "mask = b.tactic_sources(trt, every)\n"
+             "print(json.dumps(b.tactic_source_names(trt, mask)))\n")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                       env=env, timeout=120, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == ["EDGE_MASK_CONVOLUTIONS", "JIT_CONVOLUTIONS"]

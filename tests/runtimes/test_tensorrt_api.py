@@ -100,6 +100,7 @@ from stgcnd.engines.options import BuildOptions
 from stgcnd.errors import BackendUnavailable
 from stgcnd.log import configure_logging
 from stgcnd.runtimes import tensorrt_runtime as tb
+from tests.trt_stubs import context_stand_in
 
 class Engine:  # a dynamic-batch engine as stgcnd builds it: one profile per bucket 1, 2, 4, 8
     num_io_tensors = 2
@@ -113,18 +114,15 @@ class Engine:  # a dynamic-batch engine as stgcnd builds it: one profile per buc
         low, high = [(1, 1), (2, 2), (3, 4), (5, 8)][p]
         return [[low, 3, 24, 33, 2], [high, 3, 24, 33, 2], [high, 3, 24, 33, 2]]
 
-class Context:  # answers set_optimization_profile_async as TensorRT does: a bool
-    def __init__(self, ok): self.ok, self.calls = ok, []
-    def set_optimization_profile_async(self, p, s):
-        self.calls.append((p, s)); return self.ok
+Context = context_stand_in(trt)  # answers a profile as this release's binding does
 
 engine = Engine()
 ranges = tb.profile_batch_ranges(engine, "input")
 io = tb.engine_io(trt, engine, max_batch=64)
-good = Context(True)
-tb.set_profile(good, 2, 123)
+good = Context(profiles=4)
+tb.set_profile(trt, good, 2, 123, 4)
 try:
-    tb.set_profile(Context(False), 1, 0)
+    tb.set_profile(trt, Context(profiles=1), 1, 0, 1)
     refused = None
 except BackendUnavailable as exc:
     refused = str(exc)
@@ -140,7 +138,7 @@ for sev in ("VERBOSE", "INFO", "WARNING", "ERROR", "INTERNAL_ERROR"):
 fp16 = provision.serving_options(BuildOptions(precision="fp16", device="cuda"))
 fp32 = provision.serving_options(BuildOptions(precision="fp32", device="cuda"))
 print(json.dumps({"ranges": ranges, "io_max": [list(t.max_shape) for t in io],
-                  "good_calls": good.calls, "refused": refused,
+                  "good_profile": good.profile, "refused": refused,
                   "is_ilogger": isinstance(lg, trt.ILogger), "same": same,
                   "errors": lg.errors_since(mark), "serving_fp16": fp16.precision,
                   "serving_fp32": fp32.precision, "required_missing": tb.missing_api(trt)}))
@@ -161,7 +159,7 @@ def test_profiles_bind_checked_and_bounded(runner_check):
     assert res["ranges"] == [[1, 1, 1], [2, 2, 2], [3, 4, 4], [5, 8, 8]]
     # The largest batch is the largest any profile takes (not profile 0's).
     assert res["io_max"] == [[8, 3, 24, 33, 2], [8, 2]]
-    assert res["good_calls"] == [[2, 123]]
+    assert res["good_profile"] == 2
     assert "optimization profile 1" in res["refused"] and "8.x" in res["refused"]
 
 

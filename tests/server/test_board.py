@@ -95,3 +95,15 @@ def test_a_configuration_that_cannot_fit_is_refused_with_the_bytes_it_needs(boar
     text = d.log_path.read_text()
     assert "failed at memory" in text and "MB of device memory for a batch of 1" in text
     assert not events(d, "engine_build_started")  # refused before anything was built
+
+
+def test_a_failed_tensorrt_build_is_one_line_carrying_tensorrts_errors(board_daemon):
+    d = board_daemon("build").start()
+    (failed,) = events(d, "engine_build_failed")
+    assert "Requested amount of GPU memory" in failed["error"]
+    assert "Error Code 2: Internal Error" in failed["error"]
+    # TensorRT's errors are inside stgcnd's line, not lines of their own (build child included).
+    trt_errors = [e for e in d.log_events() if e.get("event") == "tensorrt_log"
+                  and e.get("level") in ("error", "critical")]
+    assert trt_errors == []
+    assert d.stop() == 0

@@ -7,6 +7,9 @@ GPU shares with the OS, the page cache and the cameras' processes (issue #31).
   (its page cache) is not counted as the model's cost.
 - The runtime's one-time cost (CUDA 11.4 loads every kernel image eagerly) is a fixed part of
   the plan, paid once, not spread over the buckets: the budget holds.
+- TensorRT 8.5/8.6 would initialise cuBLAS, cuBLASLt and cuDNN in the build process and in
+  the daemon (~0.4 GB each time, NVIDIA/TensorRT#2217): stgcnd builds without those tactic
+  sources, so M=1 then M=5 build one after the other beside the cameras and both serve.
 - A build killed by the out-of-memory killer is a failure that is remembered, not rebuilt
   at every restart, and is tried again once more memory is free.
 
@@ -22,7 +25,7 @@ import numpy as np
 import pytest
 
 from stgcnd_client import Client
-from tests.board_sim.board import EAGER_MB, ENGINE_MB, Memory, board_env
+from tests.board_sim.board import EAGER_MB, ENGINE_MB, TENSORRT, Memory, board_env
 from tests.server.daemon_harness import FRAMES, Daemon
 
 pytestmark = pytest.mark.slow
@@ -104,6 +107,28 @@ def test_two_models_together_within_a_6_gb_budget(board):
     assert memory.available_mb() >= plan["budget_mb"] - taken + 1536 - 1024 - 5
     with Client(d.endpoint) as c:
         assert c.infer(np.zeros((3, FRAMES, 33, 5), np.float32), model="five").label_name
+    assert d.stop() == 0
+
+
+@pytest.mark.parametrize("jetpack", ["5.1.2", "6.0"])
+def test_the_second_build_beside_the_first_model_and_the_cameras_is_not_killed(board, jetpack):
+    """The second model's build runs while the first model serves and the cameras hold 3 GB.
+    Built with cuBLAS/cuBLASLt/cuDNN (8.x's default tactic sources), the daemon pays ~0.4 GB
+    for them at the first engine's load and the second build ~0.4 GB more: on JetPack 5.1.2
+    (CUDA 11.4's eager kernel images) that build is killed and M=5 goes to the CPU."""
+    memory = board.on(jetpack=jetpack, cameras_gb=3, cache_gb=3)
+    d = board(model("one", 1) + model("five", 5), memory_budget_mb=6144).start()
+    assert not events(d, "engine_build_failed"), events(d, "engine_build_failed")
+    assert serving(d) == {"one": "tensorrt", "five": "tensorrt"}, events(d, "backend_fallback")
+    assert trt_builds(d) == 2
+    (plan,) = events(d, "memory_plan")
+    # Loading each engine initialised no tactic library: only the engine itself.
+    assert all(p["loaded_mb"] <= ENGINE_MB + 2 for p in plan["models"]), plan
+    taken = sum(memory.state()["used"].values())
+    assert taken <= plan["budget_mb"] and abs(plan["planned_mb"] - taken) <= 10
+    manifests = [json.loads(p.read_text()) for p in d.engines.rglob("*.json")
+                 if "tactic_sources" in p.read_text()]
+    assert manifests and all(TENSORRT[jetpack] in json.dumps(m) for m in manifests)
     assert d.stop() == 0
 
 

@@ -43,8 +43,8 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-synthetic-calibration", action="store_true",
                    help="calibrate INT8 on generated skeletons when no --calibration is given")
     g.add_argument("--int8-mode", default="qdq", choices=["qdq", "calibrator"],
-                   help="INT8 via a Q/DQ ONNX (default; every TensorRT >= 8.6 and onnxruntime) "
-                        "or TensorRT's entropy calibrator (TensorRT <= 10 only)")
+                   help="INT8 via a Q/DQ ONNX (default; TensorRT 8.5 and later, and "
+                        "onnxruntime) or TensorRT's entropy calibrator (TensorRT <= 10 only)")
     g.add_argument("--engines", "--store", type=Path, default=None,
                    help="engine store directory (default: $STGCND_ENGINE_DIR, else the "
                         "daemon's: systemd StateDirectory, ./engines in a checkout, else "

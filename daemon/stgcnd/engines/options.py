@@ -13,7 +13,7 @@ PRECISIONS = ("fp32", "fp16", "bf16", "int8")  # bf16: the torch runtime on a CP
 DEVICES = ("cpu", "cuda")
 BACKENDS = ("tensorrt", "torch", "onnxruntime")
 # "qdq": explicit quantization (a Q/DQ ONNX made by stgcnd from calibration windows; every
-# TensorRT >= 8.6 and ONNX Runtime run it). "calibrator": TensorRT's implicit INT8 calibration
+# TensorRT >= 8.5 and ONNX Runtime run it). "calibrator": TensorRT's implicit INT8 calibration
 # with an entropy calibrator, only where TensorRT still offers it (<= 10.x).
 INT8_MODES = ("qdq", "calibrator")
 # The batch shapes prepared (a batch runs in the smallest that holds it): TensorRT's

@@ -50,6 +50,15 @@ def check(status: int, what: str) -> None:
         raise CudaError(f"CUDA error: {what} failed with {error_name(status)}")
 
 
+def first_failure(*statuses: int) -> int:
+    """The first non-zero CUresult of calls made in turn (0 if all worked): or-ing them would
+    name an error none of them returned."""
+    for status in statuses:
+        if status:
+            return status
+    return 0
+
+
 def error_name(status: int) -> str:
     """'CUDA_ERROR_OUT_OF_MEMORY (CUresult 2)': the driver's name for a CUresult, which says
     more than the number; the number alone where the driver cannot name it."""
@@ -81,7 +90,7 @@ def primary_context() -> int:
     device, ctx = ctypes.c_int(), ctypes.c_void_p()
     status = lib.cuInit(0)
     if status:
-        raise BackendUnavailable(f"the CUDA driver does not initialise (CUresult {status}): "
+        raise BackendUnavailable(f"the CUDA driver does not initialise ({error_name(status)}): "
                                  "check the GPU with nvidia-smi or tegrastats")
     check(lib.cuDeviceGet(ctypes.byref(device), 0), "cuDeviceGet")
     check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device), "cuDevicePrimaryCtxRetain")

@@ -12,7 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from stgcnd.runtimes.cuda import CudaError, bind, check, libraries, make_current
+from stgcnd.runtimes.cuda import (
+    CudaError,
+    bind,
+    check,
+    error_name,
+    first_failure,
+    libraries,
+    make_current,
+)
 
 # - `CAPTURE_LOCK`: one stream capture at a time in the process (beginning a capture while
 #   another thread's stream captures can invalidate it). Runners are prepared one at a time by
@@ -108,15 +116,16 @@ class DriverMemory:
         self.streams, self.device, self.host, self.device_bytes = [], [], [], 0
         bad = [status for status in failures if status]
         if bad:
-            raise CudaError(f"CUDA error: freeing a runner's memory failed with CUresult "
-                            f"{bad[0]} ({len(bad)} call(s))")
+            raise CudaError(f"CUDA error: freeing a runner's memory failed with "
+                            f"{error_name(bad[0])} ({len(bad)} call(s))")
 
 
 class DriverCalls:
     """A batch's host-side work as plain driver calls on handles prepared at start-up: a
     ctypes call into libcuda costs about a microsecond, where the same work through torch
     (`torch.cuda.stream`, `copy_`, `Event.record`, `Event.query`) costs several. Every call
-    returns a CUresult; the hot path or's them together and `check`s once."""
+    returns a CUresult; the hot path keeps the first failure (`first_failure`) and `check`s
+    once."""
 
     def __init__(self, events: int) -> None:
         cdll, lib = libraries()
@@ -216,7 +225,7 @@ class DriverGraph:
         if failure is not None or status:
             self.destroy()
             raise GraphsUnavailable(f"CUDA graph capture failed: "
-                                    f"{failure or f'CUresult {status}'}") from failure
+                                    f"{failure or error_name(status)}") from failure
         return self
 
     @property
@@ -307,15 +316,15 @@ class LanedBatch:
 
     def upload(self, lanes: Sequence[int]) -> int:
         """Enqueue the staged rows' uploads; the compute stream then waits for all of them.
-        Returns the or'ed CUresults (`check` them after `finish`)."""
+        Returns the first failed call's CUresult, or 0 (`check`ed by `finish`)."""
         ops, main, size, rows = self.ops, self.compute_stream, self.in_bytes, self.host_in_ptrs
         if not self.lanes:
             return ops.htod(self.dev_in_ptrs[0], rows[0], self._n * size, main)
         htod, record, wait, bad = ops.htod, ops.record, ops.wait, 0
         for i, lane in enumerate(lanes):
             s, up = self.lane_streams[lane], self.up_events[lane]
-            bad |= htod(self.dev_in_ptrs[i], rows[i], size, s)
-            bad |= record(up, s) | wait(main, up, 0)
+            bad = first_failure(bad, htod(self.dev_in_ptrs[i], rows[i], size, s),
+                                record(up, s), wait(main, up, 0))
         return bad
 
     def start(self) -> int:
@@ -326,19 +335,19 @@ class LanedBatch:
         device output's address) and the done event. Raises if any call so far failed."""
         ops, main, size, n = self.ops, self.compute_stream, self.out_bytes, self._n
         record, wait = ops.record, ops.wait
-        bad = status | record(self.computed, main)
+        bad = first_failure(status, record(self.computed, main))
         if self.lanes:
             # Each client's stream waits for the batch and takes its own row down; the
             # compute stream (and so `done`) waits for every download.
             dtoh, computed = ops.dtoh, self.computed
             for i, lane in enumerate(lanes):
                 s, down = self.lane_streams[lane], self.down_events[lane]
-                bad |= wait(s, computed, 0)
-                bad |= dtoh(self.host_out_ptrs[i], dev_out + i * size, size, s)
-                bad |= record(down, s) | wait(main, down, 0)
+                bad = first_failure(bad, wait(s, computed, 0),
+                                    dtoh(self.host_out_ptrs[i], dev_out + i * size, size, s),
+                                    record(down, s), wait(main, down, 0))
         else:
-            bad |= ops.dtoh(self.host_out_ptrs[0], dev_out, n * size, main)
-        bad |= record(self.done_event, main)
+            bad = first_failure(bad, ops.dtoh(self.host_out_ptrs[0], dev_out, n * size, main))
+        bad = first_failure(bad, record(self.done_event, main))
         check(bad, "enqueueing the batch (copies, events, compute)")
 
     def done(self) -> bool:

@@ -22,7 +22,7 @@ from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.log import get_logger
 from stgcnd.runtimes import import_tensorrt
 from stgcnd.runtimes.base import Runner, Runtime, RuntimeInfo, normalize_buckets
-from stgcnd.runtimes.cuda import CudaError, error_name, make_current
+from stgcnd.runtimes.cuda import CudaError, error_name, first_failure, make_current
 from stgcnd.runtimes.cuda_batch import (
     CAPTURE_LOCK,
     DriverGraph,
@@ -154,9 +154,9 @@ def checked_call(what: str, fix: str, call: Callable[[], object]) -> None:
     BackendUnavailable that says `what` failed, with TensorRT's own errors logged meanwhile
     (held back from the log, at debug level, so that one failure is one line) and `fix`.
 
-    A failure may also come as a RuntimeError: from 8.5 on, the bindings of some calls
-    (`set_optimization_profile_async`) raise where the C++ call returns false (pyCore.cpp's
-    PY_ASSERT_RUNTIME_ERROR, with the GIL released) instead of answering False."""
+    A failure may also come as a RuntimeError: some bindings raise where the C++ call returns
+    false (pyCore.cpp's PY_ASSERT_RUNTIME_ERROR) instead of answering False. Never pass a call
+    bound with the GIL released that raises so (see set_profile): it ends the process."""
     logger = _tensorrt_logger
     held: list[tuple[str, str]] = []
     if logger is not None:
@@ -179,15 +179,58 @@ def checked_call(what: str, fix: str, call: Callable[[], object]) -> None:
     raise BackendUnavailable(f"TensorRT {what} failed{detail}: {fix}")
 
 
-def set_profile(context: Any, profile: int, stream_handle: int) -> None:
-    """Bind `context` to `profile`, checked (TensorRT refuses e.g. a profile already in use
-    by another live context on 8.x: False, or a RuntimeError from 8.5's bindings on)."""
-    checked_call(
-        f"binding an execution context to optimization profile {profile}",
-        "on TensorRT 8.x a profile serves one execution context at a time: instances > 1 "
-        "need an engine with a profile per bucket and instance, so set instances = 1, or "
-        "rebuild with `stgcnd build --rebuild`",
-        functools.partial(context.set_optimization_profile_async, profile, stream_handle))
+# How a context is bound to a profile, per release line. `set_optimization_profile_async` is
+# bound with the GIL released on 8.5.2 to 10.12 (pyCore.cpp: `py::call_guard<
+# py::gil_scoped_release>`), and its failure sets a Python error with no thread state: the
+# process dies (SIGSEGV), there is no RuntimeError to catch. 10.13 dropped the GIL release, so
+# from there the call raises (or answers False) like any other.
+# - 8.x: the `active_optimization_profile` setter (the synchronous setOptimizationProfile, bound
+#   without the GIL release) raises a RuntimeError on a refusal.
+# - 10.0 to 10.12: that property is read-only (checked against 10.3's and 10.16's bindings), so
+#   the async call stays, but only once what TensorRT would refuse has been checked here: a
+#   profile the engine has, held by no other context of this process (plan_contexts; 10.x
+#   shares profiles between contexts by default anyway).
+# - 10.13 and later: the async call, checked.
+ASYNC_PROFILE_RAISES_FROM = (10, 13)
+
+
+def trt_version(trt: Any) -> tuple[int, ...]:
+    """(8, 5, 2, 2) for '8.5.2.2'; a part without digits counts 0."""
+    parts = []
+    for p in str(getattr(trt, "__version__", "0")).split("."):
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def profile_by_setter(trt: Any) -> bool:
+    """Whether this release binds profiles through the `active_optimization_profile` setter
+    (8.x: the async call would end the process on a refusal, and the setter raises)."""
+    if trt_version(trt) >= ASYNC_PROFILE_RAISES_FROM:
+        return False
+    prop = getattr(getattr(trt, "IExecutionContext", None), "active_optimization_profile", None)
+    return isinstance(prop, property) and prop.fset is not None
+
+
+def set_profile(trt: Any, context: Any, profile: int, stream_handle: int, profiles: int
+                ) -> None:
+    """Bind `context` to `profile` of an engine with `profiles` optimization profiles,
+    checked (TensorRT refuses e.g. a profile already in use by another live context on 8.x),
+    through a call whose refusal raises on this release (ASYNC_PROFILE_RAISES_FROM)."""
+    what = f"binding an execution context to optimization profile {profile}"
+    fix = ("on TensorRT 8.x a profile serves one execution context at a time: instances > 1 "
+           "need an engine with a profile per bucket and instance, so set instances = 1, or "
+           "rebuild with `stgcnd build --rebuild`")
+    if not 0 <= profile < profiles:  # refused on every release: never asked
+        raise BackendUnavailable(f"TensorRT {what} failed (the engine has {profiles} "
+                                 f"profile(s)): {fix}")
+    if profile_by_setter(trt):
+        def call() -> bool:
+            context.active_optimization_profile = profile
+            return True
+    else:
+        call = functools.partial(context.set_optimization_profile_async, profile, stream_handle)
+    checked_call(what, fix, call)
 
 
 def set_addresses(context: Any, addresses: dict[str, int]) -> None:
@@ -210,7 +253,8 @@ def prepare_context(trt: Any, engine: Any, profile: int, stream: int, memory: in
         raise BackendUnavailable("TensorRT could not create an execution context (see "
                                  "its error above; out of memory?)")
     give_memory(context, memory, nbytes)
-    set_profile(context, profile, stream)
+    set_profile(trt, context, profile, stream,
+                int(getattr(engine, "num_optimization_profiles", 1)))
     set_addresses(context, addresses)
     return context
 
@@ -498,8 +542,9 @@ class TensorRTRuntime(Runtime):
 # the largest profile (docs/performance.md). With CUDA graphs (one per bucket) a launch only
 # enqueues and the I/O loop polls it; without, it computes on its worker.
 #
-# Every context gets its activation memory, then its profile with `set_optimization_profile_async`
-# (whether 8.5 takes a profile before the memory is unknown, so the memory comes first), then its
+# Every context gets its activation memory, then its profile (`set_profile`: the call per release
+# whose refusal raises; whether 8.5 takes a profile before the memory is unknown, so the memory
+# comes first), then its
 # tensor addresses, each checked: on 8.x only the first context of an engine starts on profile
 # 0, the others have none until told. A failed TensorRT call is one error line that carries
 # TensorRT's own messages (`checked_call`), not a line from TensorRT and another from stgcnd.
@@ -626,10 +671,11 @@ class TrtRunner(Runner):
                 ) -> None:
         batch = self.batch
         batch.stage(windows)
-        bad = batch.upload(lanes) | batch.start()
+        bad = first_failure(batch.upload(lanes), batch.start())
         graph = self.graphs.get(bucket)
         if graph is not None and batch.ops.launch_graph is not None:
-            bad |= batch.ops.launch_graph(graph.exec_handle, batch.compute_stream)
+            bad = first_failure(bad, batch.ops.launch_graph(graph.exec_handle,
+                                                           batch.compute_stream))
         else:
             self._set_shape(self.contexts[bucket], bucket)
             self._enqueue(bucket)

@@ -26,6 +26,7 @@ from stgcnd.model.optimized import Form, FusedTwoStream, optimize
 from stgcnd.model.stgcn import MotionFormula, motion
 from stgcnd.runtimes import cpu_bf16, torch_compile
 from stgcnd.runtimes.base import HostRunner, Runner, Runtime, RuntimeInfo
+from stgcnd.runtimes.cuda import first_failure
 from stgcnd.runtimes.cuda_batch import CAPTURE_LOCK, GraphsUnavailable, LanedBatch
 
 log = get_logger(__name__)
@@ -371,7 +372,7 @@ class CudaGraphRunner(Runner):
         with self._all_calls:
             batch = self.batch
             batch.stage(windows)
-            bad = batch.upload(lanes) | batch.start()
+            bad = first_failure(batch.upload(lanes), batch.start())
             with torch.cuda.stream(self.stream), self._replay:
                 self.graphs[bucket].replay()
             batch.finish(int(self.outputs[bucket].data_ptr()), lanes, bad)

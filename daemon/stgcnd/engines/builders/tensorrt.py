@@ -21,14 +21,14 @@ from stgcnd.engines.builders.base import BuildContext, Builder, device_identity
 from stgcnd.engines.device import device_slug, runtime_identity
 from stgcnd.engines.lock import build_lock
 from stgcnd.engines.options import BuildOptions
-from stgcnd.errors import UserError
+from stgcnd.errors import BackendUnavailable, UserError
 from stgcnd.fsutil import atomic_write_bytes, file_sha256
 from stgcnd.log import get_logger
 from stgcnd.runtimes import import_tensorrt, runtime_module
 from stgcnd.runtimes.base import Runtime
 from stgcnd.runtimes.cuda import make_current
 from stgcnd.runtimes.cuda_batch import DriverMemory
-from stgcnd.runtimes.tensorrt_runtime import tensorrt_logger
+from stgcnd.runtimes.tensorrt_runtime import checked_call, tensorrt_logger, trt_version
 
 log = get_logger(__name__)
 
@@ -44,14 +44,12 @@ log = get_logger(__name__)
 #   the timing cache (create_timing_cache, set_timing_cache, ITimingCache.combine) since 8.0.
 # - Explicit quantization (Q/DQ layers) exists since 8.0 and 8.5's ONNX parser imports
 #   QuantizeLinear / DequantizeLinear: the Q/DQ ONNX is built as INT8 from 8.5 on.
-def trt_version(trt: Any) -> tuple[int, ...]:
-    parts = []
-    for p in str(trt.__version__).split("."):
-        digits = "".join(ch for ch in p if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
+# - 8.5 and 8.6 enable the cuBLAS, cuBLASLt and cuDNN tactic sources by default: the build
+#   process, and every process that loads the engine, then initialise those libraries, and
+#   CUDA 11.4 (JetPack 5) has no lazy loading (~0.8 GB of a Jetson's memory:
+#   NVIDIA/TensorRT#2217 logs +182 MB and +241 MB). ST-GCN's convolutions and matmuls run on
+#   TensorRT's own kernels, so 8.x builds without them; 10.x turned them off by default (and
+#   11.x removed them): its defaults are kept.
 # --- version-dependent choices (pure functions of the module) -------------------------------
 
 def has_builder_flag(trt: Any, name: str) -> bool:
@@ -105,6 +103,28 @@ def supports_timing_cache(trt: Any) -> bool:
 def supports_implicit_int8(trt: Any) -> bool:
     return (has_builder_flag(trt, "INT8") and hasattr(trt, "IInt8EntropyCalibrator2")
             and hasattr(trt.IBuilderConfig, "int8_calibrator"))
+
+
+EXTERNAL_TACTIC_SOURCES = ("CUBLAS", "CUBLAS_LT", "CUDNN")
+
+
+def tactic_sources(trt: Any, defaults: int) -> int | None:
+    """The tactic-source bits to set on a builder config whose defaults are `defaults`, or
+    None to keep them (10.x on): 8.x's defaults less the external libraries that exist in it."""
+    if trt_version(trt)[0] >= 10:
+        return None
+    mask = int(defaults)
+    for name in EXTERNAL_TACTIC_SOURCES:
+        member = getattr(trt.TacticSource, name, None)
+        if member is not None:
+            mask &= ~(1 << int(member))
+    return mask
+
+
+def tactic_source_names(trt: Any, mask: int) -> list[str]:
+    """The TacticSource names whose bits are set in `mask`, for the manifest."""
+    members = getattr(trt.TacticSource, "__members__", {})
+    return sorted(name for name, member in members.items() if mask & (1 << int(member)))
 
 
 def bucket_profiles(buckets: tuple[int, ...]) -> list[tuple[int, int, int]]:
@@ -206,7 +226,10 @@ def capabilities(trt: Any) -> dict[str, Any]:
             "workspace_api": workspace_api(trt), "opt_level": supports_opt_level(trt),
             "progress_monitor": supports_progress_monitor(trt),
             "timing_cache": supports_timing_cache(trt),
-            "implicit_int8": supports_implicit_int8(trt), "plans": plans}
+            "implicit_int8": supports_implicit_int8(trt), "plans": plans,
+            "tactic_sources_off": [n for n in EXTERNAL_TACTIC_SOURCES
+                                   if tactic_sources(trt, 0) is not None
+                                   and hasattr(trt.TacticSource, n)]}
 
 
 # --- callbacks: logger, progress, calibrator -------------------------------------------------
@@ -359,7 +382,6 @@ class TensorRTBuilder(Builder):
         onnx = ctx.qdq_onnx_path if plan.onnx == "qdq" else ctx.onnx_path
         assert onnx is not None
         logger = make_logger(trt)
-        errors_mark = logger.error_count  # the logger is shared: only this build's errors
         builder = trt.Builder(logger)
         network = builder.create_network(network_flags(trt, plan.strongly_typed))
         parser = trt.OnnxParser(network, logger)
@@ -380,6 +402,11 @@ class TensorRTBuilder(Builder):
                         reason="builder optimization levels need TensorRT >= 8.6")
         for flag in plan.builder_flags:
             config.set_flag(getattr(trt.BuilderFlag, flag))
+        sources = tactic_sources(trt, config.get_tactic_sources())
+        if sources is not None and not config.set_tactic_sources(sources):
+            raise UserError(f"TensorRT {trt.__version__} refused the tactic sources "
+                            f"{tactic_source_names(trt, sources)}; report this with `stgcnd "
+                            "doctor` output")
         buckets: tuple[int, ...] = ()
         profiles: list[tuple[int, int, int]] = []
         if o.dynamic_batch:
@@ -436,17 +463,22 @@ class TensorRTBuilder(Builder):
                     raise UserError(f"TensorRT {trt.__version__} rejected the calibration "
                                     f"profile for batch {calib_batch}; try --int8-mode qdq")
         t0 = time.perf_counter()
-        if build_api(trt) == "build_serialized_network":
-            serialized = builder.build_serialized_network(network, config)
-        else:
-            engine = builder.build_engine(network, config)
-            serialized = engine.serialize() if engine is not None else None
-        if serialized is None:
-            why = "; ".join(logger.errors_since(errors_mark)[-3:])
-            raise UserError(
-                f"TensorRT {trt.__version__} could not build a {o.precision} engine: "
-                f"{why or 'see the tensorrt_log events'}; try a larger --workspace-mb or "
-                "another precision")
+        built: list[Any] = []
+
+        def run_build() -> bool:
+            if build_api(trt) == "build_serialized_network":
+                built.append(builder.build_serialized_network(network, config))
+            else:
+                engine = builder.build_engine(network, config)
+                built.append(engine.serialize() if engine is not None else None)
+            return built[0] is not None
+
+        try:  # one failure, one line: TensorRT's errors are carried in it, not logged apart
+            checked_call(f"{trt.__version__} building a {o.precision} engine",
+                         "try a larger --workspace-mb or another precision", run_build)
+        except BackendUnavailable as exc:
+            raise UserError(str(exc)) from None
+        serialized = built[0]
         data = _host_bytes(serialized)
         with open(out, "wb") as f:
             f.write(data)
@@ -462,6 +494,8 @@ class TensorRTBuilder(Builder):
             # own set (profile_sets: one per instance).
             "batch_buckets": list(buckets), "profiles": [list(p) for p in profiles],
             "profile_sets": o.instances,
+            # Which external libraries loading the engine initialises (none on 8.x: above).
+            "tactic_sources": tactic_source_names(trt, config.get_tactic_sources()),
             "notes": list(plan.notes)}
         if timing_cache is not None:
             with build_lock(cache_path.with_suffix(".lock"), cache_path.name):
