@@ -135,7 +135,8 @@ def test_a_fault_in_the_sweep_or_the_stats_tick_is_one_line_and_the_loop_goes_on
         raise RuntimeError("injected")
 
     monkeypatch.setattr(server.events, "expire_silent", broken)  # every 0.1 s
-    monkeypatch.setattr(server.events, "judge_feeds", broken)    # in every tick (0.2 s)
+    monkeypatch.setattr(server.events, "judge_feeds", broken)    # every tick's report (0.2 s)
+    monkeypatch.setattr(server.events, "tidy", broken)           # ... and its housekeeping
     with capture_logs() as logs:
         thread = serving(server)
         try:
@@ -148,4 +149,5 @@ def test_a_fault_in_the_sweep_or_the_stats_tick_is_one_line_and_the_loop_goes_on
             code = stopped(server, thread)
     assert code == 0
     failed = [(e["log_level"], e["code"]) for e in logs if e["event"] == "loop_duty_failed"]
-    assert sorted(failed) == [("error", "events_sweep"), ("error", "stats_tick")]
+    assert sorted(failed) == [("error", "events_sweep"), ("error", "housekeeping"),
+                              ("error", "stats_tick")]

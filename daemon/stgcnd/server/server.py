@@ -251,7 +251,7 @@ class Server:
                 guard("events_sweep", feed.expire_silent, now, self.cameras.cameras)
             if now >= next_stats:
                 next_stats = now + self.config.server.stats_interval  # a reload may change it
-                guard("stats_tick", self._tick, now)
+                self._tick(now)  # its parts are guarded
             if wd_interval and now >= next_watchdog:
                 stalled = self.stalled_executors(now)
                 if stalled:
@@ -316,9 +316,14 @@ class Server:
         return min(max(math.ceil((next_look - time.monotonic()) * 1e3), 1), LOOP_TICK_MS)
 
     def _tick(self, now: float) -> None:
-        """Every stats_interval: the latency lines, idle cameras, retired models, the
-        connection budget's log line, memory left behind by abuse."""
-        requests, connections = self.requests, self.connections
+        """Every stats_interval: its reports, then its housekeeping, each a duty of its own
+        (_guard): a bug in a report never stops idle cameras going, nor the budgets."""
+        self._guard("stats_tick", self._report, now)
+        self._guard("housekeeping", self._housekeep, now)
+
+    def _report(self, now: float) -> None:
+        """The latency and skeleton quality lines, the feeds' health, the errors counted."""
+        requests = self.requests
         # The interval that passed, not the configured one: a reload may have changed
         # stats_interval since the last tick, and shutdown ticks early (rates per second).
         interval_s, self._last_stats = now - self._last_stats, now
@@ -334,6 +339,10 @@ class Server:
             self.events.judge_feeds(records, self.config.server)  # not the shutdown's stub
         requests.errors.flush()
         self._faults.flush()
+
+    def _housekeep(self, now: float) -> None:
+        """Idle cameras and retired models go, subscriptions' counts are tidied, and the
+        connections held to their budgets."""
         for camera, idle in self.cameras.reclaim_idle(now, self.config.server.idle_timeout):
             log.info("camera_reclaimed", camera=camera, idle_s=round(idle))
             self.events.forget(camera, "camera-idle")
@@ -341,7 +350,7 @@ class Server:
         if self.events.connections is not None:
             self.events.connections.enforce(now)
         self._reap_retired()
-        connections.enforce(now)
+        self.connections.enforce(now)
 
     def _check_memory(self, now: float) -> None:
         """A peer's endless or huge message grows the I/O thread's buffers; what abuse and
@@ -519,7 +528,7 @@ class Server:
         stuck = [ex.name for m in everything for ex in m.executors if ex.alive]
         if self._sampler is not None:
             self._sampler.stop(2.0)
-        self._guard("stats_tick", self._tick, time.monotonic())
+        self._tick(time.monotonic())
         self.events.close()
         if not stuck:
             for model in everything:
