@@ -24,13 +24,14 @@ class ClientErrorLog:
         self._cameras: dict[str, set[str]] = {}
 
     def report(self, kind: str, event: str = "request_rejected", camera: str | None = None,
-               **fields: Any) -> None:
+               fault: bool = False, **fields: Any) -> None:
+        """`fault`: the daemon's own bug, not the client's mistake: logged at error."""
         now = time.monotonic()
         since = self._since.get(kind)
         if since is None or now - since >= self.window_s:
             self.flush(kind)
             self._since[kind] = now
-            log.warning(event, code=kind, camera=camera, **fields)
+            (log.error if fault else log.warning)(event, code=kind, camera=camera, **fields)
             return
         self._suppressed[kind] = self._suppressed.get(kind, 0) + 1
         cams = self._cameras.setdefault(kind, set())

@@ -269,9 +269,13 @@ class Events:
         """A camera gone (idle, evicted): its open events end, dated by its last prediction
         (the last that saw them), not by when the daemon noticed it was gone: minutes later
         for an idle camera, which would lengthen the event by as much."""
+        # Every track goes before any end is made: after a daemon fault (reason internal,
+        # requests.py) the camera starts over even if its ends cannot be said.
+        gone = [(key[1], self._tracks.pop(key)) for key in
+                [k for k in self._tracks if k[0] == camera]]
         ended: list[Event] = []
-        for key in [k for k in self._tracks if k[0] == camera]:
-            ended += self._end_all(camera, key[1], self._tracks.pop(key), now, wall, reason,
+        for model, tracks in gone:
+            ended += self._end_all(camera, model, tracks, now, wall, reason,
                                    at_last_prediction=True)
         return ended
 
@@ -522,8 +526,11 @@ class EventFeed:
         """Every stats interval: the feeds whose health changed (kind feed)."""
         self.emit(self.health.update(records, time.time(), config))
 
-    def forget(self, camera: str, reason: str) -> None:
-        self.emit(self.events.forget(camera, time.monotonic(), time.time(), reason))
+    def forget(self, camera: str, reason: str) -> int:
+        """`camera`'s open events end (`reason`) and its tracks go; how many ended."""
+        ended = self.events.forget(camera, time.monotonic(), time.time(), reason)
+        self.emit(ended)
+        return len(ended)
 
     def close(self) -> None:
         """End every open event (reason: shutdown), then close the socket."""

@@ -8,7 +8,6 @@ stable code (stgcnd_client.protocol.ErrorCode); a daemon bug answers `internal`,
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import traceback
@@ -48,6 +47,11 @@ log = get_logger(__name__)
 
 READ_BURST = 256          # requests read per loop pass before replies get their turn
 LATENCY_STAGES = ("queue_ms", "compute_ms")  # a reply's timings kept per camera in `latency`
+# `ts` bound (docs/protocol.md): a clock's seconds, Unix time until the year 5138 or a
+# recording's own. The events count in whole milliseconds (int), and add their hold and
+# cooldown seconds to it: within 1e11 s a float still resolves 0.02 ms and nothing overflows,
+# where 1e306 s made the milliseconds inf and round(inf) raised on the I/O loop (issue #41).
+MAX_TS_S = 1e11
 
 
 class RequestPath:
@@ -156,13 +160,9 @@ class RequestPath:
             self._dispatch(identity, req, received, msg.peer, key)
         except ProtocolError as exc:
             self._reject(identity, exc, req)
-        except Exception as exc:  # a daemon bug: answered, logged rate-limited, never fatal
-            self.counters["errors"] += 1
-            self.errors.report("internal", event="request_crashed", camera=getattr(
-                req, "camera", None), error=f"{type(exc).__name__}: {exc}",
-                traceback=traceback.format_exc(limit=8))
-            self.send(identity, encode_reply(getattr(req, "id", None), error=(
-                ErrorCode.INTERNAL.value, f"internal error: {type(exc).__name__}: {exc}")))
+        except Exception as exc:  # a daemon bug: that camera's, never the loop's
+            self.send(identity, self.fault(getattr(req, "id", None), getattr(
+                req, "camera", None), exc, "request"))
 
     def _reject(self, identity: bytes, exc: ProtocolError, req: Request | None) -> None:
         busy = exc.code == ErrorCode.BUSY
@@ -312,27 +312,62 @@ class RequestPath:
 
     # -- replies ---------------------------------------------------------------------------
     def complete(self, reply: Reply, now: float) -> None:
-        """Settle a finished job's bookkeeping, encode and send its reply, and hand its
-        prediction to the events."""
+        """Settle a finished job's bookkeeping, hand its prediction to the events, then send
+        its reply (to every attempt waiting for it). Never raises: a bug met on the way is
+        this camera's (`fault`), answered `internal`, and the batch's other replies and the
+        loop go on."""
         job = reply.job
-        frames = encode_reply(job.req_id, reply.result, error=reply.error)
-        cam = self.cameras.cameras.get(job.camera)
         waiting: list[bytes] = []
-        if cam is not None:
-            cam.in_flight -= 1
-            rec = (cam.pushes if job.op == "push" else cam.infers).get(job.model)
-            if rec is not None and rec.job is job:
-                rec.job, waiting, rec.waiting = None, rec.waiting, []
-                if reply.outcome == "ok":
-                    rec.reply = frames
-            if reply.outcome == "ok" and not cam.served:
-                self.cameras.mark_served(cam)  # its slot is out of invented ids' reach
-        self._record(job, reply)
+        try:
+            cam = self.cameras.cameras.get(job.camera)
+            rec = None
+            if cam is not None:
+                cam.in_flight -= 1
+                rec = (cam.pushes if job.op == "push" else cam.infers).get(job.model)
+                if rec is not None and rec.job is job:
+                    rec.job, waiting, rec.waiting = None, rec.waiting, []
+                else:
+                    rec = None
+            frames = self._settle(job, reply, cam, now)
+            if rec is not None and reply.outcome == "ok":
+                rec.reply = frames  # a resend's answer: its prediction is in the events
+        except Exception as exc:
+            frames = self.fault(job.req_id, job.camera, exc, "prediction")
         for identity in [job.identity, *waiting]:
             self.send(identity, frames)
+
+    def _settle(self, job: Job, reply: Reply, cam: CameraState | None, now: float
+                ) -> list[bytes]:
+        """A finished job's reply, its camera served, its latency recorded, its prediction
+        judged by the events, which are said before the reply goes: a fault in them is
+        still this request's to answer `internal`."""
+        frames = encode_reply(job.req_id, reply.result, error=reply.error)
+        if cam is not None and reply.outcome == "ok" and not cam.served:
+            self.cameras.mark_served(cam)  # its slot is out of invented ids' reach
+        self._record(job, reply)
         if reply.result is not None:
             self.events.observe(job.camera, job.model, reply.result["probs"], now, job.window,
                                 job.ts)
+        return frames
+
+    def fault(self, req_id: int | None, camera: str | None, exc: Exception, where: str
+              ) -> list[bytes]:
+        """A daemon bug met for one camera (`where`: its request, or its prediction and
+        events): counted; the camera's events reset (its open ones end, reason internal),
+        so that the bug's harm is that camera's state, never the loop's; one error line
+        (rate-limited: ClientErrorLog). The `internal` reply its request gets."""
+        self.counters["errors"] += 1
+        ended: int | str = 0
+        if camera is not None:
+            try:
+                ended = self.events.forget(camera, "internal")
+            except Exception as again:  # its tracks are gone all the same (Events.forget)
+                ended = f"unsaid ({type(again).__name__}: {again})"
+        self.errors.report("internal", event="request_crashed", camera=camera, fault=True,
+                           where=where, error=f"{type(exc).__name__}: {exc}",
+                           events_ended=ended, traceback=traceback.format_exc(limit=8))
+        return encode_reply(req_id, error=(ErrorCode.INTERNAL.value,
+                                           f"internal error: {type(exc).__name__}: {exc}"))
 
     def _record(self, job: Job, reply: Reply) -> None:
         outcome = reply.outcome
@@ -408,9 +443,10 @@ def timestamp(req: Request, cam: CameraState) -> float | None:
                                 req.id)
         cam.untimed = True
         return None
-    if type(ts) not in (int, float) or not math.isfinite(ts):
-        raise ProtocolError(ErrorCode.MALFORMED, f'"ts" must be a finite number of seconds '
-                            f"or nil, got {ts!r}", req.id)
+    if type(ts) not in (int, float) or not -MAX_TS_S < ts < MAX_TS_S:  # NaN fails it too
+        raise ProtocolError(ErrorCode.MALFORMED, f'"ts" must be a number of seconds above '
+                            f"-1e11 and below 1e11 (Unix time, or a recording's own time) or "
+                            f"nil, got {ts!r}", req.id)
     if cam.untimed:
         raise ProtocolError(ErrorCode.MALFORMED, f"camera {cam.name!r} sent infer or push "
                             "without \"ts\": a camera id is on one clock; send ts from its "

@@ -24,6 +24,7 @@ from stgcnd.server.config import RESTART, SERVER_ENGINE, Config
 from stgcnd.server.config_checks import check_config
 from stgcnd.server.connections import CLOSE_IDLE_S, Connections, connection_caps
 from stgcnd.server.curve_policy import KeyHandler, curve_enabled
+from stgcnd.server.errorlog import ClientErrorLog
 from stgcnd.server.events import EventFeed
 from stgcnd.server.handshakes import Refusals, monitor_reporter
 from stgcnd.server.heap import (
@@ -115,6 +116,7 @@ class Server:
         self._next_trim = 0.0
         self._last_stats = time.monotonic()  # the latency lines' interval ends here
         self._growth_deferred = 0  # memory checks that put a growth cut off (_read_waiting)
+        self._faults = ClientErrorLog()  # the loop's duties' failures (_guard)
         self.models = self._load_first(config)
         s = config.server
         self._ctx = zmq.Context()
@@ -217,6 +219,7 @@ class Server:
         wd_interval = self.notifier.watchdog_interval
         next_watchdog = time.monotonic()
         stalled_logged = False
+        guard = self._guard  # every duty below runs through it: none can end the loop
         while not self.wakeup.stop.is_set():
             events = dict(poller.poll(timeout))
             if timer.fd in events:
@@ -224,30 +227,31 @@ class Server:
             if self.wakeup.read_fd in events:
                 self.wakeup.drain()
             if connections.monitor in events:
-                connections.on_monitor(time.monotonic())
+                guard("connections", connections.on_monitor, time.monotonic())
             if subscribers is not None and feed_conns is not None:
                 if feed_conns.monitor in events:
-                    feed_conns.on_monitor(time.monotonic())
+                    guard("events_connections", feed_conns.on_monitor, time.monotonic())
                 if subscribers in events:
-                    feed.read(time.monotonic())
+                    guard("subscriptions", feed.read, time.monotonic())
             if router in events or requests.discarding:
-                requests.read()
+                guard("requests", requests.read)
             now = time.monotonic()
-            feed.beat(now)  # snapshots for new subscribers, the heartbeat
-            timeout = 0 if requests.discarding else self._drive(now)
+            guard("events_beat", feed.beat, now)  # snapshots for new subscribers, the heartbeat
+            drove = guard("drive", self._drive, now)
+            timeout = 0 if requests.discarding else LOOP_TICK_MS if drove is None else drove
             if self.wakeup.reload.is_set():
                 self.wakeup.reload.clear()
-                self._begin_reload()
+                guard("reload", self._begin_reload)
             if self._reload is not None and self._reload.done():
-                self._finish_reload(self._reload)
+                guard("reload", self._finish_reload, self._reload)
             if now >= next_memory_check:
                 next_memory_check = now + CHECK_EVERY_S
-                self._check_memory(now)
+                guard("memory", self._check_memory, now)
                 # A dead camera's events end in seconds, not minutes.
-                feed.expire_silent(now, self.cameras.cameras)
+                guard("events_sweep", feed.expire_silent, now, self.cameras.cameras)
             if now >= next_stats:
                 next_stats = now + self.config.server.stats_interval  # a reload may change it
-                self._tick(now)
+                self._tick(now)  # its parts are guarded
             if wd_interval and now >= next_watchdog:
                 stalled = self.stalled_executors(now)
                 if stalled:
@@ -260,6 +264,20 @@ class Server:
                     self.notifier.watchdog()
                 next_watchdog = now + wd_interval
         return self.shutdown()
+
+    def _guard(self, duty: str, work: Callable[..., T], *args: Any) -> T | None:
+        """One of the loop's duties; None when it raised. A bug met in a duty (the silent-camera
+        sweep, the stats tick, reading, ...) is logged at error (loop_duty_failed, once per
+        duty and ERROR_LOG_WINDOW_S, the rest counted) and the loop goes on at its next pass:
+        it never ends the daemon and with it every camera. A bug in one camera's request or
+        prediction is contained closer, as that camera's (RequestPath.fault)."""
+        try:
+            return work(*args)
+        except Exception as exc:
+            self._faults.report(duty, event="loop_duty_failed", fault=True,
+                                error=f"{type(exc).__name__}: {exc}",
+                                traceback=traceback.format_exc(limit=8))
+            return None
 
     def _drive(self, now: float) -> int:
         """Turn every executor (finish done batches, launch queued work), send their
@@ -298,9 +316,14 @@ class Server:
         return min(max(math.ceil((next_look - time.monotonic()) * 1e3), 1), LOOP_TICK_MS)
 
     def _tick(self, now: float) -> None:
-        """Every stats_interval: the latency lines, idle cameras, retired models, the
-        connection budget's log line, memory left behind by abuse."""
-        requests, connections = self.requests, self.connections
+        """Every stats_interval: its reports, then its housekeeping, each a duty of its own
+        (_guard): a bug in a report never stops idle cameras going, nor the budgets."""
+        self._guard("stats_tick", self._report, now)
+        self._guard("housekeeping", self._housekeep, now)
+
+    def _report(self, now: float) -> None:
+        """The latency and skeleton quality lines, the feeds' health, the errors counted."""
+        requests = self.requests
         # The interval that passed, not the configured one: a reload may have changed
         # stats_interval since the last tick, and shutdown ticks early (rates per second).
         interval_s, self._last_stats = now - self._last_stats, now
@@ -315,6 +338,11 @@ class Server:
         if interval_s >= self.config.server.stats_interval / 2:
             self.events.judge_feeds(records, self.config.server)  # not the shutdown's stub
         requests.errors.flush()
+        self._faults.flush()
+
+    def _housekeep(self, now: float) -> None:
+        """Idle cameras and retired models go, subscriptions' counts are tidied, and the
+        connections held to their budgets."""
         for camera, idle in self.cameras.reclaim_idle(now, self.config.server.idle_timeout):
             log.info("camera_reclaimed", camera=camera, idle_s=round(idle))
             self.events.forget(camera, "camera-idle")
@@ -322,7 +350,7 @@ class Server:
         if self.events.connections is not None:
             self.events.connections.enforce(now)
         self._reap_retired()
-        connections.enforce(now)
+        self.connections.enforce(now)
 
     def _check_memory(self, now: float) -> None:
         """A peer's endless or huge message grows the I/O thread's buffers; what abuse and
