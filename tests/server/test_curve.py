@@ -8,6 +8,7 @@ import signal
 import socket
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -336,3 +337,44 @@ def test_refused_handshakes_are_explained_to_the_client_and_in_the_log(curve_dae
     assert "stgcnd keys server" in by_reason["wrong-server-key"]["action"]
     assert by_reason["unknown-key"]["client_key"] == stranger[0]
     assert all(e["peer"] and e["denied"] >= 1 for e in lines)
+
+
+@pytest.mark.slow
+def test_another_keys_requests_never_turn_a_cameras_feed_refused(curve_daemon, tmp_path):
+    """Hardening IV (#41, item 4): a key bound to mal-cam pushing as door-1 is answered
+    `forbidden`, counted against its key (curve.forbidden), and charged nothing of door-1's:
+    door-1, sending good frames, stays `ok` (no `feed` change, no refused input, no error in
+    its latency line, no log line naming it as the camera). Before: `ok -> refused`."""
+    d = curve_daemon()
+    d.config_path.write_text(d.config_path.read_text().replace("stats_interval = 1.0",
+                                                               "stats_interval = 0.3"))
+    door = _create(d.config_path, "door-box", tmp_path / "out", "door-1")
+    mal = _create(d.config_path, "mal-box", tmp_path / "out", "mal-cam")
+    d.start()
+    server = tmp_path / "keys" / "server.key"
+    good = np.full((3, 33, 1), 0.5, np.float32)
+    good[2] = 1.0  # every joint seen, in frame
+    refused = 0
+    with Client(d.endpoint, "door-1", server_key=server, client_key=door) as victim, \
+            Client(d.endpoint, "door-1", server_key=server, client_key=mal) as thief:
+        end = time.monotonic() + 3.0  # ten stats intervals, feed_intervals = 2
+        while time.monotonic() < end:
+            victim.push(good)
+            for _ in range(5):
+                with pytest.raises(Forbidden, match="mal-cam"):
+                    thief.push(good)
+                refused += 1
+            time.sleep(0.02)
+        stats = victim.stats()
+    assert stats["feeds"]["door-1"]["state"] == "ok", stats["feeds"]
+    assert stats["curve"]["forbidden"] == {"mal-box": refused}
+    events = d.log_events()
+    feed_changes = [e for e in events if e["event"] == "feed_health"]
+    assert not feed_changes, feed_changes
+    quality = [e for e in events if e["event"] == "skeleton_quality" and e["camera"] == "door-1"]
+    assert quality and all(e["refused_input"] == 0 for e in quality), quality
+    latency = [e for e in events if e["event"] == "latency" and e.get("camera") == "door-1"]
+    assert latency and all(e["errors"] == 0 for e in latency), latency
+    rejected = [e for e in events if e["event"] == "request_rejected"]
+    assert rejected and all(e["camera"] is None for e in rejected), rejected
+    assert rejected[0]["client_key"] == "mal-box" and rejected[0]["named_camera"] == "door-1"

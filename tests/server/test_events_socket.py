@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgpack
 import numpy as np
 import pytest
 import zmq
@@ -128,5 +129,83 @@ def test_an_endless_message_to_the_events_socket_is_cut_off(publisher):
     assert out.startswith("closed after"), out
     assert '"event": "memory_pressure"' in log_text(d)
     assert peak_kb < 700 * 1024
+    with Subscriber(endpoint) as good:
+        assert hears_an_event(d, good, "after")
+
+
+CHURN = REPO / "scripts" / "snapshot_churn.py"
+
+
+def _attack(kind: str, endpoint: str) -> subprocess.Popen:
+    """An attacker process (its own peer on ipc), from the figure's script."""
+    return subprocess.Popen([sys.executable, str(CHURN), "--attacker", kind, endpoint,
+                             "--toggle-ms", "10"])
+
+
+def test_subscription_churn_costs_a_legitimate_subscriber_at_most_twice_its_quiet_traffic(
+        publisher):
+    """Hardening IV (#41, item 5): one subscriber toggling its subscription and one process
+    reconnecting with a new subscription each time. A snapshot goes to every subscriber of
+    its topics, so each caused one to a legitimate subscriber of "": the issue measured x13,
+    and this test x24 before. Now a subscriber's first ask (of a peer's first 8) is answered at
+    once and every other ask waits: all of them together get one snapshot an interval (10 s).
+    The legitimate subscriber gets its own snapshot at once, and at most one more."""
+    d, endpoint = publisher()
+    opened = 8
+    for i in range(opened):
+        with Client(d.endpoint, camera_id=f"open{i}") as cam:
+            cam.infer(WINDOW)
+    attackers = [_attack("toggle", endpoint), _attack("reconnect", endpoint)]
+    try:
+        with Client(d.endpoint, camera_id="probe") as probe:  # the attackers' free asks spent
+            end = time.monotonic() + 10
+            while time.monotonic() < end and probe.stats()["events_connections"].get(
+                    "snapshots_deferred", 99) < 20:
+                time.sleep(0.1)
+        time.sleep(0.5)
+        ctx = zmq.Context()
+        legit = ctx.socket(zmq.SUB)
+        legit.setsockopt(zmq.LINGER, 0)
+        legit.connect(endpoint)
+        legit.setsockopt(zmq.SUBSCRIBE, b"")
+        snapshots, first = 0, None
+        start = time.monotonic()
+        end = start + 5.0
+        while time.monotonic() < end:
+            if legit.poll(100):
+                _, body = legit.recv_multipart()
+                if msgpack.unpackb(body)["kind"] == "snapshot":
+                    snapshots += 1
+                    first = first or time.monotonic() - start
+        legit.close(0)
+        ctx.term()
+    finally:
+        for proc in attackers:
+            proc.kill()
+            proc.wait()
+    print(f"\nlegitimate subscriber: {snapshots} snapshot messages in 5 s, {opened} open, "
+          f"first after {first} s")
+    assert first is not None and first < 2.0   # a late subscriber is answered at once
+    assert opened <= snapshots <= 2 * opened
+    assert d.proc.poll() is None
+
+
+def test_one_shot_topics_over_many_connections_get_the_peer_banned(publisher):
+    """#41, item 5: a process subscribing and unsubscribing one-shot topics, a new connection
+    every 1,000, never reached one connection's limit (8,192 in its life) and was never
+    banned; now a peer's (un)subscriptions over all its connections are counted too."""
+    d, endpoint = publisher()
+    attacker = _attack("rotate", endpoint)
+    try:
+        end = time.monotonic() + 20
+        banned: list[dict] = []
+        while time.monotonic() < end and not banned:
+            time.sleep(0.5)
+            banned = [e for e in d.log_events() if e["event"] == "peer_banned"]
+    finally:
+        attacker.kill()
+        attacker.wait()
+    assert banned and banned[0]["socket"] == "events", banned
+    assert banned[0]["peer"] == f"pid:{attacker.pid}"
     with Subscriber(endpoint) as good:
         assert hears_an_event(d, good, "after")

@@ -26,7 +26,8 @@ from stgcnd.server.connections import Connections
 from stgcnd.server.curve_policy import KeyHandler
 from stgcnd.server.feed_health import FeedHealth
 from stgcnd.server.models import ServedModel
-from stgcnd.server.peers import peer_key
+from stgcnd.server.peers import keyed_per_connection, peer_key
+from stgcnd.server.snapshots import PEER_SUBSCRIPTION_MESSAGES, SNAPSHOT_INTERVAL_S, SnapshotAsks
 from stgcnd.server.transport import HANDSHAKE_MS, bind_endpoint
 from stgcnd.telemetry.skeleton_quality import Record
 
@@ -40,7 +41,6 @@ MAX_SUBSCRIPTIONS = 1024       # topics one events connection may hold
 MAX_SUBSCRIPTION_MESSAGES = 8192  # (un)subscriptions one connection may send, ever
 READ_BURST = 256               # subscriptions read per loop pass
 HEARTBEAT_TOPIC = b"\xffheartbeat"  # no camera id's topic: 0xFF is never in UTF-8
-SNAPSHOT_EVERY_S = 0.2  # a peer subscribing in a loop floods no subscriber with snapshots
 _SRCFD = int(zmq.SRCFD)
 
 
@@ -376,9 +376,9 @@ class EventFeed:
         self._users: dict[int, tuple[int, str]] = {}  # fd -> (inode, CURVE key)
         self.refused_subscribers = 0
         self.run = os.urandom(8).hex()  # a restart is a new run: its seq starts again at 1
-        self._seq, self._next_beat, self._next_snapshot = 0, 0.0, 0.0
+        self._seq, self._next_beat = 0, 0.0
         self._heartbeat_s = config.server.events_heartbeat_s
-        self._snapshot_topics: set[bytes] = set()  # subscribed since the last snapshot
+        self.snapshots = SnapshotAsks()  # who asked for one, when each may have it
         endpoint = config.server.events_endpoint
         if endpoint:
             pub = ctx.socket(zmq.XPUB)
@@ -445,6 +445,10 @@ class EventFeed:
                                 f"or {MAX_SUBSCRIPTION_MESSAGES} (un)subscriptions on one "
                                 "events connection")
                 continue
+            if self.snapshots.over(peer, now) and (ever + 1 > MAX_SUBSCRIPTIONS
+                                                   or not keyed_per_connection(peer)):
+                self._refuse_churner(fd, peer, now)
+                continue
             if self.curve is not None:
                 user = _user(frame)
                 self._users[fd] = (conn.ino, user)
@@ -452,20 +456,38 @@ class EventFeed:
                     self._cut(fd, user, "key-revoked")
                     continue
             if subscribe:
-                self._snapshot_topics.add(frame.bytes[1:])
+                self.snapshots.subscribe(fd, conn.ino, peer, frame.bytes[1:], now)
+            else:
+                self.snapshots.unsubscribe(fd, conn.ino, frame.bytes[1:])
         return False
 
+    def _refuse_churner(self, fd: int, peer: str, now: float) -> None:
+        """A peer over its (un)subscriptions per interval (server/snapshots.py): banned, one
+        log line an interval. A loopback user's or a connection's peer is not refused as a
+        whole: each of its connections that sent more than a subscriber may hold is closed
+        (quietly after the first), and one that sent less (a legitimate subscriber of the
+        same user) is spared."""
+        assert self.connections is not None
+        self.refused_subscribers += 1
+        self._subscribed.pop(fd, None)
+        if self.snapshots.first_refusal(peer):
+            self.connections.ban(fd, peer, now, f"more than {PEER_SUBSCRIPTION_MESSAGES} "
+                                 f"(un)subscriptions in {SNAPSHOT_INTERVAL_S:g} s over one "
+                                 "peer's events connections")
+        else:
+            self.connections.close_connection(fd)
+
     def beat(self, now: float) -> None:
-        """Every loop pass: the snapshot subscriptions asked for (at most every
-        SNAPSHOT_EVERY_S), then a heartbeat, which also comes every `events_heartbeat_s`."""
+        """Every loop pass: the snapshots due (server/snapshots.py), then a heartbeat where a
+        topic answered receives it, which also comes every `events_heartbeat_s`."""
         if self._pub is None:
             return
-        topics = self._snapshot_topics
-        if topics and now >= self._next_snapshot:
-            self._snapshot_topics, self._next_snapshot = set(), now + SNAPSHOT_EVERY_S
+        topics = self.snapshots.due(now)
+        if topics:
             self.emit([e for e in self.events.snapshot(time.time())
                        if any(str(e["camera"]).encode().startswith(t) for t in topics)])
-        elif not self._heartbeat_s or now < self._next_beat:
+        if not (topics and any(HEARTBEAT_TOPIC.startswith(t) for t in topics)) and (
+                not self._heartbeat_s or now < self._next_beat):
             return
         self._next_beat = now + self._heartbeat_s
         self.emit([{"kind": "heartbeat", "at": round(time.time(), 3),
@@ -486,6 +508,7 @@ class EventFeed:
         if self.connections is None:
             return
         live = self.connections.by_fd
+        self.snapshots.tidy({fd: c.ino for fd, c in live.items()}, time.monotonic())
         for table in (self._subscribed, self._users):
             for fd in [fd for fd, v in table.items()
                        if fd not in live or live[fd].ino != v[0]]:
@@ -570,5 +593,7 @@ class EventFeed:
         out["feeds"] = self.health.states()
         if self.connections is not None:
             out["events_connections"] = {**self.connections.stats(),
-                                         "subscribers_refused": self.refused_subscribers}
+                                         "subscribers_refused": self.refused_subscribers,
+                                         "snapshots": self.snapshots.sent,
+                                         "snapshots_deferred": self.snapshots.deferred}
         return out

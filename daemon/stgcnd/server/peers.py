@@ -45,6 +45,12 @@ def peer_key(address: str, fd: int, loopback: dict[int, str] | None = None) -> s
     return f"fd:{fd}"
 
 
+def keyed_per_connection(peer: str) -> bool:
+    """A peer a ban refuses one connection of, never as a whole: a connection, or a loopback
+    user (whose other processes are not the abuser)."""
+    return peer.startswith(("fd:", "uid:"))
+
+
 def accepted_peer(fd: int) -> tuple[str, int] | None:
     """(peer key, inode) of an accepted connection's fd, asked of the kernel (the same key
     `peer_key` makes from a message's metadata, given the loopback processes and users found

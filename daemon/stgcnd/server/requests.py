@@ -76,6 +76,8 @@ class RequestPath:
         self._ban_when_discarded: tuple[int, str] | None = None
         self.log_requests = debug_enabled()  # per-request events only at log level debug
         self.curve: KeyHandler | None = None  # CURVE on: each request's key, and its cameras
+        # CURVE: requests answered `forbidden`, by key name (bounded by the keys authorized)
+        self.forbidden_by_key: dict[str, int] = {}
 
     def use_curve(self, curve: KeyHandler) -> None:
         self.curve = curve
@@ -159,15 +161,21 @@ class RequestPath:
                 raise ProtocolError(ErrorCode.FORBIDDEN, forbidden(key, req.camera), req.id)
             self._dispatch(identity, req, received, msg.peer, key)
         except ProtocolError as exc:
-            self._reject(identity, exc, req)
+            self._reject(identity, exc, req, key)
         except Exception as exc:  # a daemon bug: that camera's, never the loop's
             self.send(identity, self.fault(getattr(req, "id", None), getattr(
                 req, "camera", None), exc, "request"))
 
-    def _reject(self, identity: bytes, exc: ProtocolError, req: Request | None) -> None:
+    def _reject(self, identity: bytes, exc: ProtocolError, req: Request | None,
+                key: ClientKey | None = None) -> None:
         busy = exc.code == ErrorCode.BUSY
         self.counters["busy" if busy else "errors"] += 1
         req_id = exc.req_id if exc.req_id is not None else getattr(req, "id", None)
+        if exc.code == ErrorCode.FORBIDDEN:
+            # Its sender may not speak for the camera it named: nothing of that camera's
+            # (latency, feed health, the log's camera) is charged; its key is.
+            self._refuse_key(identity, exc, req, key, req_id)
+            return
         self.errors.report(exc.code.value, camera=getattr(req, "camera", None),
                            message=exc.message)
         if req is not None and req.op in ("infer", "push"):
@@ -179,6 +187,19 @@ class RequestPath:
                 self.quality.refused(req.camera, busy, req.op == "push", known)
         if req is not None and req.op == "push" and exc.appended is None:
             exc.appended = False  # refused before its frame reached the window (_push)
+        self.send(identity, encode_reply(req_id, error=exc))
+
+    def _refuse_key(self, identity: bytes, exc: ProtocolError, req: Request | None,
+                    key: ClientKey | None, req_id: int | None) -> None:
+        """`forbidden`: counted against the key (`stats` curve.forbidden, by key name; a
+        revoked key's in curve.dropped), logged with the camera it named as `named_camera`,
+        never as `camera`: another key's requests cannot turn a camera's feed `refused`."""
+        if key is not None and self.curve is not None:
+            self.forbidden_by_key[key.name] = self.forbidden_by_key.get(key.name, 0) + 1
+        self.errors.report(exc.code.value, client_key=key.name if key else None,
+                           named_camera=getattr(req, "camera", None), message=exc.message)
+        if req is not None and req.op == "push":
+            exc.appended = False  # never reached any window
         self.send(identity, encode_reply(req_id, error=exc))
 
     def _dispatch(self, identity: bytes, req: Request, received: float, peer: str,
@@ -423,6 +444,7 @@ class RequestPath:
                 "connections": self.connections.stats(),
                 "oversized_messages": self.receiver.oversized_messages,
                 **({"curve": {"denied": self.curve.refusals.count, "dropped": self.curve.dropped,
+                              "forbidden": dict(self.forbidden_by_key),
                               "clients": len(self.curve.keys)}} if self.curve else {})}
 
 

@@ -29,7 +29,7 @@ class _Counts:
     outside: int = 0
     busy: int = 0
     busy_counted: int = 0    # pushes refused busy: their frames were counted (kept)
-    refused: int = 0         # requests refused for what they sent (NaN, shape, model, key)
+    refused: int = 0         # requests refused for what they sent (NaN, shape, model)
     batch: np.ndarray | None = None   # (BATCH, 3, V, M): frames not reduced yet
     pending: int = 0
 
