@@ -24,6 +24,7 @@ from stgcnd.versions import torch_missing
 COMMANDS = {
     "serve": "stgcnd.commands.serve",
     "config": "stgcnd.commands.config",
+    "docs": "stgcnd.commands.docs",
     "demo": "stgcnd_tools.commands.demo",
     "camera-sim": "stgcnd_tools.commands.camera_sim",
     "loadtest": "stgcnd_tools.commands.loadtest",

@@ -114,11 +114,12 @@ def test_the_frame_size_is_checked_before_its_shape():
     assert info.value.code == ErrorCode.BAD_SHAPE
 
 
-def test_the_document_names_every_reason_once_in_the_error_map():
+def test_the_error_map_says_every_reason_in_one_of_its_tables():
+    """The reasons' tables are generated from stgcnd_client.codes (tests/test_generated_docs.py
+    checks they are current); here, that they stand where the error map is told."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
     error_map = text[text.index("**The error map.**"):text.index("\n## 5.")]
     for reason in Reason:
-        assert error_map.count(f"`{reason.value}`") == 1, reason
         assert f"| `{reason.value}` |" in error_map, f"{reason}: not a row of the reasons' table"
     assert "`appended` (bool)" in error_map
 

@@ -163,7 +163,7 @@ def test_the_annotated_example_is_made_from_the_schema_and_loads(tmp_path):
     from stgcnd.server.config_docs import example
 
     assert (REPO / "systemd" / "stgcnd.toml").read_text() == example(), \
-        "regenerate it: stgcnd config example > systemd/stgcnd.toml"
+        "regenerate it: stgcnd docs --write"
     path = tmp_path / "stgcnd.toml"
     path.write_text(example())
     cfg = load_config(path, env={})
@@ -175,7 +175,7 @@ def test_the_readme_lists_every_key_from_the_schema():
     from stgcnd.server.config_docs import key_table
 
     readme = (REPO / "README.md").read_text()
-    assert key_table() in readme, "regenerate the README's table: stgcnd config keys"
+    assert key_table() in readme, "regenerate the README's table: stgcnd docs --write"
 
 
 @pytest.mark.parametrize("line, message", [

@@ -59,7 +59,7 @@ class _Counts:
 # - `out_of_frame`: the share of visible joints with x or y outside 0..1 (the protocol's
 #   normalised coordinates: pixels are all out of frame);
 # - `sent`: frames and windows the camera sent, refused ones included; `refused_input`: those
-#   refused for what they held; `refused_busy`: those refused busy (either reason);
+#   refused for what they held; `refused_busy`: those refused busy (any reason);
 # - `silent`: nothing sent in the interval; `blocked`: frames refused busy and none accepted.
 #
 # `usable` = (1 - no_person) x (1 - low_visibility): the share of joints the model can use. A
