@@ -6,14 +6,16 @@ for them, the client independent of the daemon, the tools outside it, and the si
 
 and the tools (`stgcnd_tools`: bench, loadtest, trtexec, demo, logs) on top, a package of
 their own: a module may import its own layer and the layers below it, never above, so the
-daemon (`stgcnd`) never imports a tool. `stgcnd.cli` names the tools' commands as strings and
-imports one only when it is the command being run.
+daemon (`stgcnd`) never imports a tool. The tools declare their commands (`stgcnd_tools.COMMANDS`);
+`stgcnd.cli` knows only the package's name and imports a tool's module only when it is the
+command being run.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -308,7 +310,13 @@ def test_the_daemon_package_and_the_tools_stay_small():
 
 
 def test_the_daemon_never_imports_a_tool():
-    """Not even lazily: `stgcnd.cli` names the tools' commands as strings."""
+    """Not even lazily, nor by a module's name in a string: the tools declare their commands
+    (`stgcnd_tools.COMMANDS`) and `stgcnd.cli` knows only the package's name (`cli.TOOLS`)."""
     reach = [f"{m} imports {t}" for m, targets in graph().items() if m.startswith("stgcnd.")
              for t in targets if t.startswith("stgcnd_tools")]
-    assert not reach, "\n".join(reach)
+    named = [f"{path.relative_to(REPO)}:{node.lineno} names {node.value!r}"
+             for path in PACKAGE.rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str)
+             and re.search(r"\bstgcnd_tools\.\w", node.value)]
+    assert not reach and not named, "\n".join([*reach, *named]) + (
+        "\na tool command is declared in stgcnd_tools.COMMANDS, never in the daemon")
