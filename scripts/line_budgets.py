@@ -18,6 +18,7 @@ import datetime
 import math
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,6 +28,7 @@ from tests import test_layers  # noqa: E402  (the tests' own count, found from h
 HEADROOM = 0.03
 BUDGET = re.compile(r"^(MAX_\w+_LINES) = (\d+)$", re.M)
 MARK = "# Set by scripts/line_budgets.py --update"
+MORE = "#   "  # its continuation lines
 
 
 def budgets(text: str) -> dict[str, int]:
@@ -44,18 +46,20 @@ def table(counts: dict[str, int], limits: dict[str, int]) -> str:
 
 
 def updated(text: str, counts: dict[str, int], why: str, today: str) -> str:
-    """`text` with each budget at its measure + HEADROOM, and the line above it saying so
-    (an earlier such line replaced; every other line kept)."""
-    lines = text.splitlines(keepends=True)
+    """`text` with each budget at its measure + HEADROOM, and the comment above it saying so
+    (one this script wrote before replaced; every other line kept)."""
     out: list[str] = []
-    for line in lines:
+    for line in text.splitlines(keepends=True):
         found = BUDGET.match(line.rstrip("\n"))
         if found:
             name, measured = found.group(1), counts[found.group(1)]
-            if out and out[-1].startswith(MARK):
-                out.pop()
+            marks = [i for i, kept in enumerate(out) if kept.startswith(MARK)]
+            if marks and all(kept.startswith(MORE) for kept in out[marks[-1] + 1:]):
+                del out[marks[-1]:]
             reason = f" ({why})" if why else ""
-            out.append(f"{MARK} on {today}: {measured:,} measured + 3 %{reason}.\n")
+            note = f"{MARK[2:]} on {today}: {measured:,} measured + 3 %{reason}."
+            out += [f"{row}\n" for row in textwrap.wrap(note, 100, initial_indent="# ",
+                                                        subsequent_indent=MORE)]
             line = f"{name} = {math.ceil(measured * (1 + HEADROOM))}\n"
         out.append(line)
     return "".join(out)

@@ -49,7 +49,9 @@ def test_the_table_shows_what_the_tests_count(run):
 
 
 def test_update_sets_each_to_its_measure_plus_3_percent_and_keeps_the_comments(tmp_path, run):
-    original = BUDGETS.read_text()
+    # the budgets' file without the lines an earlier --update wrote (which it replaces)
+    original = re.sub(r"^# Set by scripts/line_budgets.py.*\n(?:#   .*\n)*", "",
+                      BUDGETS.read_text(), flags=re.M)
     copy = tmp_path / "test_layers.py"
     low = re.sub(r"^(MAX_\w+_LINES) = \d+$", r"\1 = 10", original, flags=re.M)
     copy.write_text(low)
@@ -64,6 +66,7 @@ def test_update_sets_each_to_its_measure_plus_3_percent_and_keeps_the_comments(t
     comments = [line for line in original.splitlines() if line.startswith("#")]
     assert all(line in raised.splitlines() for line in comments)
     assert raised.count("(grew for a test).") == len(counts)
+    assert max(len(line) for line in raised.splitlines()) <= 100  # ruff's line length
 
     # Falling needs no reason; a second update replaces the line it wrote, never adds one.
     copy.write_text(re.sub(r"^(MAX_\w+_LINES) = \d+$", r"\1 = 999999", raised, flags=re.M))
