@@ -65,3 +65,33 @@ def test_build_help_says_which_tensorrt_builds_qdq_int8():
     (build,) = [p for n, p in PARSERS if n == "stgcnd build"]
     (mode,) = [a for a in build._actions if "--int8-mode" in a.option_strings]
     assert "8.6" not in (mode.help or "") and "8.5" in (mode.help or "")
+
+
+def test_the_tools_commands_come_from_their_package(stgcnd_main):
+    """The daemon names no tool (tests/test_layers.py); the tools package declares its
+    commands and `stgcnd` lists them where the daemon's own list says nothing of them."""
+    from stgcnd.cli import COMMANDS
+    from stgcnd_tools import COMMANDS as TOOL_COMMANDS
+
+    listed = next(a for a in build_parser()._actions if a.dest == "command").choices
+    assert set(TOOL_COMMANDS) <= set(listed) and not set(TOOL_COMMANDS) & set(COMMANDS)
+    order = list(listed)
+    for name, (_module, after) in TOOL_COMMANDS.items():
+        assert order.index(name) == order.index(after) + 1, name
+    assert stgcnd_main("demo", "--help").returncode == 0
+
+
+def test_without_the_tools_package_stgcnd_serves_and_says_how_to_install_them(stgcnd_main,
+                                                                              monkeypatch):
+    monkeypatch.setitem(sys.modules, "stgcnd_tools", None)  # as where it is not installed
+    listing = stgcnd_main("--help")
+    text = " ".join(listing.stdout.split())
+    assert listing.returncode == 0 and " serve " in text and " demo " not in text
+    assert "not installed here" in text and "`pip install .`" in text
+    for command, argv in (("demo", ["demo"]),
+                          ("loadtest", ["--log-level", "debug", "loadtest", "--help"])):
+        missing = stgcnd_main(*argv)
+        assert missing.returncode == 2 and "Traceback" not in missing.stderr
+        assert f"'{command}' is not a command of the daemon" in missing.stderr
+        assert "`pip install .`" in missing.stderr
+    assert stgcnd_main("config", "keys").returncode == 0

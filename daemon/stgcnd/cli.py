@@ -1,10 +1,12 @@
 """The `stgcnd` command line: one entry point, one module per subcommand.
 
-Each command's module (the daemon's in `stgcnd.commands`, the tools' in the `stgcnd_tools`
-package beside it) exposes `register(subparsers)`, which adds its parser and sets `func`. Only
-the module of the command being run is imported (`stgcnd serve` loads the daemon and nothing
-of the tools); `stgcnd --help` imports them all to list them. The global options
-(--log-level, --log-format) are accepted before or after the command.
+Each command's module exposes `register(subparsers)`, which adds its parser and sets `func`.
+The daemon's commands are listed here; the tools' are declared by the tools package itself
+(`COMMANDS` in the package named by `TOOLS`), which this module imports by that one name where
+it is installed: the daemon names no tool. Only the module of the command being run is
+imported (`stgcnd serve` loads the daemon and nothing of the tools); `stgcnd --help` imports
+them all to list them. The global options (--log-level, --log-format) are accepted before or
+after the command.
 """
 
 from __future__ import annotations
@@ -20,26 +22,27 @@ from stgcnd.errors import UserError
 from stgcnd.log import configure_logging
 from stgcnd.versions import torch_missing
 
-# command -> its module; the order here is the order in `stgcnd --help`.
+# The daemon's commands: command -> its module, in the order of `stgcnd --help`.
 COMMANDS = {
     "serve": "stgcnd.commands.serve",
     "config": "stgcnd.commands.config",
     "docs": "stgcnd.commands.docs",
-    "demo": "stgcnd_tools.commands.demo",
-    "camera-sim": "stgcnd_tools.commands.camera_sim",
-    "loadtest": "stgcnd_tools.commands.loadtest",
-    "example": "stgcnd_tools.commands.example",
     "export": "stgcnd.commands.export",
     "build": "stgcnd.commands.build",
     "validate": "stgcnd.commands.validate",
     "engines": "stgcnd.commands.engines",
-    "bench": "stgcnd_tools.commands.bench",
     "doctor": "stgcnd.commands.doctor",
-    "tegrastats": "stgcnd_tools.commands.tegrastats",
-    "logs": "stgcnd_tools.commands.logs",
     "keys": "stgcnd.commands.keys",
-    "trtexec": "stgcnd_tools.commands.trtexec",
 }
+# The package that declares the tools' commands: its COMMANDS maps each to (its module, the
+# command it follows in `stgcnd --help`). It comes with the same distribution as the daemon;
+# the daemon serves without it.
+TOOLS = "stgcnd_tools"
+TOOLS_MISSING = (
+    "the tools' commands (the demo, camera simulator, load test, benchmarks, log and "
+    "tegrastats summaries, trtexec runs) are not installed here, as the stgcnd_tools package "
+    "is missing: install stgcnd from its repository with `pip install .` (or `pip install "
+    "-e .`), which installs the daemon and its tools together")
 LOG_LEVELS = ["debug", "info", "warning", "error"]
 LOG_FORMATS = ["auto", "json", "console"]
 
@@ -66,29 +69,70 @@ class _Commands(argparse._SubParsersAction):
         return parser
 
 
+def tool_commands() -> dict[str, tuple[str, str]] | None:
+    """The tools' commands as their package declares them; None where it is not installed."""
+    try:
+        tools = importlib.import_module(TOOLS)
+    except ModuleNotFoundError as exc:
+        if exc.name != TOOLS:
+            raise  # the package is there but broken: a traceback says where
+        return None
+    return dict(tools.COMMANDS)
+
+
+def all_commands() -> dict[str, str]:
+    """Every command -> its module, in the order of `stgcnd --help`: the daemon's, each tool's
+    after the command its package says it follows (at the end if that one is not here)."""
+    order, modules = list(COMMANDS), dict(COMMANDS)
+    for name, (module, after) in (tool_commands() or {}).items():
+        if name not in modules:
+            order.insert(order.index(after) + 1 if after in order else len(order), name)
+            modules[name] = module
+    return {name: modules[name] for name in order}
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser with every command, or with `only` that one (whose module alone is
-    imported)."""
+    imported; for a daemon command the tools package is not even looked for)."""
     parser = argparse.ArgumentParser(
         prog="stgcnd",
         description="On-device inference daemon for two-stream ST-GCN action recognition.")
     parser.add_argument("--version", action="version", version=f"stgcnd {__version__}")
     _global_options(parser, defaults=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", action=_Commands)
-    for name, module in COMMANDS.items():
+    table = COMMANDS if only in COMMANDS else all_commands()
+    for name, module in table.items():
         if only is None or name == only:
             importlib.import_module(module).register(sub)
+    if only is None and tool_commands() is None:
+        parser.epilog = f"{TOOLS_MISSING[0].upper()}{TOOLS_MISSING[1:]}."
     return parser
 
 
 def command_in(argv: Sequence[str]) -> str | None:
-    """The subcommand named in argv, if any (global options' values are never commands)."""
-    return next((a for a in argv if a in COMMANDS), None)
+    """The word of argv in the command's place: the first that is neither an option nor a
+    global option's value (it may name no command)."""
+    words = iter(argv)
+    for word in words:
+        if word in ("--log-level", "--log-format"):
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(command_in(argv))
+    command = command_in(argv)
+    if command is not None and command not in COMMANDS:
+        tools = tool_commands()
+        if tools is None:
+            print(f"stgcnd: {command!r} is not a command of the daemon, and {TOOLS_MISSING}",
+                  file=sys.stderr)
+            return 2
+        if command not in tools:
+            command = None  # argparse names the choices
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
