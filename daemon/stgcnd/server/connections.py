@@ -121,6 +121,8 @@ class Connection:
     peer: str
     since: float                 # monotonic: accepted
     last_request: float = 0.0    # monotonic: its last request; 0 = none yet
+    owed: int = 0                # its requests not answered yet: never shed while it waits
+    identity: bytes = b""        # its ROUTER routing id, which its replies are sent to
 
     def quiet_since(self) -> float:
         return max(self.since, self.last_request)
@@ -163,6 +165,7 @@ class Connections:
         self.name = name
         self.quiet_gives_way = quiet_gives_way
         self.by_fd: dict[int, Connection] = {}
+        self._by_identity: dict[bytes, Connection] = {}  # those that delivered a request
         # fd -> peer key of a loopback tcp connection, its user (connections.peer_key)
         self.loopback: dict[int, str] = {}
         address = f"inproc://stgcnd-monitor-{next(_unique)}"
@@ -224,6 +227,8 @@ class Connections:
                     gate.consumed()
             elif event == _DISCONNECTED:
                 conn = self.by_fd.pop(value, None)
+                if conn is not None:
+                    self._forget(conn)
                 if failed is not None and self.on_handshake_failed is not None:
                     # No conn: it closed before its accept was read (a local client is
                     # refused within microseconds), so who it was is lost.
@@ -244,9 +249,11 @@ class Connections:
             for gate in self.gates:
                 gate.arm()
 
-    def seen(self, fd: int, peer: str, now: float) -> bool:
-        """A request from `peer` came in on connection `fd`; False when the peer is banned
-        (its connection is being closed: the request is dropped)."""
+    def seen(self, fd: int, peer: str, now: float, identity: bytes | None = None) -> bool:
+        """A request from `peer` came in on connection `fd`; given its routing id
+        (`identity`), a reply is owed to it until answered(identity) (a subscription is
+        owed none). False when the peer is banned (its connection is being closed: the
+        request is dropped, and no reply is owed)."""
         until = self._banned.get(peer) if self._banned else None
         if until is not None:
             if until > now:
@@ -258,7 +265,25 @@ class Connections:
             conn = self.by_fd.get(fd)
         if conn is not None and conn.peer == peer:  # else a reused fd: leave the new one be
             conn.last_request = now
+            if identity is None:
+                return True
+            conn.owed += 1
+            if conn.identity != identity:
+                self._forget(conn)
+                conn.identity = identity
+                self._by_identity[identity] = conn
         return True
+
+    def answered(self, identity: bytes) -> None:
+        """A reply went to `identity` (or was dropped, or will never come): one request of
+        its connection less is waiting."""
+        conn = self._by_identity.get(identity)
+        if conn is not None and conn.owed:
+            conn.owed -= 1
+
+    def _forget(self, conn: Connection) -> None:
+        if self._by_identity.get(conn.identity) is conn:
+            del self._by_identity[conn.identity]
 
     def ban(self, fd: int, peer: str, now: float, reason: str) -> None:
         """Refuse new connections of `peer` for BAN_S, and close `fd` shortly (its last
@@ -310,14 +335,15 @@ class Connections:
                    spare_new_s: float = 0.0) -> int:
         """Memory pressure (server/heap.py): close every connection that never delivered a
         request (a never-ending or huge message is never delivered), then, unless `quiet_s`
-        is None, those quiet for `quiet_s`, whatever the cap; how many were closed.
-        Connections accepted within `spare_new_s` stay: a camera's first request may still
-        be on its way."""
+        is None, those whose last request is `quiet_s` old (a huge message sent after a
+        valid request is not delivered either), whatever the cap; how many were closed.
+        A connection owed a reply stays (a camera waiting for it would lose it), and so do
+        those accepted within `spare_new_s`: a camera's first request may be on its way."""
         quiet_before = now - quiet_s if quiet_s is not None else 0.0
         new_after = now - spare_new_s
         quiet = [c for c in self.by_fd.values()
-                 if (not c.last_request and c.since <= new_after)
-                 or 0 < c.last_request <= quiet_before]
+                 if not c.owed and ((not c.last_request and c.since <= new_after)
+                                    or 0 < c.last_request <= quiet_before)]
         for conn in quiet:
             self._close(conn.fd, conn.ino)
         self.shed += len(quiet)
@@ -387,6 +413,9 @@ class Connections:
             self.refused_banned += 1
             self._close(fd, ino)
             return
+        stale = self.by_fd.get(fd)
+        if stale is not None:  # its disconnect event never came
+            self._forget(stale)
         self.by_fd[fd] = Connection(fd, ino, peer, now)
 
     def _make_room(self, now: float) -> None:
@@ -419,6 +448,7 @@ class Connections:
         conn = self.by_fd.get(fd)
         if conn is not None and conn.ino == ino:
             del self.by_fd[fd]
+            self._forget(conn)
         try:
             if os.fstat(fd).st_ino != ino:
                 return  # closed already, and the number reused by another connection

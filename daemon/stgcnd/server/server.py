@@ -53,6 +53,10 @@ GROWTH_DEFER_CHECKS = 2   # ...and, when more wait, put the cut off by at most t
 # ...and spare connections younger than this: a new camera's first request may still be on
 # its way, while a message growing the heap by GROWTH_BYTES (16 MB) at 300 MB/s is 50 ms old.
 GROWTH_SPARES_NEW_S = 0.02
+# ...and a connection that delivered a request since the last check: a camera sending ten
+# windows a second or more is never closed for growth, and a quieter one waiting for nothing
+# may be (its DEALER reconnects), as is a message sent after a valid request.
+GROWTH_QUIET_S = CHECK_EVERY_S
 # The I/O loop and the worker threads share one interpreter lock. Python's default 5 ms
 # switch interval would let a busy loop hold back a worker whose batch is done for up to
 # 5 ms; 0.5 ms bounds that hand-over at a cost of a few hundred extra switches per second.
@@ -343,10 +347,13 @@ class Server:
             return  # still reading what is waiting: the next check decides
         if over or grown:
             # Growth alone (no limit passed) is also what a batch's own allocations look
-            # like: then only connections that never delivered a request go (a message
-            # still arriving is one), never a camera waiting for its reply.
-            quiet_s, spare_new_s = (None, GROWTH_SPARES_NEW_S) if grown else (CLOSE_IDLE_S, 0.0)
-            closed = sum(c.shed_quiet(now, quiet_s, spare_new_s)
+            # like: then a connection goes only once quiet since the last check (a message
+            # still arriving delivers nothing, whatever its connection sent before), never
+            # one waiting for its reply; a subscriber, quiet by nature, only if it never
+            # subscribed.
+            closed = sum(c.shed_quiet(now, GROWTH_QUIET_S if c.quiet_gives_way else None,
+                                      GROWTH_SPARES_NEW_S) if grown
+                         else c.shed_quiet(now, CLOSE_IDLE_S)
                          for c in self._all_connections())
             if over or closed:
                 requests.errors.report("memory-pressure", event="memory_pressure",
