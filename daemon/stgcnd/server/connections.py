@@ -227,8 +227,7 @@ class Connections:
                     gate.consumed()
             elif event == _DISCONNECTED:
                 conn = self.by_fd.pop(value, None)
-                if conn is not None:
-                    self._forget(conn)
+                self._forget(conn)
                 if failed is not None and self.on_handshake_failed is not None:
                     # No conn: it closed before its accept was read (a local client is
                     # refused within microseconds), so who it was is lost.
@@ -250,10 +249,9 @@ class Connections:
                 gate.arm()
 
     def seen(self, fd: int, peer: str, now: float, identity: bytes | None = None) -> bool:
-        """A request from `peer` came in on connection `fd`; given its routing id
-        (`identity`), a reply is owed to it until answered(identity) (a subscription is
-        owed none). False when the peer is banned (its connection is being closed: the
-        request is dropped, and no reply is owed)."""
+        """A request from `peer` came in on connection `fd`, owed a reply until
+        answered(`identity`) (a subscription, no identity, is owed none); False when the
+        peer is banned (its connection is being closed: the request is dropped)."""
         until = self._banned.get(peer) if self._banned else None
         if until is not None:
             if until > now:
@@ -275,14 +273,13 @@ class Connections:
         return True
 
     def answered(self, identity: bytes) -> None:
-        """A reply went to `identity` (or was dropped, or will never come): one request of
-        its connection less is waiting."""
+        """A reply went to `identity`, was dropped or will never come: one less owed."""
         conn = self._by_identity.get(identity)
         if conn is not None and conn.owed:
             conn.owed -= 1
 
-    def _forget(self, conn: Connection) -> None:
-        if self._by_identity.get(conn.identity) is conn:
+    def _forget(self, conn: Connection | None) -> None:
+        if conn is not None and self._by_identity.get(conn.identity) is conn:
             del self._by_identity[conn.identity]
 
     def ban(self, fd: int, peer: str, now: float, reason: str) -> None:
@@ -413,9 +410,7 @@ class Connections:
             self.refused_banned += 1
             self._close(fd, ino)
             return
-        stale = self.by_fd.get(fd)
-        if stale is not None:  # its disconnect event never came
-            self._forget(stale)
+        self._forget(self.by_fd.get(fd))  # one whose disconnect event never came
         self.by_fd[fd] = Connection(fd, ino, peer, now)
 
     def _make_room(self, now: float) -> None:

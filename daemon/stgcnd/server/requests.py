@@ -118,8 +118,7 @@ class RequestPath:
         self.counters["requests"] += 1
         self.counters["errors"] += 1
         self.trim_due = True
-        # Delivered, if cut short: its connection is owed the reply below.
-        self.connections.seen(msg.fd, msg.peer, time.monotonic(), msg.identity)
+        self.connections.seen(msg.fd, msg.peer, time.monotonic(), msg.identity)  # owed a reply
         message = too_many_frames(self.limits)
         self.errors.report(ErrorCode.TOO_LARGE.value, message=message)
         self.send(msg.identity, encode_reply(request_id(msg.frames[0], self.limits),

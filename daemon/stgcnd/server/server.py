@@ -53,9 +53,8 @@ GROWTH_DEFER_CHECKS = 2   # ...and, when more wait, put the cut off by at most t
 # ...and spare connections younger than this: a new camera's first request may still be on
 # its way, while a message growing the heap by GROWTH_BYTES (16 MB) at 300 MB/s is 50 ms old.
 GROWTH_SPARES_NEW_S = 0.02
-# ...and a connection that delivered a request since the last check: a camera sending ten
-# windows a second or more is never closed for growth, and a quieter one waiting for nothing
-# may be (its DEALER reconnects), as is a message sent after a valid request.
+# ...and those that delivered a request since the last check: a camera sending 10 windows a
+# second is never cut; a quieter one owed no reply may be (its DEALER reconnects).
 GROWTH_QUIET_S = CHECK_EVERY_S
 # The I/O loop and the worker threads share one interpreter lock. Python's default 5 ms
 # switch interval would let a busy loop hold back a worker whose batch is done for up to
@@ -346,11 +345,10 @@ class Server:
         if grown and not self._read_waiting(now):
             return  # still reading what is waiting: the next check decides
         if over or grown:
-            # Growth alone (no limit passed) is also what a batch's own allocations look
-            # like: then a connection goes only once quiet since the last check (a message
-            # still arriving delivers nothing, whatever its connection sent before), never
-            # one waiting for its reply; a subscriber, quiet by nature, only if it never
-            # subscribed.
+            # Growth alone is also what a batch's own allocations look like: then a
+            # connection goes once quiet since the last check (a message still arriving
+            # delivers nothing, whatever was sent before it), never one owed a reply; a
+            # subscriber, quiet by nature, only if it never subscribed.
             closed = sum(c.shed_quiet(now, GROWTH_QUIET_S if c.quiet_gives_way else None,
                                       GROWTH_SPARES_NEW_S) if grown
                          else c.shed_quiet(now, CLOSE_IDLE_S)
