@@ -346,15 +346,17 @@ except (OSError, ConnectionError) as exc:
 
 
 @pytest.mark.timeout(240)
-def test_a_message_of_millions_of_frames_after_a_valid_request_stalls_nobody(daemon):
+@pytest.mark.parametrize("frames", [1_000_000, 5_000_000])
+def test_a_message_of_millions_of_frames_after_a_valid_request_stalls_nobody(daemon, frames):
     """A connection that delivered a request (a ping, answered) was never cut for growth:
     its 5M-frame message completed, and its frames, dropped in order, held every other
-    camera 3.8-8.1 s and lost some of their requests. Growth now cuts any connection owed no
-    reply that delivered nothing since the last check, whatever it sent before."""
+    camera 3.8-8.1 s. Growth now cuts any connection owed no reply that delivered nothing
+    for GROWTH_QUIET_S, whatever it sent before. 1M frames may arrive before that and be
+    dropped: the cameras whose requests wait behind it are not cut meanwhile (lost)."""
     d = daemon()
     code = PING_THEN_HUGE.format(here=str(REPO / "tests" / "server"),
                                  clients=str(REPO / "clients"), endpoint=d.endpoint,
-                                 frames=5_000_000)
+                                 frames=frames)
     cams = [Camera(d.endpoint, f"cam-{i}", retries=0) for i in range(3)]
     for cam in cams:
         cam.start()
@@ -381,14 +383,17 @@ def test_a_message_of_millions_of_frames_after_a_valid_request_stalls_nobody(dae
     finally:
         for cam in cams:
             cam.__exit__()
-    print(f"\nping, then 5M frames: {out}; the cameras' longest wait {worst * 1e3:.0f} ms; "
-          f"RSS {before} -> {after} kB")
+    print(f"\nping, then {frames} frames: {out}; the cameras' longest wait "
+          f"{worst * 1e3:.0f} ms; RSS {before} -> {after} kB")
     assert d.proc.poll() is None, "the daemon died:\n" + log_text(d)[-3000:]
     failures = [f for cam in cams for f in cam.failures]
     assert not failures, failures[:3]  # no retries: a request lost is a Timeout here
+    assert after - before < 24 * 1024, (before, after)
+    if frames == 1_000_000:  # cut or dropped, as it happens to arrive
+        assert out.startswith(("closed", "answered too-large")), out
+        return
     assert worst <= 2.0, f"a camera waited {worst:.2f} s"
     assert out.startswith("closed"), out  # cut while it arrived, never taken whole
-    assert after - before < 24 * 1024, (before, after)
     assert d.stop() == 0
 
 

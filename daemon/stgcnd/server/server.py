@@ -53,9 +53,10 @@ GROWTH_DEFER_CHECKS = 2   # ...and, when more wait, put the cut off by at most t
 # ...and spare connections younger than this: a new camera's first request may still be on
 # its way, while a message growing the heap by GROWTH_BYTES (16 MB) at 300 MB/s is 50 ms old.
 GROWTH_SPARES_NEW_S = 0.02
-# ...and those that delivered a request since the last check: a camera sending 10 windows a
-# second is never cut; a quieter one owed no reply may be (its DEALER reconnects).
-GROWTH_QUIET_S = CHECK_EVERY_S
+# ...and those that delivered a request within as long (a huge message is that old when
+# first seen): a camera sending 20 windows a second is never cut; a quieter one owed no reply
+# may be (its DEALER reconnects).
+GROWTH_QUIET_S = 0.05
 # The I/O loop and the worker threads share one interpreter lock. Python's default 5 ms
 # switch interval would let a busy loop hold back a worker whose batch is done for up to
 # 5 ms; 0.5 ms bounds that hand-over at a cost of a few hundred extra switches per second.
@@ -346,10 +347,13 @@ class Server:
             return  # still reading what is waiting: the next check decides
         if over or grown:
             # Growth alone is also what a batch's own allocations look like: then a
-            # connection goes once quiet since the last check (a message still arriving
+            # connection goes once quiet for GROWTH_QUIET_S (a message still arriving
             # delivers nothing, whatever was sent before it), never one owed a reply; a
-            # subscriber, quiet by nature, only if it never subscribed.
-            closed = sum(c.shed_quiet(now, GROWTH_QUIET_S if c.quiet_gives_way else None,
+            # subscriber, quiet by nature, only if it never subscribed; and while a message
+            # is dropped, only one that never delivered: the requests queued behind it
+            # cannot be read, so their cameras look quiet.
+            quiet_s = None if requests.discarding else GROWTH_QUIET_S
+            closed = sum(c.shed_quiet(now, quiet_s if c.quiet_gives_way else None,
                                       GROWTH_SPARES_NEW_S) if grown
                          else c.shed_quiet(now, CLOSE_IDLE_S)
                          for c in self._all_connections())
