@@ -54,8 +54,7 @@ GROWTH_DEFER_CHECKS = 2   # ...and, when more wait, put the cut off by at most t
 # its way, while a message growing the heap by GROWTH_BYTES (16 MB) at 300 MB/s is 50 ms old.
 GROWTH_SPARES_NEW_S = 0.02
 # ...and those that delivered a request within as long (a huge message is that old when
-# first seen): a camera sending 20 windows a second is never cut; a quieter one owed no reply
-# may be (its DEALER reconnects).
+# first seen): a camera's request read late is not taken for one.
 GROWTH_QUIET_S = 0.05
 # The I/O loop and the worker threads share one interpreter lock. Python's default 5 ms
 # switch interval would let a busy loop hold back a worker whose batch is done for up to
@@ -347,15 +346,13 @@ class Server:
             return  # still reading what is waiting: the next check decides
         if over or grown:
             # Growth alone is also what a batch's own allocations look like: then a
-            # connection goes once quiet for GROWTH_QUIET_S (a message still arriving
-            # delivers nothing, whatever was sent before it), never one owed a reply; a
-            # subscriber, quiet by nature, only if it never subscribed; and while a message
-            # is dropped, only one that never delivered: the requests queued behind it
-            # cannot be read, so their cameras look quiet.
+            # connection goes only while it sends what it has not delivered for
+            # GROWTH_QUIET_S (a message still arriving, whatever was sent before it), never
+            # one owed a reply; and while a message is dropped, only one that never
+            # delivered: the requests queued behind it cannot be read meanwhile.
             quiet_s = None if requests.discarding else GROWTH_QUIET_S
-            closed = sum(c.shed_quiet(now, quiet_s if c.quiet_gives_way else None,
-                                      GROWTH_SPARES_NEW_S) if grown
-                         else c.shed_quiet(now, CLOSE_IDLE_S)
+            closed = sum(c.shed_quiet(now, quiet_s, GROWTH_SPARES_NEW_S, sending=True)
+                         if grown else c.shed_quiet(now, CLOSE_IDLE_S)
                          for c in self._all_connections())
             if over or closed:
                 requests.errors.report("memory-pressure", event="memory_pressure",
