@@ -350,9 +350,10 @@ except (OSError, ConnectionError) as exc:
 def test_a_message_of_millions_of_frames_after_a_valid_request_stalls_nobody(daemon, frames):
     """A connection that delivered a request (a ping, answered) was never cut for growth:
     its 5M-frame message completed, and its frames, dropped in order, held every other
-    camera 3.8-8.1 s. Growth now cuts any connection owed no reply that delivered nothing
-    for GROWTH_QUIET_S, whatever it sent before. 1M frames may arrive before that and be
-    dropped: the cameras whose requests wait behind it are not cut meanwhile (lost)."""
+    camera 3.8-8.1 s. Growth now also cuts a connection that delivered a request before
+    while it keeps sending (bytes unread at two checks) and owes no reply. 1M frames may
+    arrive whole before that and be dropped: the cameras whose requests wait behind it, or
+    who sit idle, are not cut meanwhile (their requests would be lost)."""
     d = daemon()
     code = PING_THEN_HUGE.format(here=str(REPO / "tests" / "server"),
                                  clients=str(REPO / "clients"), endpoint=d.endpoint,
