@@ -46,6 +46,31 @@ def frame(body: bytes, more: bool) -> bytes:
     return bytes([flags, len(body)]) + body
 
 
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    got = b""
+    while len(got) < n:
+        part = sock.recv(n - len(got))
+        if not part:
+            raise ConnectionError("the daemon closed the connection")
+        got += part
+    return got
+
+
+def read_message(sock: socket.socket) -> list[bytes]:
+    """The next message's frames, the daemon's commands (its READY) skipped."""
+    frames: list[bytes] = []
+    while True:
+        flags, size = _exactly(sock, 2)
+        if flags & LONG:
+            size = struct.unpack(">Q", bytes([size]) + _exactly(sock, 7))[0]
+        body = _exactly(sock, size) if size else b""
+        if flags & COMMAND:
+            continue
+        frames.append(body)
+        if not flags & MORE:
+            return frames
+
+
 def main() -> None:
     endpoint, seconds = sys.argv[1], float(sys.argv[2])
     socket_type = sys.argv[3].encode() if len(sys.argv) > 3 else b"DEALER"

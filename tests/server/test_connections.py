@@ -308,6 +308,32 @@ def test_growth_spares_new_connections_and_those_that_delivered(setup):
     assert router.poll(5000)
 
 
+def test_a_connection_owed_a_reply_is_never_shed_and_one_quiet_is_whatever_it_sent(setup):
+    """Growth (server/heap.py) cuts a connection that delivered nothing for `quiet_s`, even
+    one that delivered a request before (a huge message after a ping), but never one whose
+    request is not answered yet: a camera waiting for its reply would lose it."""
+    make, peers, router = setup
+    conns = make(cap=10)
+    waiting, answered = peers.open(2)
+    settle(conns, 2)
+    identities = {}
+    for name, sock in (("waiting", waiting), ("answered", answered)):
+        sock.send(name.encode())
+        assert router.poll(5000)
+        identity, body = router.recv_multipart(copy=False)
+        fd, peer = _origin(identity)
+        assert conns.seen(fd, peer, time.monotonic(), identity.bytes)
+        identities[body.bytes.decode()] = identity.bytes
+    conns.answered(identities["answered"])
+    later = time.monotonic() + 1.0
+    assert conns.shed_quiet(later, quiet_s=0.1) == 1  # the answered one, quiet since
+    assert conns.shed_quiet(later + 60, quiet_s=0.1) == 0  # the waiting one, however long
+    settle(conns, 1)
+    conns.answered(identities["waiting"])  # its reply went: it may go too
+    assert conns.shed_quiet(later, quiet_s=0.1) == 1
+    settle(conns, 0)
+
+
 MONITOR_BACKLOG = """
 import socket, sys, time, zmq
 sys.path.insert(0, {daemon!r})

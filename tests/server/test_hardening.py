@@ -52,16 +52,17 @@ def daemon(tmp_path):
 class Camera(threading.Thread):
     """A camera sending a window every 40 ms; every call timed, every failure kept."""
 
-    def __init__(self, endpoint: str, name: str = "real") -> None:
+    def __init__(self, endpoint: str, name: str = "real", retries: int = 2) -> None:
         super().__init__(daemon=True)
-        self.endpoint, self.name = endpoint, name
+        self.endpoint, self.name, self.retries = endpoint, name, retries
         self.stop = threading.Event()
         self.latencies: list[tuple[float, float]] = []  # (start, seconds)
         self.failures: list[str] = []
 
     def run(self) -> None:
         window = np.random.default_rng(0).random((3, FRAMES, 33, 1), dtype=np.float32)
-        with Client(self.endpoint, camera_id=self.name, timeout=5.0, retries=2) as c:
+        with Client(self.endpoint, camera_id=self.name, timeout=5.0,
+                    retries=self.retries) as c:
             next_at = time.monotonic()
             while not self.stop.is_set():
                 t0 = time.monotonic()
@@ -321,6 +322,79 @@ def test_a_message_of_millions_of_frames_stalls_nobody(daemon, frames):
         (newcomers.answered, newcomers.unanswered)
     assert worst <= 2.0, f"the camera waited {worst:.2f} s"
     assert after - before < 24 * 1024, (before, after)
+    assert d.stop() == 0
+
+
+PING_THEN_HUGE = """
+import sys, time
+sys.path.insert(0, {here!r})
+sys.path.insert(0, {clients!r})
+from raw_zmtp import connect, frame, read_message
+from stgcnd_client.protocol import decode_reply, encode_request
+sock = connect({endpoint!r})
+sock.sendall(frame(encode_request("ping", 7, "attacker")[0], more=False))
+sock.settimeout(10)
+print("pong" if decode_reply(read_message(sock)).ok else "refused", flush=True)
+wire = b"\\x01\\x00" * ({frames} - 1) + b"\\x00\\x00"  # then one message of empty frames
+try:
+    sock.sendall(wire)
+    sock.settimeout(30)
+    print("answered", decode_reply(read_message(sock)).error.code, flush=True)
+except (OSError, ConnectionError) as exc:
+    print("closed", type(exc).__name__, flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("frames", [1_000_000, 5_000_000])
+def test_a_message_of_millions_of_frames_after_a_valid_request_stalls_nobody(daemon, frames):
+    """A connection that delivered a request (a ping, answered) was never cut for growth:
+    its 5M-frame message completed, and its frames, dropped in order, held every other
+    camera 3.8-8.1 s. Growth now also cuts a connection that delivered a request before
+    while it keeps sending (bytes unread at two checks) and owes no reply. 1M frames may
+    arrive whole before that and be dropped: the cameras whose requests wait behind it, or
+    who sit idle, are not cut meanwhile (their requests would be lost)."""
+    d = daemon()
+    code = PING_THEN_HUGE.format(here=str(REPO / "tests" / "server"),
+                                 clients=str(REPO / "clients"), endpoint=d.endpoint,
+                                 frames=frames)
+    cams = [Camera(d.endpoint, f"cam-{i}", retries=0) for i in range(3)]
+    for cam in cams:
+        cam.start()
+    try:
+        time.sleep(3.0)  # two stats ticks: RSS settled
+        before = process_stats(d.proc.pid)["rss_kb"]
+        attack = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            assert attack.stdout.readline().strip() == "pong"
+            t0 = time.monotonic()
+            out = attack.communicate(timeout=60)[0].strip()
+        finally:
+            if attack.poll() is None:
+                attack.kill()
+                attack.wait()
+        time.sleep(2.5)  # the trims after the cut (watched for up to 10 s more: see above)
+        deadline = time.monotonic() + 10.0
+        after = process_stats(d.proc.pid)["rss_kb"]
+        while after - before >= 24 * 1024 and time.monotonic() < deadline:
+            time.sleep(0.25)
+            after = process_stats(d.proc.pid)["rss_kb"]
+        worst = max(cam.longest_wait(t0, time.monotonic()) for cam in cams)
+    finally:
+        for cam in cams:
+            cam.__exit__()
+    print(f"\nping, then {frames} frames: {out}; the cameras' longest wait "
+          f"{worst * 1e3:.0f} ms; RSS {before} -> {after} kB")
+    assert d.proc.poll() is None, "the daemon died:\n" + log_text(d)[-3000:]
+    failures = [f for cam in cams for f in cam.failures]
+    assert not failures, failures[:3]  # no retries: a request lost is a Timeout here
+    assert after - before < 24 * 1024, (before, after)
+    if frames == 1_000_000:  # cut or dropped, as it happens to arrive
+        assert out.startswith(("closed", "answered too-large")), out
+        return
+    assert worst <= 2.0, f"a camera waited {worst:.2f} s"
+    assert out.startswith("closed"), out  # cut while it arrived, never taken whole
     assert d.stop() == 0
 
 

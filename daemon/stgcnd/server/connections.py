@@ -4,11 +4,13 @@ monitor against its share of the file-descriptor budget, and closed to make room
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import heapq
 import itertools
 import os
 import resource
 import struct
+import termios
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ _ACCEPT_FAILED = int(zmq.EVENT_ACCEPT_FAILED)
 _HANDSHAKE_FAILED = (int(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL),
                      int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL))
 _EVENT = struct.Struct("=HI")     # a monitor message's first frame: event id, value (the fd)
+_INT = struct.Struct("i")
 _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 _unique = itertools.count()
@@ -104,6 +107,28 @@ def connection_caps(configured: int, events: bool) -> tuple[int, int]:
     return requests_cap, events_cap
 
 
+def _unread(conn: Connection) -> int:
+    """Bytes the kernel holds that `conn`'s peer sent and libzmq has not read yet (FIONREAD;
+    0 when the fd is no longer that connection)."""
+    try:
+        if os.fstat(conn.fd).st_ino != conn.ino:
+            return 0
+        return int(_INT.unpack(fcntl.ioctl(conn.fd, termios.FIONREAD, bytes(4)))[0])
+    except OSError:
+        return 0
+
+
+def _still_sending(conn: Connection, now: float) -> bool:
+    """`conn` has unread bytes now and had at an earlier check, delivering nothing since."""
+    if _unread(conn) <= 0:
+        conn.sending_at = 0.0
+        return False
+    if conn.last_request < conn.sending_at < now:
+        return True
+    conn.sending_at = now
+    return False
+
+
 def _libc_shutdown() -> Callable[[int, int], int] | None:
     try:
         fn = ctypes.CDLL(None, use_errno=True).shutdown
@@ -121,6 +146,9 @@ class Connection:
     peer: str
     since: float                 # monotonic: accepted
     last_request: float = 0.0    # monotonic: its last request; 0 = none yet
+    owed: int = 0                # its requests not answered yet: never shed while it waits
+    sending_at: float = 0.0      # monotonic: a growth check that found it sending, quiet
+    identity: bytes = b""        # its ROUTER routing id, which its replies are sent to
 
     def quiet_since(self) -> float:
         return max(self.since, self.last_request)
@@ -163,6 +191,7 @@ class Connections:
         self.name = name
         self.quiet_gives_way = quiet_gives_way
         self.by_fd: dict[int, Connection] = {}
+        self._by_identity: dict[bytes, Connection] = {}  # those that delivered a request
         # fd -> peer key of a loopback tcp connection, its process or user (peers.peer_key)
         self.loopback: dict[int, str] = {}
         address = f"inproc://stgcnd-monitor-{next(_unique)}"
@@ -224,6 +253,7 @@ class Connections:
                     gate.consumed()
             elif event == _DISCONNECTED:
                 conn = self.by_fd.pop(value, None)
+                self._forget(conn)
                 if failed is not None and self.on_handshake_failed is not None:
                     # No conn: it closed before its accept was read (a local client is
                     # refused within microseconds), so who it was is lost.
@@ -244,9 +274,10 @@ class Connections:
             for gate in self.gates:
                 gate.arm()
 
-    def seen(self, fd: int, peer: str, now: float) -> bool:
-        """A request from `peer` came in on connection `fd`; False when the peer is banned
-        (its connection is being closed: the request is dropped)."""
+    def seen(self, fd: int, peer: str, now: float, identity: bytes | None = None) -> bool:
+        """A request from `peer` came in on connection `fd`, owed a reply until
+        answered(`identity`) (a subscription, no identity, is owed none); False when the
+        peer is banned (its connection is being closed: the request is dropped)."""
         until = self._banned.get(peer) if self._banned else None
         if until is not None:
             if until > now:
@@ -258,7 +289,24 @@ class Connections:
             conn = self.by_fd.get(fd)
         if conn is not None and conn.peer == peer:  # else a reused fd: leave the new one be
             conn.last_request = now
+            if identity is None:
+                return True
+            conn.owed += 1
+            if conn.identity != identity:
+                self._forget(conn)
+                conn.identity = identity
+                self._by_identity[identity] = conn
         return True
+
+    def answered(self, identity: bytes) -> None:
+        """A reply went to `identity`, was dropped or will never come: one less owed."""
+        conn = self._by_identity.get(identity)
+        if conn is not None and conn.owed:
+            conn.owed -= 1
+
+    def _forget(self, conn: Connection | None) -> None:
+        if conn is not None and self._by_identity.get(conn.identity) is conn:
+            del self._by_identity[conn.identity]
 
     def ban(self, fd: int, peer: str, now: float, reason: str) -> None:
         """Refuse new connections of `peer` for BAN_S, and close `fd` shortly (its last
@@ -307,17 +355,22 @@ class Connections:
             self._logged_at, self._logged_counts = now, counts
 
     def shed_quiet(self, now: float, quiet_s: float | None = CLOSE_IDLE_S,
-                   spare_new_s: float = 0.0) -> int:
+                   spare_new_s: float = 0.0, sending: bool = False) -> int:
         """Memory pressure (server/heap.py): close every connection that never delivered a
         request (a never-ending or huge message is never delivered), then, unless `quiet_s`
-        is None, those quiet for `quiet_s`, whatever the cap; how many were closed.
-        Connections accepted within `spare_new_s` stay: a camera's first request may still
-        be on its way."""
+        is None, those whose last request is `quiet_s` old (a huge message sent after a
+        valid request is not delivered either) and, if `sending`, that have sent bytes
+        libzmq has not read at this check and the one before, delivering nothing between:
+        a camera's request waiting there is read within one check (cutting an idle camera
+        loses the request it sends meanwhile); whatever the cap; how many were closed. A
+        connection owed a reply stays (a camera waiting for it would lose it), and so do
+        those accepted within `spare_new_s`: a camera's first request may be on its way."""
         quiet_before = now - quiet_s if quiet_s is not None else 0.0
         new_after = now - spare_new_s
         quiet = [c for c in self.by_fd.values()
-                 if (not c.last_request and c.since <= new_after)
-                 or 0 < c.last_request <= quiet_before]
+                 if not c.owed and ((not c.last_request and c.since <= new_after)
+                                    or (0 < c.last_request <= quiet_before
+                                        and (not sending or _still_sending(c, now))))]
         for conn in quiet:
             self._close(conn.fd, conn.ino)
         self.shed += len(quiet)
@@ -387,6 +440,7 @@ class Connections:
             self.refused_banned += 1
             self._close(fd, ino)
             return
+        self._forget(self.by_fd.get(fd))  # one whose disconnect event never came
         self.by_fd[fd] = Connection(fd, ino, peer, now)
 
     def _make_room(self, now: float) -> None:
@@ -419,6 +473,7 @@ class Connections:
         conn = self.by_fd.get(fd)
         if conn is not None and conn.ino == ino:
             del self.by_fd[fd]
+            self._forget(conn)
         try:
             if os.fstat(fd).st_ino != ino:
                 return  # closed already, and the number reused by another connection

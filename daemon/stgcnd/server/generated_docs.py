@@ -190,11 +190,11 @@ def hardening_limits() -> str:
          "check in all)"),
         ("memory growth", "16 MB within 0.5 s, beyond 64 KB per connection accepted meanwhile "
          "(not during a reload)",
-         "connections that never delivered a request are closed: a message of millions of "
-         "frames on a new connection is cut before it is complete",
-         "a connection that delivered a request is never closed for growth alone (a batch's "
-         "own allocations grow as fast: 43 MB for 16 joining cameras on torch CPU); a huge "
-         "message sent after a valid request is dropped frame by frame as before"),
+         "connections that never delivered a request (after 20 ms), and those, whatever they "
+         "delivered before, quiet for 50 ms with bytes unread in the kernel at two checks in a "
+         "row, are closed: a message of millions of frames is cut before it is complete",
+         "never a connection owed a reply (a batch's own allocations grow as fast: 43 MB for "
+         "16 joining cameras on torch CPU), nor an idle camera or subscriber (nothing unread)"),
         ("memory held after abuse or a burst", "", "",
          "malloc_trim once the RSS settled 8 MB above the last trim's result, or after a cut "
          "connection, an oversized message or a dropped reply (the next check, no longer the "

@@ -44,10 +44,10 @@ def give_back_free_memory() -> bool:
 
 # libzmq assembles a message whole before the daemon sees it, bounding a frame's size but
 # not a message's (docs/hardening.md). So the loop watches its resident size and closes the
-# connections that have not delivered a request lately when it is over the limit, or, when it
-# grew by GROWTH_BYTES within GROWTH_WINDOW_S, those that never delivered one: a message
-# arriving that fast is cut before it is complete. A batch's own allocations grow the heap as
-# fast, so growth alone never closes a connection that delivered a request. Freed memory goes
+# connections that have not delivered a request lately when it is over the limit, or when it
+# grew by GROWTH_BYTES within GROWTH_WINDOW_S: a message arriving that fast delivers nothing
+# and is cut before it is complete. A batch's own allocations grow the heap as fast, so a
+# connection owed a reply is never closed (server/connections.py). Freed memory goes
 # back with malloc_trim(0), which walks the heap (milliseconds): only once the RSS settled
 # TRIM_SLACK_BYTES above the last trim's, or after abuse, at most every TRIM_EVERY_S.
 class RssWatch:

@@ -124,6 +124,7 @@ class RequestPath:
         self.counters["requests"] += 1
         self.counters["errors"] += 1
         self.trim_due = True
+        self.connections.seen(msg.fd, msg.peer, time.monotonic(), msg.identity)  # owed a reply
         message = too_many_frames(self.limits)
         self.errors.report(ErrorCode.TOO_LARGE.value, message=message)
         self.send(msg.identity, encode_reply(request_id(msg.frames[0], self.limits),
@@ -141,7 +142,7 @@ class RequestPath:
     # -- one request -----------------------------------------------------------------------
     def _handle(self, msg: Incoming, received: float) -> None:
         self.counters["requests"] += 1
-        if not self.connections.seen(msg.fd, msg.peer, received):
+        if not self.connections.seen(msg.fd, msg.peer, received, msg.identity):
             return  # a banned peer's connection, closing: nobody reads an answer there
         identity = msg.identity
         key = None
@@ -272,7 +273,10 @@ class RequestPath:
         if rec.reply is not None:
             self.send(identity, rec.reply)
         elif rec.job is not None:  # queued or running: its answer goes here too
-            rec.waiting = [*rec.waiting[1 - MAX_WAITING:], identity]
+            waiting = [*rec.waiting, identity]
+            for given_up in waiting[:-MAX_WAITING]:  # the oldest resend gets no answer:
+                self.connections.answered(given_up)  # its connection waits for none
+            rec.waiting = waiting[-MAX_WAITING:]
             rec.job.deadline = deadline  # the first attempt's client has given up on it
         elif rec.window is not None:  # refused busy or expired: run it now
             rec.job = self._submit(identity, req, cam, model, rec.window, rec.extra, received,
@@ -412,6 +416,7 @@ class RequestPath:
 
     def send(self, identity: bytes, frames: list[bytes]) -> bool:
         """Send without ever blocking the loop; False when the reply was dropped."""
+        self.connections.answered(identity)  # sent or dropped, its connection waits no more
         router = self.router
         try:
             # Frame by frame with plain-int flags, past pyzmq's Python wrapper (send_multipart

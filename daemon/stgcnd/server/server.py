@@ -54,6 +54,9 @@ GROWTH_DEFER_CHECKS = 2   # ...and, when more wait, put the cut off by at most t
 # ...and spare connections younger than this: a new camera's first request may still be on
 # its way, while a message growing the heap by GROWTH_BYTES (16 MB) at 300 MB/s is 50 ms old.
 GROWTH_SPARES_NEW_S = 0.02
+# ...and those that delivered a request within as long (a huge message is that old when
+# first seen): a camera's request read late is not taken for one.
+GROWTH_QUIET_S = 0.05
 # The I/O loop and the worker threads share one interpreter lock. Python's default 5 ms
 # switch interval would let a busy loop hold back a worker whose batch is done for up to
 # 5 ms; 0.5 ms bounds that hand-over at a cost of a few hundred extra switches per second.
@@ -370,11 +373,14 @@ class Server:
         if grown and not self._read_waiting(now):
             return  # still reading what is waiting: the next check decides
         if over or grown:
-            # Growth alone (no limit passed) is also what a batch's own allocations look
-            # like: then only connections that never delivered a request go (a message
-            # still arriving is one), never a camera waiting for its reply.
-            quiet_s, spare_new_s = (None, GROWTH_SPARES_NEW_S) if grown else (CLOSE_IDLE_S, 0.0)
-            closed = sum(c.shed_quiet(now, quiet_s, spare_new_s)
+            # Growth alone is also what a batch's own allocations look like: then a
+            # connection goes only while it sends what it has not delivered for
+            # GROWTH_QUIET_S (a message still arriving, whatever was sent before it), never
+            # one owed a reply; and while a message is dropped, only one that never
+            # delivered: the requests queued behind it cannot be read meanwhile.
+            quiet_s = None if requests.discarding else GROWTH_QUIET_S
+            closed = sum(c.shed_quiet(now, quiet_s, GROWTH_SPARES_NEW_S, sending=True)
+                         if grown else c.shed_quiet(now, CLOSE_IDLE_S)
                          for c in self._all_connections())
             if over or closed:
                 requests.errors.report("memory-pressure", event="memory_pressure",
