@@ -20,9 +20,11 @@ SCAN_MAX_S = 0.02      # one scan stops here (a process may hold 100,000 fds)
 # connects cannot buy more than SCAN_BUDGET_S of the loop a second: past it, or where the
 # process cannot be seen, the caller keys the connection by its user, as before.
 class SocketOwners:
-    def __init__(self, proc: str = "/proc", budget_s: float = SCAN_BUDGET_S) -> None:
+    def __init__(self, proc: str = "/proc", budget_s: float = SCAN_BUDGET_S,
+                 scan_max_s: float = SCAN_MAX_S) -> None:
         self.proc = proc
         self.budget_s = budget_s
+        self.scan_max_s = scan_max_s
         self._owner: dict[int, int] = {}   # socket inode -> pid, from the latest scan
         self._second = 0.0                 # the second the budget counts from
         self._spent = 0.0
@@ -41,7 +43,7 @@ class SocketOwners:
         elif self._spent >= self.budget_s:
             self.over_budget += 1
             return None
-        self._owner = self._scan(uid, start + SCAN_MAX_S)
+        self._owner = self._scan(uid, start + self.scan_max_s)
         self.scans += 1
         self._spent += time.monotonic() - start
         return self._owner.get(inode)
@@ -49,12 +51,13 @@ class SocketOwners:
     def _scan(self, uid: int, deadline: float) -> dict[int, int]:
         owner: dict[int, int] = {}
         try:
-            entries = list(os.scandir(self.proc))
+            entries = [e for e in os.scandir(self.proc) if e.name.isdigit()]
         except OSError:
             return owner
+        # Newest processes first: a scan cut short by its deadline has then looked at the
+        # ones most likely to have just connected.
+        entries.sort(key=lambda e: -int(e.name))
         for entry in entries:
-            if not entry.name.isdigit():
-                continue
             try:
                 if entry.stat().st_uid != uid:
                     continue
