@@ -148,6 +148,7 @@ def values(limits: Limits) -> st.SearchStrategy[Any]:
 DELETE = object()                  # an edit that removes the key
 CAMERA_STYLES = ("plain", "plain", "plain", "max", "unicode", "nul", "mqtt", "over", "empty")
 TS_START = 1_700_000_000.0         # a Unix time: where a camera's clock starts by default
+TS_RANGE_S = 1e11                  # docs/protocol.md: a ts is above -1e11 and below 1e11
 
 
 @dataclass(frozen=True)
@@ -411,7 +412,7 @@ class Player:
 
     def _allowed(self, step: Step, header: dict[Any, Any], cam: _Camera) -> frozenset[str] | None:
         """What the protocol fixes for an otherwise valid infer or push: a `ts` that is not a
-        finite number is `malformed` (docs/protocol.md, `ts`)."""
+        number within +-TS_RANGE_S is `malformed` (docs/protocol.md, `ts`)."""
         if step.edits or step.op not in ("infer", "push") or step.model == "nope" or \
                 not isinstance(cam.name, str) or not cam.name or \
                 len(cam.name) > self.limits.max_camera_len or not math.isfinite(step.fill) or \
@@ -419,7 +420,8 @@ class Player:
             return None
         ts = header.get("ts")
         number = ts.value if isinstance(ts, F32) else ts
-        if ts is not None and (type(number) not in (int, float) or not math.isfinite(number)):
+        if ts is not None and (type(number) not in (int, float) or
+                               not -TS_RANGE_S < number < TS_RANGE_S):  # NaN included
             return frozenset({"malformed"}) | LOAD_CODES
         return None
 

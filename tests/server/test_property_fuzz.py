@@ -8,10 +8,11 @@ header keys replaced by extremes (floats at +-1.7e308, subnormals, -0.0; ints 0 
 negative; strings at and past their limits, non-UTF-8; nested maps, wrong types), cases of the
 seeded generators of tests/fuzz_messages.py, and pauses in which the events' silent-camera
 sweep runs. Properties, per request: exactly one reply, with the request's id (none lost, none
-duplicated), never `internal`, the protocol's code where it fixes one; per example: the daemon
-process alive (a death is recorded, the daemon restarted, the example failed). After the run:
-a new camera is served and its events reach the PUB socket and the broker; every events
-message, MQTT message and log line is well formed (no NaN or infinity anywhere).
+duplicated), never `internal`, `malformed` for a `ts` that is no number within +-1e11
+(docs/protocol.md); per example: the daemon process alive (a death is recorded, the daemon
+restarted, the example failed). After the run: a new camera is served and its events reach
+the PUB socket and the broker; every events message, MQTT message and log line is well
+formed (no NaN or infinity anywhere).
 
     python -m pytest -q tests/server/test_property_fuzz.py           # CI: derandomized, 1,000
     TEST_PROPERTY_FUZZ_EXAMPLES=10000 python -m pytest -q tests/server/test_property_fuzz.py
@@ -336,7 +337,10 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
         rep = run.report
         print(f"\nproperty fuzz ({'seed ' + SEED if SEED else 'derandomized'}): "
               f"{run.player.examples} examples, {rep.cases} requests in {rep.seconds:.1f} s; "
-              f"({run.paused_s:.1f} s of pauses); deaths {len(run.deaths)}; outcomes "
+              f"({run.paused_s:.1f} s of pauses); deaths {len(run.deaths)}, lost "
+              f"{rep.violation_counts['exactly one reply (none came)']}, duplicated "
+              f"{rep.violation_counts['exactly one reply (an extra reply came)']}, internal "
+              f"{rep.outcomes['internal']}; outcomes "
               f"{dict(rep.outcomes)}; seconds by kind "
               f"{ {k: round(v, 1) for k, v in rep.kind_seconds.most_common()} }; events on "
               f"PUB {len(pub)}, on MQTT {len(broker_messages)}")
