@@ -146,7 +146,8 @@ def values(limits: Limits) -> st.SearchStrategy[Any]:
 # -- a scenario -------------------------------------------------------------------------------
 
 DELETE = object()                  # an edit that removes the key
-CAMERA_STYLES = ("plain", "plain", "plain", "max", "unicode", "nul", "mqtt", "over", "empty")
+CAMERA_STYLES = ("plain", "plain", "plain", "max", "unicode", "nul", "control", "mqtt", "over",
+                 "empty")
 TS_START = 1_700_000_000.0         # a Unix time: where a camera's clock starts by default
 TS_RANGE_S = 1e11                  # docs/protocol.md: a ts is above -1e11 and below 1e11
 
@@ -296,6 +297,8 @@ def camera_name(style: str, tag: str, limits: Limits) -> Any:
         return f"kamera-\u00e9\u4e2d\U0001f4f7-{tag}"
     if style == "nul":
         return f"nul\x00{tag}"
+    if style == "control":  # what a broker refuses in a topic as malformed UTF-8
+        return f"c\x01\x7f\x85\ufdd0\uffff-{tag}"
     if style == "mqtt":  # not a valid MQTT topic level: the sink must cope
         return f"a/+/#/{tag}"
     if style == "over":
