@@ -379,6 +379,8 @@ def test_errors_are_stable_codes_never_internal(fuzzed: Outcome) -> None:
 
 def test_the_fuzz_reached_predictions_and_events(fuzzed: Outcome) -> None:
     """The scenarios get past decoding: predictions, `ts` refusals, events on both sinks."""
+    if fuzzed.run.failure is not None:
+        pytest.skip("the run stopped at its first failing example (test_every_example_holds)")
     rep = fuzzed.run.report
     assert rep.cases >= EXAMPLES, (rep.cases, EXAMPLES)
     assert {"ok", "malformed", "unknown-model", "bad-shape"} <= set(rep.outcomes), rep.outcomes
