@@ -58,7 +58,7 @@ LIMITS = Limits(max_message_bytes=MAX_MESSAGE_BYTES)
 EXAMPLES = int(os.environ.get("TEST_PROPERTY_FUZZ_EXAMPLES", "1000"))
 SEED = os.environ.get("TEST_FUZZ_SEED")
 SHRINK = bool(os.environ.get("TEST_PROPERTY_FUZZ_SHRINK"))
-EVENT_IDLE_S = 0.3   # the silent-camera sweep ends a camera's events this soon: every example's
+EVENT_IDLE_S = 0.2   # the silent-camera sweep ends a camera's events this soon: every example's
 
 # The noop backend's zero logits give P = 0.5 on every window: at enter 0.5 a camera's
 # predictions start an event, which the sweep ends once the camera falls silent, so every
