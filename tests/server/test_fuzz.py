@@ -23,6 +23,7 @@ import os
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgpack
@@ -107,11 +108,15 @@ class FuzzRunner:
     Cases with a fresh integer id use one long-lived DEALER: any reply that is not for the
     current case is a stray. A case whose reply cannot be told apart by id (no integer id, or
     a repeated one) gets a DEALER of its own, polled for strays until the run ends.
+    `alive`: whether the daemon process still runs, so that a reply is not awaited from a
+    dead one for REPLY_TIMEOUT_S (tests/server/test_property_fuzz.py restarts it).
     """
 
-    def __init__(self, endpoint: str, report: FuzzReport) -> None:
+    def __init__(self, endpoint: str, report: FuzzReport,
+                 alive: Callable[[], bool] | None = None) -> None:
         self.endpoint = endpoint
         self.report = report
+        self.alive = alive
         self.ctx = zmq.Context.instance()
         self.main = self._socket()
         self.main_ids: dict[int, str] = {}  # id -> case description
@@ -182,7 +187,12 @@ class FuzzRunner:
         for other, _ in self.own:
             poller.register(other, zmq.POLLIN)
         while time.monotonic() < deadline:
-            ready = dict(poller.poll(max(1, int((deadline - time.monotonic()) * 1000))))
+            if self.alive is not None and not self.alive() and not poller.poll(100):
+                return None  # dead, and nothing it sent before it died is left to read
+            wait_s = deadline - time.monotonic()
+            if self.alive is not None:
+                wait_s = min(wait_s, 0.2)
+            ready = dict(poller.poll(max(1, int(wait_s * 1000))))
             for s in ready:
                 if s is sock and s is not self.main:
                     return s.recv_multipart()

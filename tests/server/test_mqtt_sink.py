@@ -41,6 +41,30 @@ def broker(tmp_path):
 
 
 @needs_mosquitto
+def test_camera_ids_a_broker_refuses_in_a_topic_are_escaped_and_cut_nothing(broker):
+    """Issue #41 (found by tests/server/test_property_fuzz.py): a camera id with a control
+    character or a Unicode non-character made a topic Mosquitto takes for malformed UTF-8: it
+    cut the connection at that message, and the sink resent it at every reconnect, so one
+    client's camera id held back every camera's events."""
+    odd = ["c\x01", "c\x1f", "c\x7f", "c\x85", "c\ufdd0", "c\uffff", "c\U0001fffe"]
+    recorder = Recorder(broker, "site/#")
+    sink = MqttSink(MqttConfig(broker=broker.url, client_id="sink-odd", topic_prefix="site"))
+    try:
+        for n, camera in enumerate([*odd, "door-1"]):
+            sink.send(event(camera, "start", n))
+        got = recorder.wait_for(len(odd) + 1, timeout=10)
+        assert [e["camera"] for e in got] == [*odd, "door-1"]
+        topics = [t for t, _, _ in recorder.messages if t.endswith("/event")]
+        assert topics[:2] == ["site/c%01/event", "site/c%1F/event"]
+        assert topics[3:6] == ["site/c%C2%85/event", "site/c%EF%B7%90/event",
+                               "site/c%EF%BF%BF/event"]
+        assert sink.stats()["connects"] == 1
+    finally:
+        sink.close()
+        recorder.close()
+
+
+@needs_mosquitto
 def test_events_arrive_on_the_camera_topic_and_its_state_is_retained(broker):
     recorder = Recorder(broker, "site/#")
     sink = MqttSink(MqttConfig(broker=broker.url, client_id="sink-a", topic_prefix="site"))

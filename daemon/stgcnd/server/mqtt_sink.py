@@ -37,9 +37,15 @@ IN_FLIGHT = 20       # messages handed to paho and not yet acknowledged (paho's 
 KEEPALIVE_S = 30     # a broker silent this long is taken for gone: reconnect
 FLUSH_S = 2.0        # at shutdown, how long the last messages may take to be acknowledged
 STOP_S = 1.0         # ... and paho's thread to stop (it may be in a connect attempt)
-# Characters a topic level cannot carry as they are (a level separator, the wildcards, NUL),
-# and % itself: a camera id is written with these escaped as in a URL (%2F for /).
-_ESCAPE = str.maketrans({c: f"%{ord(c):02X}" for c in "%/+#\0"})
+# Characters a topic level cannot carry as they are: the level separator, the wildcards, and
+# what brokers refuse in a topic as malformed UTF-8 (NUL, the other control characters and
+# the Unicode non-characters: Mosquitto cuts the connection, and the message that caused it
+# would be resent into the same cut at every reconnect); and % itself. A camera id is written
+# with these escaped as in a URL, each byte of their UTF-8 as %XX (%2F for /, %C2%85 for U+85).
+_UNSAFE = "%/+#" + "".join(map(chr, [
+    *range(0x20), *range(0x7F, 0xA0), *range(0xFDD0, 0xFDF0),
+    *(plane + last for plane in range(0, 0x110000, 0x10000) for last in (0xFFFE, 0xFFFF))]))
+_ESCAPE = str.maketrans({c: "".join(f"%{b:02X}" for b in c.encode()) for c in _UNSAFE})
 
 
 def topic_level(camera: str) -> str:
