@@ -1,13 +1,11 @@
-"""What the daemon says of each camera besides its replies, behind the one object the server
-and the request path hold: skeleton quality (telemetry/skeleton_quality.py), feed health
-(server/feed_health.py), action events (server/events.py: the rules) and where messages go
+"""What the daemon says of each camera besides its replies, behind one object: skeleton
+quality, feed health, action events (server/events.py: the rules) and where messages go
 besides the log (server/event_publisher.py: the subscriber socket, heartbeats, snapshots,
 MQTT). The request path tells it of each infer or push once, where it is decided (`frame` or
 `refused`), and of each prediction (`observe`); the loop calls it every pass (`read`, `beat`),
-every sweep (`expire_silent`) and every stats tick (`tick`); a camera reset, evicted, idle or
-met by a fault is `forget`. The rules load only where a model has [models.events], the
-publisher only where events_endpoint or [events.mqtt] is set: a daemon without events loads
-neither, and calls nothing of them per request.
+sweep (`expire_silent`) and stats tick (`tick`); a camera reset, evicted, idle or met by a
+fault is `forget`. The rules load only where a model has [models.events], the publisher only
+where events_endpoint or [events.mqtt] is set: a daemon without events loads neither.
 """
 
 from __future__ import annotations
@@ -40,8 +38,6 @@ Watched = Dict[str, "tuple[EventsConfig, tuple[str, ...]]"]
 
 class Rules(Protocol):
     """server/events.py's Events, as the hub uses it (its module loads only where watched)."""
-
-    configs: Watched
 
     def configure(self, models: Watched, now: float, wall: float) -> list[Event]: ...
     def observe_window(self, camera: str, model: str, probs: Sequence[float], now: float,

@@ -69,7 +69,9 @@ class RequestPath:
         # Told of every infer and push once, where it is decided (frame or refused), of
         # every prediction, and of a camera reset, evicted or met by a fault.
         self.events = events
-        self._counted = False  # this request's pose counted (events.frame): not sent twice
+        # This request's pose counted (events.frame, which counts it sent): a refusal after
+        # that (_reject), whatever its reason, does not count it sent again.
+        self._counted = False
         self.counters = {"requests": 0, "errors": 0, "busy": 0, "expired": 0,
                          "replies_dropped": 0}
         self.trim_due = False  # abuse left memory behind: give it back at the stats tick
@@ -253,7 +255,8 @@ class RequestPath:
         if op == "infer":
             self._infer(identity, req, cam, model, received, deadline, ts)
         else:
-            self._count(cam.name, req.arrays[0])  # the frame is kept even when busy
+            self._counted = True
+            self.events.frame(cam.name, req.arrays[0])  # the frame is kept even when busy
             self._push(identity, req, cam, model, received, deadline, ts)
 
     def _infer(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
@@ -266,13 +269,8 @@ class RequestPath:
             return
         rec = cam.infers[model.name] = Sent(req.id, {}, window=window)
         rec.job = self._submit(identity, req, cam, model, window, {}, received, deadline, ts)
-        self._count(cam.name, window)  # a window refused busy is no frame seen
-
-    def _count(self, camera: str, pose: np.ndarray) -> None:
-        """The request's pose counted by skeleton quality, which counts it sent: a refusal
-        after this (_reject) is not sent again, whatever its reason."""
         self._counted = True
-        self.events.frame(camera, pose)
+        self.events.frame(cam.name, window)  # a window refused busy is no frame seen
 
     def _resend(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
                 rec: Sent, received: float, deadline: float | None, ts: float | None) -> None:
