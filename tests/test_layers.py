@@ -64,7 +64,9 @@ LAZY_PLACES = {
                                     # only for a model whose backend is auto
     "stgcnd.cli",                   # the command being run
     "stgcnd.telemetry.sampler",     # pynvml (the optional `nvml` extra)
-    "stgcnd.server.events",         # the MQTT sink (paho) where [events.mqtt] is configured
+    "stgcnd.server.event_hub",      # the event rules where a model has [models.events], the
+                                    # publisher where events_endpoint or [events.mqtt] is set
+    "stgcnd.server.event_publisher",  # the MQTT sink (paho) where [events.mqtt] is configured
     "stgcnd.server.server",         # start_curve(): the CURVE key handler where CURVE is on
     "stgcnd.server.models",         # Planner.for_gpu(): the memory plan, for a GPU model only
     "stgcnd_tools.logs.plot",       # matplotlib

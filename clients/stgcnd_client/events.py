@@ -22,7 +22,7 @@ from .errors import EventsGap, NoHeartbeat
 
 Event = Dict[str, Union[str, float]]  # see docs/protocol.md "Events" for the keys
 
-HEARTBEAT_TOPIC = b"\xffheartbeat"  # the daemon's (server/events.py): no camera id's
+HEARTBEAT_TOPIC = b"\xffheartbeat"  # the daemon's (server/event_publisher.py): no camera id's
 MISSED_HEARTBEATS = 3  # silent this many heartbeat intervals: the daemon is gone
 # Until the first heartbeat: the connection, a CURVE handshake, the subscription reaching the
 # daemon (each is answered with a heartbeat at once) and a daemon still starting.

@@ -87,7 +87,7 @@ def stopped(server: Server, thread: threading.Thread) -> int | None:
 def test_a_fault_in_one_cameras_events_is_that_cameras_alone(tmp_path, monkeypatch):
     server = in_process(tmp_path)
     endpoint = server.config.endpoint
-    events = server.events.events
+    events = server.events.rules
     observe, broken = events.observe, {"bad"}
 
     def faulty(camera, *args, **kwargs):  # a bug in the events, met for `bad` only
@@ -135,8 +135,8 @@ def test_a_fault_in_the_sweep_or_the_stats_tick_is_one_line_and_the_loop_goes_on
         raise RuntimeError("injected")
 
     monkeypatch.setattr(server.events, "expire_silent", broken)  # every 0.1 s
-    monkeypatch.setattr(server.events, "judge_feeds", broken)    # every tick's report (0.2 s)
-    monkeypatch.setattr(server.events, "tidy", broken)           # ... and its housekeeping
+    monkeypatch.setattr(server.events, "tick", broken)           # every tick's report (0.2 s)
+    monkeypatch.setattr(server.cameras, "reclaim_idle", broken)  # ... and its housekeeping
     with capture_logs() as logs:
         thread = serving(server)
         try:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import zmq
 
-from stgcnd.server.events import HEARTBEAT_TOPIC
+from stgcnd.server.event_publisher import HEARTBEAT_TOPIC
 from stgcnd_client import Client, Events, NoHeartbeat
 from tests.server.daemon_harness import Daemon, stop_by_pid
 from tests.server.test_events import EVENTS_MODEL

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import zmq
 
-from stgcnd.server.events import MAX_SUBSCRIPTIONS
+from stgcnd.server.event_publisher import MAX_SUBSCRIPTIONS
 from stgcnd_client import Client
 from stgcnd_client import Events as Subscriber
 from tests.conftest import REPO

@@ -106,10 +106,10 @@ def test_coordinates_in_minus_three_to_three_and_pixels_are_out_of_frame():
 def test_refusals_are_counted_in_what_a_camera_sent():
     q = SkeletonQuality()
     q.add("cam1", frame(0.5, 0.5))
-    q.refused("cam1", busy=True, push=True, known=True)   # a push's frame: counted above
-    q.refused("cam1", busy=True, push=False, known=True)  # an infer's window: not counted
-    q.refused("cam1", busy=False, push=True, known=True)  # NaN: refused before it counted
-    q.refused("nan-cam", busy=False, push=False, known=False)  # refused from the first
+    q.refused("cam1", busy=True, known=True, counted=True)  # a push's frame: counted above
+    q.refused("cam1", busy=True, known=True)  # an infer's window: not counted
+    q.refused("cam1", busy=False, known=True)  # NaN: refused before it counted
+    q.refused("nan-cam", busy=False, known=False)  # refused from the first
     by = {r["camera"]: r for r in q.drain(["cam1"])[0]}
     assert (by["cam1"]["sent"], by["cam1"]["refused_busy"], by["cam1"]["refused_input"]) == \
         (3, 2, 1)
@@ -119,8 +119,8 @@ def test_refusals_are_counted_in_what_a_camera_sent():
 def test_strangers_are_counted_up_to_a_bound_each_interval():
     q = SkeletonQuality()
     for i in range(MAX_STRANGERS + 10):
-        q.refused(f"invented-{i}", busy=False, push=False, known=False)
-    q.refused("slotted", busy=False, push=False, known=True)
+        q.refused(f"invented-{i}", busy=False, known=False)
+    q.refused("slotted", busy=False, known=True)
     assert len(q.drain([])[0]) == MAX_STRANGERS + 1
-    q.refused("invented-x", busy=False, push=False, known=False)   # a new interval
+    q.refused("invented-x", busy=False, known=False)   # a new interval
     assert [r["camera"] for r in q.drain([])[0]] == ["invented-x"]

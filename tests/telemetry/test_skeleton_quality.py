@@ -77,7 +77,7 @@ def test_a_window_counts_its_newest_frame():
 
 def test_silent_and_blocked_cameras():
     q = SkeletonQuality()
-    q.refused("busy-cam", busy=True, push=False, known=True)
+    q.refused("busy-cam", busy=True, known=True)
     records, _ = q.drain(["quiet-cam", "busy-cam"])
     by = {r["camera"]: r for r in records}
     assert by["quiet-cam"]["silent"] and not by["quiet-cam"]["blocked"]

@@ -2,53 +2,22 @@
 so that a site gets "started on cam3 at 14:02:11, ended 14:02:19, peak 0.93" instead of one
 probability a window. Plain Python on the I/O loop; times come from the caller, so scripted
 sequences test it exactly: the daemon's clocks, or a camera's own (its frames' `ts`), so that
-a loaded daemon answering late neither makes nor hides an event.
+a loaded daemon answering late neither makes nor hides an event. The rules alone: what says
+and publishes their events is server/event_hub.py's, which loads this only for a watched model.
 """
 
 from __future__ import annotations
 
 import collections
-import os
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Dict, Mapping, Protocol, Sequence
+from typing import Dict, Mapping, Sequence
 
-import msgpack
 import numpy as np
-import zmq
 
-from stgcnd.errors import UserError
-from stgcnd.log import get_logger
 from stgcnd.server.cameras import CameraState
-from stgcnd.server.config import Config, EventsConfig, ServerConfig
-from stgcnd.server.connections import Connections
-from stgcnd.server.curve_policy import KeyHandler
-from stgcnd.server.feed_health import FeedHealth
-from stgcnd.server.models import ServedModel
-from stgcnd.server.peers import keyed_per_connection, peer_key
-from stgcnd.server.snapshots import PEER_SUBSCRIPTION_MESSAGES, SNAPSHOT_INTERVAL_S, SnapshotAsks
-from stgcnd.server.transport import HANDSHAKE_MS, bind_endpoint
-from stgcnd.telemetry.skeleton_quality import Record
-
-log = get_logger(__name__)
+from stgcnd.server.config import EventsConfig
 
 Event = Dict[str, object]
-
-EVENTS_SNDHWM = 1000           # events queued per subscriber (a few hundred bytes each)
-MAX_SUBSCRIPTION_BYTES = 1024  # a camera id is at most 128 characters (512 bytes of UTF-8)
-MAX_SUBSCRIPTIONS = 1024       # topics one events connection may hold
-MAX_SUBSCRIPTION_MESSAGES = 8192  # (un)subscriptions one connection may send, ever
-READ_BURST = 256               # subscriptions read per loop pass
-HEARTBEAT_TOPIC = b"\xffheartbeat"  # no camera id's topic: 0xFF is never in UTF-8
-_SRCFD = int(zmq.SRCFD)
-
-
-def _user(frame: zmq.Frame) -> str:
-    try:
-        return str(frame.get("User-Id"))
-    except zmq.ZMQError:
-        return ""
 
 
 # The state machine of one (camera, model, class):
@@ -236,6 +205,19 @@ class Events:
                 track.below_since = None   # back above exit: the dropout is forgiven
         return out
 
+    def observe_window(self, camera: str, model: str, probs: Sequence[float], now: float,
+                       wall: float, window: np.ndarray, ts: float | None = None
+                       ) -> list[Event]:
+        """A prediction of `window` (3, T, V, M); its usable share is computed only here,
+        for a watched model. `ts`: the client's time of the window (its last frame), which
+        is then the events' clock (docs/protocol.md, `ts`)."""
+        watched = self.configs.get(model)
+        if watched is None:
+            return []
+        usable = usable_share(window, watched[0].usable_visibility)
+        return self.observe(camera, model, probs, now, wall, usable) if ts is None else \
+            self.observe(camera, model, probs, ts, ts, usable, heard=now)
+
     def _hold(self, camera: str, model: str, labels: Sequence[str], i: int, track: Track,
               now: float, wall: float, reason: str) -> list[Event]:
         """An event's window below exit (or without a person): the end once such windows have
@@ -337,263 +319,3 @@ class Events:
 def _ms(wall: float) -> int:
     """Unix time in whole milliseconds, rounded: how events report times."""
     return round(wall * 1e3)
-
-
-class Sink(Protocol):
-    """Where the feed's messages go besides the XPUB socket (server/mqtt_sink.py)."""
-
-    def send(self, message: Mapping[str, object]) -> None: ...
-    def stats(self) -> dict[str, object]: ...
-    def close(self) -> None: ...
-
-
-class EventFeed:
-    """The events of every watched model: each one a log line (`action_event`) and, where
-    `events_endpoint` is set, a message on an XPUB socket: [camera id, msgpack map]. A slow
-    subscriber loses messages at its high-water mark (the daemon never waits for one) and sees
-    the gap by their numbers; heartbeats and snapshots: docs/protocol.md §11. Each event goes
-    to the sinks too ([events.mqtt]), which never wait either.
-
-    The socket is guarded like the requests one: its connections are counted and gated
-    (server/connections.py), a subscription longer than any camera id drops its connection
-    inside libzmq (MAXMSGSIZE), and the loop reads every subscription (XPUB_VERBOSER), so
-    that a subscriber over MAX_SUBSCRIPTIONS, or sending more than MAX_SUBSCRIPTION_MESSAGES,
-    is cut off and its peer banned, and one whose CURVE key was revoked is cut at the reload.
-    """
-
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], config: Config,
-                 curve: KeyHandler | None = None, cap: int = 0) -> None:
-        """`curve`: CURVE for the socket (server/curve.py), where the daemon has it: a
-        subscriber then needs an authorized key (any: camera bindings are not applied).
-        `cap`: the most subscriber connections (server/connections.py's split_budget)."""
-        self.events = Events()
-        self.health = FeedHealth()
-        self.curve = curve
-        self._pub: zmq.Socket[bytes] | None = None
-        self.connections: Connections | None = None
-        self._ipc_path: Path | None = None
-        self._subscribed: dict[int, tuple[int, int, int]] = {}  # fd -> (inode, now, ever)
-        self._users: dict[int, tuple[int, str]] = {}  # fd -> (inode, CURVE key)
-        self.refused_subscribers = 0
-        self.run = os.urandom(8).hex()  # a restart is a new run: its seq starts again at 1
-        self._seq, self._next_beat = 0, 0.0
-        self._heartbeat_s = config.server.events_heartbeat_s
-        self.snapshots = SnapshotAsks()  # who asked for one, when each may have it
-        endpoint = config.server.events_endpoint
-        if endpoint:
-            pub = ctx.socket(zmq.XPUB)
-            pub.setsockopt(zmq.LINGER, 200)  # the shutdown's end events, if they can go
-            pub.setsockopt(zmq.SNDHWM, EVENTS_SNDHWM)
-            pub.setsockopt(zmq.XPUB_VERBOSER, 1)  # every (un)subscription, for the counts
-            pub.setsockopt(zmq.MAXMSGSIZE, MAX_SUBSCRIPTION_BYTES)
-            pub.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_MS)
-            if curve is not None:
-                curve.secure(pub)
-            self.connections = Connections(ctx, pub, max(cap, 1), name="events",
-                                           quiet_gives_way=False)
-            try:
-                self._ipc_path = bind_endpoint(pub, endpoint, config.server.socket_mode,
-                                               f"cannot publish events on {endpoint}",
-                                               "choose another events_endpoint")
-            except UserError:
-                self.connections.close()
-                pub.close(0)
-                raise
-            self.connections.gate_listeners()
-            self._pub = pub
-        self.sinks: dict[str, Sink] = {}
-        if config.events.mqtt is not None:  # paho loads only where a broker is configured
-            from stgcnd.server.mqtt_sink import MqttSink
-            self.sinks["mqtt"] = MqttSink(config.events.mqtt)
-
-    @property
-    def socket(self) -> zmq.Socket[bytes] | None:
-        return self._pub
-
-    def read(self, now: float) -> bool:
-        """The subscriptions waiting (at most READ_BURST a pass): each is counted against its
-        connection, which is cut off past the limits or when its key is not (or no longer)
-        authorized. True when none was left waiting."""
-        pub, connections = self._pub, self.connections
-        if pub is None or connections is None:
-            return True
-        for _ in range(READ_BURST):
-            try:
-                frame = pub.recv(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return True
-            try:
-                fd = int(frame.get(_SRCFD))
-                peer = peer_key(str(frame.get("Peer-Address")), fd, connections.loopback)
-            except zmq.ZMQError:  # a pipe's end (libzmq's own unsubscription): no origin
-                continue
-            if not connections.seen(fd, peer, now):
-                continue  # a banned peer's: its connection is being closed
-            conn = connections.by_fd.get(fd)
-            if conn is None:
-                continue
-            ino, held, ever = self._subscribed.get(fd, (conn.ino, 0, 0))
-            if ino != conn.ino:
-                held, ever = 0, 0  # a reused number: a new subscriber
-            subscribe = frame.bytes[:1] == b"\x01"
-            held = held + 1 if subscribe else max(held - 1, 0)
-            self._subscribed[fd] = (conn.ino, held, ever + 1)
-            if held > MAX_SUBSCRIPTIONS or ever + 1 > MAX_SUBSCRIPTION_MESSAGES:
-                self.refused_subscribers += 1
-                self._subscribed.pop(fd, None)
-                connections.ban(fd, peer, now, f"more than {MAX_SUBSCRIPTIONS} subscriptions "
-                                f"or {MAX_SUBSCRIPTION_MESSAGES} (un)subscriptions on one "
-                                "events connection")
-                continue
-            if self.snapshots.over(peer, now) and (ever + 1 > MAX_SUBSCRIPTIONS
-                                                   or not keyed_per_connection(peer)):
-                self._refuse_churner(fd, peer, now)
-                continue
-            if self.curve is not None:
-                user = _user(frame)
-                self._users[fd] = (conn.ino, user)
-                if user not in self.curve.keys:
-                    self._cut(fd, user, "key-revoked")
-                    continue
-            if subscribe:
-                self.snapshots.subscribe(fd, conn.ino, peer, frame.bytes[1:], now)
-            else:
-                self.snapshots.unsubscribe(fd, conn.ino, frame.bytes[1:])
-        return False
-
-    def _refuse_churner(self, fd: int, peer: str, now: float) -> None:
-        """A peer over its (un)subscriptions per interval (server/snapshots.py): banned, one
-        log line an interval. A loopback user's or a connection's peer is not refused as a
-        whole: each of its connections that sent more than a subscriber may hold is closed
-        (quietly after the first), and one that sent less (a legitimate subscriber of the
-        same user) is spared."""
-        assert self.connections is not None
-        self.refused_subscribers += 1
-        self._subscribed.pop(fd, None)
-        if self.snapshots.first_refusal(peer):
-            self.connections.ban(fd, peer, now, f"more than {PEER_SUBSCRIPTION_MESSAGES} "
-                                 f"(un)subscriptions in {SNAPSHOT_INTERVAL_S:g} s over one "
-                                 "peer's events connections")
-        else:
-            self.connections.close_connection(fd)
-
-    def beat(self, now: float) -> None:
-        """Every loop pass: the snapshots due (server/snapshots.py), then a heartbeat where a
-        topic answered receives it, which also comes every `events_heartbeat_s`."""
-        if self._pub is None:
-            return
-        topics = self.snapshots.due(now)
-        if topics:
-            self.emit([e for e in self.events.snapshot(time.time())
-                       if any(str(e["camera"]).encode().startswith(t) for t in topics)])
-        if not (topics and any(HEARTBEAT_TOPIC.startswith(t) for t in topics)) and (
-                not self._heartbeat_s or now < self._next_beat):
-            return
-        self._next_beat = now + self._heartbeat_s
-        self.emit([{"kind": "heartbeat", "at": round(time.time(), 3),
-                    "open": self.events.open_events(), "interval_s": self._heartbeat_s}])
-
-    def drop_revoked(self) -> None:
-        """After a reload of the authorized keys: cut every subscriber whose key went (its
-        SUB reconnects, and the handshake refuses the key)."""
-        if self.curve is None or self.connections is None:
-            return
-        keys = self.curve.keys
-        for fd, (_, user) in list(self._users.items()):
-            if user not in keys:
-                self._cut(fd, user, "key-revoked")
-
-    def tidy(self) -> None:
-        """Forget the counts of connections that are gone (every stats tick)."""
-        if self.connections is None:
-            return
-        live = self.connections.by_fd
-        self.snapshots.tidy({fd: c.ino for fd, c in live.items()}, time.monotonic())
-        for table in (self._subscribed, self._users):
-            for fd in [fd for fd, v in table.items()
-                       if fd not in live or live[fd].ino != v[0]]:
-                del table[fd]
-
-    def _cut(self, fd: int, user: str, reason: str) -> None:
-        assert self.connections is not None
-        ino = self._users.pop(fd, (0, ""))[0]
-        self._subscribed.pop(fd, None)
-        conn = self.connections.by_fd.get(fd)
-        if conn is not None and conn.ino == ino and self.connections.close_connection(fd):
-            log.warning("events_subscriber_cut", client_key=user, reason=reason)
-
-    def configure(self, models: Mapping[str, ServedModel]) -> None:
-        """The rules of the models served (start, reload; after a policy-only reload their
-        config and labels are the new ones)."""
-        watched = {name: (m.config.events, m.labels) for name, m in models.items()
-                   if m.config.events is not None}
-        self.emit(self.events.configure(watched, time.monotonic(), time.time()))
-
-    def observe(self, camera: str, model: str, probs: Sequence[float], now: float,
-                window: np.ndarray, ts: float | None = None) -> None:
-        """A prediction of `window` (3, T, V, M); its usable share is computed only here,
-        for a watched model. `ts`: the client's time of the window (its last frame), which
-        is then the events' clock (docs/protocol.md, `ts`)."""
-        watched = self.events.configs.get(model)
-        if watched is not None:
-            usable = usable_share(window, watched[0].usable_visibility)
-            self.emit(self.events.observe(camera, model, probs, now, time.time(), usable)
-                      if ts is None else
-                      self.events.observe(camera, model, probs, ts, ts, usable, heard=now))
-
-    def expire_silent(self, now: float, cameras: Mapping[str, CameraState]) -> None:
-        """The loop's frequent check (every CHECK_EVERY_S): cameras gone silent."""
-        self.emit(self.events.expire_silent(now, time.time(), cameras))
-
-    def judge_feeds(self, records: list[Record], config: ServerConfig) -> None:
-        """Every stats interval: the feeds whose health changed (kind feed)."""
-        self.emit(self.health.update(records, time.time(), config))
-
-    def forget(self, camera: str, reason: str) -> int:
-        """`camera`'s open events end (`reason`) and its tracks go; how many ended."""
-        ended = self.events.forget(camera, time.monotonic(), time.time(), reason)
-        self.emit(ended)
-        return len(ended)
-
-    def close(self) -> None:
-        """End every open event (reason: shutdown), then close the socket."""
-        self.emit(self.events.close_all(time.monotonic(), time.time(), "shutdown"))
-        for sink in self.sinks.values():
-            sink.close()
-        if self.connections is not None:
-            self.connections.close()
-        if self._pub is not None:
-            self._pub.close()
-            self._pub = None
-        if self._ipc_path is not None:
-            self._ipc_path.unlink(missing_ok=True)
-
-    def emit(self, events: list[Event]) -> None:
-        """Every message the daemon publishes goes through here: numbered, starts and ends
-        logged (`action_event`), feeds' changes too (`feed_health`, at warning but for a
-        recovery), sent. An XPUB drops at a subscriber's high-water mark."""
-        for event in events:
-            self._seq += 1
-            message = {**event, "seq": self._seq, "run": self.run}
-            kind = event["kind"]
-            if kind in ("start", "end"):
-                log.info("action_event", **message)
-            elif kind == "feed":
-                (log.info if event["state"] == "ok" else log.warning)("feed_health", **message)
-            if self._pub is not None:
-                topic = HEARTBEAT_TOPIC if kind == "heartbeat" else str(event["camera"]).encode()
-                self._pub.send_multipart([topic, msgpack.packb(message)], zmq.NOBLOCK)
-            if kind not in ("heartbeat", "snapshot"):  # a broker keeps its own state topic
-                for sink in self.sinks.values():
-                    sink.send(message)
-
-    def stats(self) -> dict[str, object]:
-        """`stats`' feeds, events_connections (with an events socket), events_SINK (each sink)."""
-        out: dict[str, object] = {f"events_{name}": s.stats() for name, s in self.sinks.items()}
-        out["feeds"] = self.health.states()
-        if self.connections is not None:
-            out["events_connections"] = {**self.connections.stats(),
-                                         "subscribers_refused": self.refused_subscribers,
-                                         "snapshots": self.snapshots.sent,
-                                         "snapshots_deferred": self.snapshots.deferred}
-        return out

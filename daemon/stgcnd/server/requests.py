@@ -24,14 +24,13 @@ from stgcnd.server.cameras import MAX_WAITING, CameraState, CameraTable, Sent
 from stgcnd.server.connections import Connections
 from stgcnd.server.curve_policy import ClientKey, KeyHandler
 from stgcnd.server.errorlog import ClientErrorLog
-from stgcnd.server.events import EventFeed
+from stgcnd.server.event_hub import EventHub
 from stgcnd.server.executor import Reply
 from stgcnd.server.models import ServedModel
 from stgcnd.server.receive import BAN_ABOVE_FRAMES, Incoming, Receiver
 from stgcnd.server.scheduler import Job
 from stgcnd.server.transport import NOBLOCK, NOBLOCK_MORE, send_frame
 from stgcnd.telemetry.latency import LatencyAggregator
-from stgcnd.telemetry.skeleton_quality import SkeletonQuality
 from stgcnd_client.protocol import (
     ErrorCode,
     Limits,
@@ -57,7 +56,7 @@ MAX_TS_S = 1e11
 class RequestPath:
     def __init__(self, router: zmq.Socket[bytes], connections: Connections, cameras: CameraTable,
                  limits: Limits, stats: Callable[[], dict[str, Any]],
-                 quality: SkeletonQuality, events: EventFeed) -> None:
+                 events: EventHub) -> None:
         self.router = router
         self.receiver = Receiver(router, loopback=connections.loopback)
         self.connections = connections
@@ -67,8 +66,12 @@ class RequestPath:
         self.stats = stats
         self.errors = ClientErrorLog()
         self.latency = LatencyAggregator()
-        self.quality = quality
-        self.events = events  # told of every prediction and of a camera evicted
+        # Told of every infer and push once, where it is decided (frame or refused), of
+        # every prediction, and of a camera reset, evicted or met by a fault.
+        self.events = events
+        # This request's pose counted (events.frame, which counts it sent): a refusal after
+        # that (_reject), whatever its reason, does not count it sent again.
+        self._counted = False
         self.counters = {"requests": 0, "errors": 0, "busy": 0, "expired": 0,
                          "replies_dropped": 0}
         self.trim_due = False  # abuse left memory behind: give it back at the stats tick
@@ -142,6 +145,7 @@ class RequestPath:
     # -- one request -----------------------------------------------------------------------
     def _handle(self, msg: Incoming, received: float) -> None:
         self.counters["requests"] += 1
+        self._counted = False
         if not self.connections.seen(msg.fd, msg.peer, received, msg.identity):
             return  # a banned peer's connection, closing: nobody reads an answer there
         identity = msg.identity
@@ -185,7 +189,7 @@ class RequestPath:
                 self.latency.record(req.camera, req.model or next(iter(self.models)), 0.0,
                                     "busy" if busy else "error")
             if exc.code != ErrorCode.SHUTTING_DOWN:  # a reload's refusal, not the feed's
-                self.quality.refused(req.camera, busy, req.op == "push", known)
+                self.events.refused(req.camera, busy, known, self._counted)
         if req is not None and req.op == "push" and exc.appended is None:
             exc.appended = False  # refused before its frame reached the window (_push)
         self.send(identity, encode_reply(req_id, error=exc))
@@ -251,7 +255,8 @@ class RequestPath:
         if op == "infer":
             self._infer(identity, req, cam, model, received, deadline, ts)
         else:
-            self.quality.add(cam.name, req.arrays[0])  # the frame is kept even when busy
+            self._counted = True
+            self.events.frame(cam.name, req.arrays[0])  # the frame is kept even when busy
             self._push(identity, req, cam, model, received, deadline, ts)
 
     def _infer(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
@@ -264,7 +269,8 @@ class RequestPath:
             return
         rec = cam.infers[model.name] = Sent(req.id, {}, window=window)
         rec.job = self._submit(identity, req, cam, model, window, {}, received, deadline, ts)
-        self.quality.add(cam.name, window)  # a window refused busy is no frame seen
+        self._counted = True
+        self.events.frame(cam.name, window)  # a window refused busy is no frame seen
 
     def _resend(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
                 rec: Sent, received: float, deadline: float | None, ts: float | None) -> None:
@@ -370,9 +376,7 @@ class RequestPath:
         if cam is not None and reply.outcome == "ok" and not cam.served:
             self.cameras.mark_served(cam)  # its slot is out of invented ids' reach
         self._record(job, reply)
-        if reply.result is not None:
-            self.events.observe(job.camera, job.model, reply.result["probs"], now, job.window,
-                                job.ts)
+        self.events.observe(reply, now)
         return frames
 
     def fault(self, req_id: int | None, camera: str | None, exc: Exception, where: str

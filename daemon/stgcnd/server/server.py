@@ -25,7 +25,7 @@ from stgcnd.server.config_checks import check_config
 from stgcnd.server.connections import CLOSE_IDLE_S, Connections, connection_caps
 from stgcnd.server.curve_policy import KeyHandler, curve_enabled
 from stgcnd.server.errorlog import ClientErrorLog
-from stgcnd.server.events import EventFeed
+from stgcnd.server.event_hub import EventHub
 from stgcnd.server.handshakes import Refusals, monitor_reporter
 from stgcnd.server.heap import (
     CHECK_EVERY_S,
@@ -39,7 +39,6 @@ from stgcnd.server.requests import RequestPath
 from stgcnd.server.transport import bind_router, make_router
 from stgcnd.server.wakeup import WakeTimer, Wakeup
 from stgcnd.telemetry.sampler import SystemSampler
-from stgcnd.telemetry.skeleton_quality import SkeletonQuality
 from stgcnd_client.protocol import Limits
 
 log = get_logger(__name__)
@@ -131,7 +130,7 @@ class Server:
         refusals = self.curve.refusals if self.curve is not None else \
             Refusals("handshake_failed", "failed")
         report_handshakes = monitor_reporter(refusals, curve=self.curve is not None)
-        self.events = EventFeed(self._ctx, config, self.curve, events_cap)
+        self.events = EventHub(self._ctx, config, self.curve, events_cap)
         if self.events.connections is not None:
             self.events.connections.on_handshake_failed = report_handshakes
         self.events.configure(self.models)
@@ -150,8 +149,7 @@ class Server:
         self.cameras = CameraTable(s.max_cameras)
         self.requests = RequestPath(
             self._router, self.connections, self.cameras,
-            Limits(max_message_bytes=s.max_message_bytes), self.stats,
-            SkeletonQuality(s.visibility_threshold, s.quality_floor), self.events)
+            Limits(max_message_bytes=s.max_message_bytes), self.stats, self.events)
         self.requests.models = self.models
         if self.curve is not None:
             self.requests.use_curve(self.curve)
@@ -325,33 +323,23 @@ class Server:
         self._guard("housekeeping", self._housekeep, now)
 
     def _report(self, now: float) -> None:
-        """The latency and skeleton quality lines, the feeds' health, the errors counted."""
+        """The latency lines, the events' tick (skeleton quality, feed health), the errors."""
         requests = self.requests
         # The interval that passed, not the configured one: a reload may have changed
         # stats_interval since the last tick, and shutdown ticks early (rates per second).
         interval_s, self._last_stats = now - self._last_stats, now
         for record in requests.latency.drain(interval_s):
             log.info("latency", **record)
-        records, notes = requests.quality.drain(list(self.cameras.cameras))
-        for record in records:
-            log.info("skeleton_quality", **record)
-        for note in notes:
-            event = str(note.pop("event"))
-            (log.warning if event.endswith("_low") else log.info)(event, **note)
-        if interval_s >= self.config.server.stats_interval / 2:
-            self.events.judge_feeds(records, self.config.server)  # not the shutdown's stub
+        self.events.tick(now, interval_s, list(self.cameras.cameras), self.config.server)
         requests.errors.flush()
         self._faults.flush()
 
     def _housekeep(self, now: float) -> None:
-        """Idle cameras and retired models go, subscriptions' counts are tidied, and the
-        connections held to their budgets."""
+        """Idle cameras and retired models go, and the connections are held to their budget
+        (the subscribers' by the events' tick)."""
         for camera, idle in self.cameras.reclaim_idle(now, self.config.server.idle_timeout):
             log.info("camera_reclaimed", camera=camera, idle_s=round(idle))
             self.events.forget(camera, "camera-idle")
-        self.events.tidy()
-        if self.events.connections is not None:
-            self.events.connections.enforce(now)
         self._reap_retired()
         self.connections.enforce(now)
 

@@ -27,8 +27,8 @@ class _Counts:
     vis_sum: float = 0.0
     low: int = 0             # joints below the threshold
     outside: int = 0
+    sent: int = 0            # requests: each counted once, where it was decided
     busy: int = 0
-    busy_counted: int = 0    # pushes refused busy: their frames were counted (kept)
     refused: int = 0         # requests refused for what they sent (NaN, shape, model)
     batch: np.ndarray | None = None   # (BATCH, 3, V, M): frames not reduced yet
     pending: int = 0
@@ -74,11 +74,12 @@ class SkeletonQuality:
         self._low: set[str] = set()   # cameras warned about, not yet recovered
 
     def add(self, camera: str, x: np.ndarray) -> None:
-        """`x`: a window (3, T, V, M), of which the newest frame counts, or a frame (3, V, M):
-        x, y, visibility."""
+        """One request's pose, which counts as sent: `x`, a window (3, T, V, M), of which the
+        newest frame counts, or a frame (3, V, M): x, y, visibility."""
         c = self._counts.get(camera)
         if c is None:
             c = self._counts[camera] = _Counts()
+        c.sent += 1
         frame = x[:, -1] if x.ndim == 4 else x
         if c.batch is None or c.batch.shape[1:] != frame.shape:
             c.reduce(self.threshold)  # another model's shape: what is held goes first
@@ -88,18 +89,20 @@ class SkeletonQuality:
         if c.pending == BATCH:
             c.reduce(self.threshold)
 
-    def refused(self, camera: str, busy: bool, push: bool, known: bool) -> None:
+    def refused(self, camera: str, busy: bool, known: bool, counted: bool = False) -> None:
         """An infer or push of `camera` refused busy or for its input; `known`: the camera
-        has a slot (a push refused busy then had its frame counted, as it is kept)."""
+        has a slot; `counted`: its pose was counted (`add`: a push's frame, kept), so that it
+        is not sent twice. The caller says it, whatever the refusal's reason or place: a
+        reason added before the frame is counted cannot undercount `sent`."""
         c = self._counts.get(camera)
         if c is None:
             if not known and self._strangers >= MAX_STRANGERS:
                 return
             self._strangers += not known
             c = self._counts[camera] = _Counts()
+        c.sent += not counted
         if busy:
             c.busy += 1
-            c.busy_counted += push and known
         else:
             c.refused += 1
 
@@ -137,7 +140,7 @@ def _record(camera: str, c: _Counts) -> Record:
     usable = None
     if no_person is not None:
         usable = round((1.0 - no_person) * (1.0 - (low if low is not None else 1.0)), 4)
-    sent = c.frames + c.busy - c.busy_counted + c.refused
+    sent = c.sent
     return {"camera": camera, "frames": c.frames, "no_person": no_person,
             "visibility": round(c.vis_sum / c.joints, 4) if c.joints else None,
             "low_visibility": low,
