@@ -33,9 +33,9 @@ def test_imports_without_torch_or_the_daemon():
     assert Path(proc.stdout.strip()) == CLIENTS_DIR / "stgcnd_client" / "__init__.py"
 
 
-def test_standalone_distribution_depends_only_on_pyzmq_msgpack_numpy():
+def test_standalone_distribution_depends_only_on_pyzmq_msgspec_numpy():
     meta = tomllib.loads((CLIENTS_DIR / "pyproject.toml").read_text(encoding="utf-8"))
     project = meta["project"]
     assert project["name"] == "stgcnd-client"
     names = {re.split(r"[<>=!~;\[ ]", dep)[0] for dep in project["dependencies"]}
-    assert names == {"pyzmq", "msgpack", "numpy"}
+    assert names == {"pyzmq", "msgspec", "numpy", "typing_extensions"}
