@@ -286,9 +286,15 @@ class ErrorInfo:
 
 _REQUEST_DECODER = msgspec.msgpack.Decoder(RequestHeader)
 _ANY_DECODER = msgspec.msgpack.Decoder()
-# Bytes that start a map16/map32: with none, every map is a fixmap (at most 15 entries), so
-# the map bound holds even where a Struct took a repeated key once.
-_LONG_MAPS = (b"\xde", b"\xdf")
+# The common case's bound on a header's size. A Struct takes a repeated key once, so the map
+# bound needs the bytes to hold it: the top map is a fixmap (checked: at most 15 entries), and
+# an array description of more than 64 entries, each a "dtype" or "shape" key (6 bytes) and a
+# value (1 at least), would need 455 bytes. Below this every string is within its bound too.
+_FAST_MAX_BYTES = 64 * 7
+# The Structs' fields in declaration order, for the checked path (read once: msgspec resolves
+# the annotations each time it is asked).
+_REQUEST_FIELDS = tuple(msgspec.structs.fields(RequestHeader))
+_SPEC_FIELDS = tuple(msgspec.structs.fields(ArraySpec))
 
 
 def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Request:
@@ -312,24 +318,22 @@ def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Reque
             f"header frame is {size} bytes; the limit is {limits.max_header_bytes}",
             peek_id(header_buf, limits),
         )
-    # The common case, one call: a header of the documented keys whose every string is
-    # within the string bound (the whole header is) and every map a fixmap. Anything else
+    # The common case, one call: a header of the documented keys, small enough that the
+    # bounds the Struct does not declare hold (_FAST_MAX_BYTES). Anything else
     # (another key, a limit, a wrong type or value) takes the checked path, which finds the
     # first problem in the documented order.
     header: RequestHeader | None = None
-    if size <= MAX_STR_LEN and _LONG_MAPS[0] not in header_buf and \
-            _LONG_MAPS[1] not in header_buf:
+    if 0 < size <= _FAST_MAX_BYTES and 0x80 <= header_buf[0] <= 0x8F:
         try:
             header = _REQUEST_DECODER.decode(header_buf)
         except Exception:
             header = None
     if header is not None:
         req_id: int | None = header.id
-        _check_frames(buffers, limits, req_id)
+        total = _check_frames(buffers, limits, req_id)
         fields: dict[str, Any] = {} if header.ts is None else {"ts": header.ts}
     else:
-        header, fields, req_id = _decode_in_order(header_buf, buffers, limits)
-    total = sum(b.nbytes for b in buffers)
+        header, fields, req_id, total = _decode_in_order(header_buf, buffers, limits)
 
     specs = header.arrays
     if len(specs) != len(buffers) - 1:
@@ -371,8 +375,8 @@ def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Reque
                    version=header.v, nbytes=total)
 
 
-def _check_frames(buffers: list[memoryview], limits: Limits, req_id: int | None) -> None:
-    """The message's own bounds (step 1 of the order): its frames, then its bytes."""
+def _check_frames(buffers: list[memoryview], limits: Limits, req_id: int | None) -> int:
+    """The message's own bounds (step 1 of the order): its frames, then its bytes (returned)."""
     if len(buffers) > 1 + MAX_ARRAYS:
         raise ProtocolError(ErrorCode.TOO_LARGE, too_many_frames(limits), req_id)
     total = sum(b.nbytes for b in buffers)
@@ -381,10 +385,11 @@ def _check_frames(buffers: list[memoryview], limits: Limits, req_id: int | None)
             ErrorCode.TOO_LARGE,
             f"message is {total} bytes; the limit is {limits.max_message_bytes}", req_id,
         )
+    return total
 
 
 def _decode_in_order(header_buf: memoryview, buffers: list[memoryview], limits: Limits
-                     ) -> tuple[RequestHeader, dict[str, Any], int | None]:
+                     ) -> tuple[RequestHeader, dict[str, Any], int | None, int]:
     """The checked path: the header's bounds, then each key converted to its Struct field's
     type in the documented order, a refusal mapped to the key's code. Keys the Struct does
     not name (and `ts`, whatever its type) are the op's `fields`."""
@@ -401,9 +406,9 @@ def _decode_in_order(header_buf: memoryview, buffers: list[memoryview], limits: 
         ) from None
     raw_id = raw.get("id")
     req_id = raw_id if type(raw_id) is int else None
-    _check_frames(buffers, limits, req_id)
+    total = _check_frames(buffers, limits, req_id)
     values: dict[str, Any] = {}
-    for spec in msgspec.structs.fields(RequestHeader):
+    for spec in _REQUEST_FIELDS:
         key = spec.name
         if key == "ts":
             continue
@@ -418,7 +423,7 @@ def _decode_in_order(header_buf: memoryview, buffers: list[memoryview], limits: 
         except msgspec.ValidationError:
             raise ProtocolError(*_refusal(key, value), req_id) from None
     fields = {k: v for k, v in raw.items() if k not in COMMON_REQUEST_KEYS}
-    return RequestHeader(**values), fields, req_id
+    return RequestHeader(**values), fields, req_id, total
 
 
 def _specs_in_order(value: Any, req_id: int | None) -> list[ArraySpec]:
@@ -432,7 +437,7 @@ def _specs_in_order(value: Any, req_id: int | None) -> list[ArraySpec]:
             raise ProtocolError(ErrorCode.MALFORMED,
                                 _MALFORMED["spec"].format(where=f"arrays[{index}]"), req_id)
         converted = {}
-        for spec in msgspec.structs.fields(ArraySpec):
+        for spec in _SPEC_FIELDS:
             got = item.get(spec.name)
             try:
                 converted[spec.name] = msgspec.convert(got, spec.type)
@@ -559,12 +564,6 @@ def _zeros(size: int) -> np.ndarray:
     return np.zeros(size, np.float32)
 
 
-def _is_int(value: Any) -> bool:
-    # msgpack booleans decode to bool, which Python counts as int; msgpack decodes integers
-    # to exactly int, so the type test is enough for what comes off the wire.
-    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
-
-
 def _enum_value(value: Any) -> Any:
     return value.value if isinstance(value, Enum) else value
 
@@ -598,7 +597,7 @@ ENCODER = msgspec.msgpack.Encoder(enc_hook=_encode_default)
 
 
 def _check_dimensions(
-    index: int, shape: list[int], dtype: np.dtype, limits: Limits, req_id: int
+    index: int, shape: list[int], dtype: np.dtype, limits: Limits, req_id: int | None
 ) -> None:
     """Refuse shapes no array within the message limit can have, before numpy sees them.
 

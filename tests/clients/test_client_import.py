@@ -39,3 +39,16 @@ def test_standalone_distribution_depends_only_on_pyzmq_msgspec_numpy():
     assert project["name"] == "stgcnd-client"
     names = {re.split(r"[<>=!~;\[ ]", dep)[0] for dep in project["dependencies"]}
     assert names == {"pyzmq", "msgspec", "numpy", "typing_extensions"}
+
+
+def test_neither_the_daemon_nor_the_client_loads_msgpack_python():
+    """msgpack goes through msgspec only (issue #44): serving, the client's calls and its
+    events load no second msgpack library (msgpack-python is a test dependency, the fuzz
+    tests' independent oracle)."""
+    code = ("import sys, stgcnd.commands.serve, stgcnd.server.events, stgcnd_client.wire, "
+            "stgcnd_client.events, stgcnd_client.client; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'msgpack'))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout
