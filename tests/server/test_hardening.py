@@ -330,7 +330,7 @@ import sys, time
 sys.path.insert(0, {here!r})
 sys.path.insert(0, {clients!r})
 from raw_zmtp import connect, frame, read_message
-from stgcnd_client.protocol import decode_reply, encode_request
+from stgcnd_client.wire import decode_reply, encode_request
 sock = connect({endpoint!r})
 sock.sendall(frame(encode_request("ping", 7, "attacker")[0], more=False))
 sock.settimeout(10)
