@@ -65,8 +65,23 @@ def expected_reply_id(frames: list[bytes], limits: Limits) -> int | None:
         except Exception:
             pass
         else:
-            return _int_or_none(header.get("id")) if isinstance(header, dict) else None
+            if not isinstance(header, dict):
+                return None
+            if _depth(header) <= limits.max_depth:  # msgpack-python allows 1024
+                return _int_or_none(header.get("id"))
     return _id_before_the_damage(frames[0], limits)
+
+
+def _depth(value: object) -> int:
+    """How deep containers nest in a decoded value (a scalar is 0), level by level."""
+    depth, level = 0, [value]
+    while True:
+        containers = [item for item in level if isinstance(item, (dict, list))]
+        if not containers:
+            return depth
+        depth += 1
+        level = [inner for item in containers
+                 for inner in (item.values() if isinstance(item, dict) else item)]
 
 
 def _id_before_the_damage(header: bytes, limits: Limits) -> int | None:

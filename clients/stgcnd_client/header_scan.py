@@ -1,17 +1,34 @@
-"""A header's msgpack structure read without building it: its limits checked, its id found.
+"""A header's limits checked, and its id found in a header that does not decode.
 
-msgspec decodes a header in one call but has no limits on what it skips, and no way to read
-a map one entry at a time; this reader does both for the requests that are not the common
-case (docs/protocol.md §2 "Limits", §4 "The echoed id"). Pure, and it imports nothing of the
-package, so the codec (protocol.py) sits on top of it.
+msgspec decodes a header in one call (in C, bounded by the 16 KiB header frame) but has no
+limits on what it builds; `limits_problem` checks them on what it built, one nesting level
+at a time with C-level passes over each level (never a Python step per scalar), so a
+hostile header costs about what decoding it does. msgspec has no way to read a map one
+entry at a time; `read_id` does that, in Python, for the reply's id (docs/protocol.md §2
+"Limits", §4 "The echoed id"). Pure, and it imports nothing of the package, so the codec
+(protocol.py) sits on top of it.
 """
 
+# msgspec evaluates the bounded type at run time: on Python 3.8 it must be written with
+# Union, List and Dict.
 from __future__ import annotations
 
 import struct
+import sys
 from dataclasses import dataclass
+from itertools import chain
+from typing import Any, Dict, List, Union
 
-# msgpack-c and msgpack-python stop at this many nested containers; so does this reader.
+import msgspec
+from msgspec import Meta
+
+if sys.version_info >= (3, 9):
+    from typing import Annotated  # novermin (3.8 takes it below)
+else:  # pragma: no cover - Python 3.8
+    from typing_extensions import Annotated
+
+# msgpack-c and msgpack-python stop at this many nested containers; so does `read_id` when
+# it skips a value (the documented nesting limit of a header, `max_depth`, is lower).
 MAX_DEPTH = 1024
 
 
@@ -25,6 +42,110 @@ class Bounds:
     bin_len: int
     array_len: int
     map_len: int
+    depth: int = MAX_DEPTH  # containers nested, the header's own map the first
+
+
+# What a header may hold besides lists and maps, as msgspec decodes it to builtins: a bin
+# is bytes, an ext an Ext (a timestamp ext a datetime: never within the ext bound of 0).
+_SCALARS = frozenset({type(None), bool, int, float, str, bytes})
+_Ext = msgspec.msgpack.Ext
+# isinstance bound to one type, for filter(): msgspec builds no subclasses.
+_is_str = str.__instancecheck__
+_is_list = list.__instancecheck__
+_is_dict = dict.__instancecheck__
+_is_bytes = bytes.__instancecheck__
+
+
+# How deep the bounded type below checks in C. Each level doubles the type msgspec builds
+# (a list's and a map's values are each the level below): 8 costs ~5 ms once; headers nest
+# 4 deep ("arrays": [{"shape": [...]}]), so a deeper one is rare and takes the exact walk.
+TYPED_DEPTH = 8
+
+
+def bounded_type(bounds: Bounds, depth: int = TYPED_DEPTH) -> Any:
+    """A msgspec type that holds a header's limits for headers nested at most `depth` deep
+    whose strings are at most str_len / 4 characters (so at most str_len bytes), with no bin
+    and no ext: decoding to it checks them in C. A header it refuses for a list's or a map's
+    length breaks the limits; one it refuses otherwise may not, and takes `limits_problem`."""
+    string = Annotated[str, Meta(max_length=bounds.str_len // 4)]
+    value: Any = Union[None, bool, int, float, string]
+    for _ in range(depth - 1):
+        value = Union[None, bool, int, float, string,
+                      Annotated[List[value], Meta(max_length=bounds.array_len)],
+                      Annotated[Dict[string, value], Meta(max_length=bounds.map_len)]]
+    return Annotated[Dict[string, value], Meta(max_length=bounds.map_len)]
+
+
+def length_problem(error: msgspec.ValidationError) -> str | None:
+    """What the bounded type's refusal says when it is a list or a map over its bound (a
+    refusal of the header whatever the exact walk would say), else None."""
+    message = str(error)
+    for kind, what in (("array", "a list of more than {} items"),
+                       ("object", "a map of more than {} entries")):
+        prefix = f"Expected `{kind}` of length <= "
+        if message.startswith(prefix):
+            bound, _, where = message[len(prefix):].partition(" - at ")
+            return f"{what.format(bound)} (at {where or '$'})"
+    return None
+
+
+def limits_problem(header: dict[Any, Any], bounds: Bounds) -> str | None:
+    """What breaks `bounds` in a decoded header (msgspec's builtins),
+    or None: what msgpack-python's limits refuse, and a nesting deeper than `bounds.depth`.
+    One step per nesting level, each a few C-level passes over that level's values."""
+    maps: list[dict[Any, Any]] = [header]
+    lists: list[list[Any]] = []
+    depth = 1
+    while maps or lists:
+        if depth > bounds.depth:
+            return f"containers nested more than {bounds.depth} deep"
+        if maps and max(map(len, maps)) > bounds.map_len:
+            return (f"a map of {max(map(len, maps))} entries; the limit is "
+                    f"{bounds.map_len}")
+        if lists and max(map(len, lists)) > bounds.array_len:
+            return (f"a list of {max(map(len, lists))} entries; the limit is "
+                    f"{bounds.array_len}")
+        keys = list(chain.from_iterable(maps))
+        kinds = set(map(type, keys))
+        if not kinds <= {str, bytes} or (bytes in kinds and _long_bin(keys, bounds)):
+            return "a map key that is not a string"
+        values = list(chain.from_iterable(map(dict.values, maps)))
+        values.extend(chain.from_iterable(lists))
+        problem = _strings_problem(keys, bounds) if str in kinds else None
+        if problem is not None:
+            return problem
+        kinds = set(map(type, values))
+        if str in kinds:
+            problem = _strings_problem(values, bounds)
+            if problem is not None:
+                return problem
+        if bytes in kinds and _long_bin(values, bounds):
+            return f"a bin value; headers carry no binary data over {bounds.bin_len} bytes"
+        if _Ext in kinds and any(memoryview(x.data).nbytes for x in values if type(x) is _Ext):
+            return "an ext value; headers carry none"
+        if not kinds <= _SCALARS | {list, dict, _Ext}:
+            return "an ext value; headers carry none"
+        maps = list(filter(_is_dict, values)) if dict in kinds else []
+        lists = list(filter(_is_list, values)) if list in kinds else []
+        depth += 1
+    return None
+
+
+def _strings_problem(items: list[Any], bounds: Bounds) -> str | None:
+    """A string over `bounds.str_len` bytes among `items`: by characters first (C-level),
+    its UTF-8 bytes only for a string that could be over (a character is at most 4)."""
+    strings = list(filter(_is_str, items))
+    if max(map(len, strings)) * 4 <= bounds.str_len:
+        return None
+    longest = max(len(s.encode("utf-8", "surrogatepass")) for s in strings
+                  if len(s) * 4 > bounds.str_len)
+    if longest > bounds.str_len:
+        return f"a string of {longest} bytes; the limit is {bounds.str_len}"
+    return None
+
+
+def _long_bin(items: list[Any], bounds: Bounds) -> bool:
+    return max(map(len, filter(_is_bytes, items))) > bounds.bin_len
 
 
 _UNPACK = {1: struct.Struct(">B").unpack_from, 2: struct.Struct(">H").unpack_from,
@@ -128,49 +249,29 @@ class _Reader:
         except UnicodeDecodeError:
             raise ScanError("a string that is not UTF-8") from None
 
-    def value(self, checked: bool, keys_checked: bool = False) -> object:
-        """Consume one value, containers whole; its scalar when it is one, else _OTHER.
-        `keys_checked`: a map key must be a str (or an empty bin), as a decoder requires."""
+    def value(self, checked: bool) -> object:
+        """Consume one value, containers whole; its scalar when it is one, else _OTHER."""
         found = self.container(checked)
         if found is None:
             return self.scalar(checked)
         pending = [found[1] * (2 if found[0] else 1)]  # values left at each open level
-        keys = [found[0]]                              # whether the next value is a key
         while pending:
             if pending[-1] == 0:
                 pending.pop()
-                keys.pop()
                 continue
-            is_key = keys[-1] and pending[-1] % 2 == 0
             pending[-1] -= 1
             inner = self.container(checked)
             if inner is None:
-                item = self.scalar(checked)
-                if keys_checked and is_key and not (type(item) is str or item is _BIN_VALUE):
-                    raise ScanError("a map key that is not a string")
+                self.scalar(checked)
                 continue
-            if keys_checked and is_key:
-                raise ScanError("a map key that is not a string")
             if len(pending) + 1 > MAX_DEPTH:
                 raise ScanError(f"containers nested more than {MAX_DEPTH} deep")
             pending.append(inner[1] * (2 if inner[0] else 1))
-            keys.append(inner[0])
         return _OTHER
 
 
 _OTHER = object()      # a value that is neither str nor int (nil, bool, float, ext, skipped)
 _BIN_VALUE = object()  # a bin value (within bounds only when empty)
-
-
-def check(header: bytes, bounds: Bounds) -> None:
-    """Raise ScanError unless `header` is one msgpack map within `bounds`, string keys only,
-    nothing after it: what msgpack-c or msgpack-python decode with these limits."""
-    reader = _Reader(header, bounds)
-    if not header or not (0x80 <= header[0] <= 0x8F or header[0] in _MAP):
-        raise ScanError("the header is not a map")
-    reader.value(checked=True, keys_checked=True)
-    if reader.pos != len(header):
-        raise ScanError(f"{len(header) - reader.pos} byte(s) after the header's map")
 
 
 def read_id(header: bytes, bounds: Bounds) -> int | None:
@@ -182,7 +283,7 @@ def read_id(header: bytes, bounds: Bounds) -> int | None:
     found = None
     try:
         head = reader.container(checked=False)
-        if head is None or not head[0]:
+        if head is None or not head[0] or not _names_id(header, 0):
             return None
         for _ in range(min(head[1], bounds.map_len)):
             if reader.value(checked=True) != "id":
@@ -190,6 +291,18 @@ def read_id(header: bytes, bounds: Bounds) -> int | None:
                 continue
             value = reader.value(checked=True)
             found = value if type(value) is int else None
+            if not _names_id(header, reader.pos):
+                break  # no later "id" key: the rest need not be walked
     except ScanError:
         pass  # whatever stops the reading, the id read so far, if any, is the header's
     return found
+
+
+# The key "id" as msgpack can write it (fixstr, str 8, 16, 32).
+_ID_KEYS = (b"\xa2id", b"\xd9\x02id", b"\xda\x00\x02id", b"\xdb\x00\x00\x00\x02id")
+
+
+def _names_id(header: bytes, start: int) -> bool:
+    """Whether a key "id" may come at or after `start`: a byte search, so that a header
+    whose id came early is not walked to its end (a hostile one costs its decode, no more)."""
+    return any(header.find(key, start) >= 0 for key in _ID_KEYS)

@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from .header_scan import Bounds, ScanError, check, read_id
+from .header_scan import Bounds, bounded_type, length_problem, limits_problem, read_id
 
 if sys.version_info >= (3, 9):
     from typing import Annotated  # novermin (3.8 takes it below)
@@ -137,6 +137,10 @@ MAX_MAP_LEN = 64       # entries of any map
 MAX_ARRAYS = 4         # arrays per request
 MAX_NDIM = 8           # dimensions per array
 MAX_CAMERA_LEN = 128   # characters of a camera id
+# Containers nested in a header, its own map the first. Headers nest two deep ("arrays":
+# [{"shape": [...]}] is four); the bound keeps checking a hostile header one cheap step
+# per level (msgpack-c and msgpack-python allow 1024, msgspec about 1000).
+MAX_DEPTH = 32
 
 
 @dataclass(frozen=True)
@@ -155,10 +159,11 @@ class Limits:
     max_arrays: ClassVar[int] = MAX_ARRAYS
     max_ndim: ClassVar[int] = MAX_NDIM
     max_camera_len: ClassVar[int] = MAX_CAMERA_LEN
+    max_depth: ClassVar[int] = MAX_DEPTH
 
 
 DEFAULT_LIMITS = Limits()
-_BOUNDS = Bounds(MAX_STR_LEN, 0, MAX_LIST_LEN, MAX_MAP_LEN)
+_BOUNDS = Bounds(MAX_STR_LEN, 0, MAX_LIST_LEN, MAX_MAP_LEN, MAX_DEPTH)
 
 
 # --------------------------------------------------------------------------- the headers
@@ -286,6 +291,7 @@ class ErrorInfo:
 
 _REQUEST_DECODER = msgspec.msgpack.Decoder(RequestHeader)
 _ANY_DECODER = msgspec.msgpack.Decoder()
+_BOUNDED_DECODER = msgspec.msgpack.Decoder(bounded_type(_BOUNDS))
 # The common case's bound on a header's size. A Struct takes a repeated key once, so the map
 # bound needs the bytes to hold it: the top map is a fixmap (checked: at most 15 entries), and
 # an array description of more than 64 entries, each a "dtype" or "shape" key (6 bytes) and a
@@ -393,17 +399,27 @@ def _decode_in_order(header_buf: memoryview, buffers: list[memoryview], limits: 
     """The checked path: the header's bounds, then each key converted to its Struct field's
     type in the documented order, a refusal mapped to the key's code. Keys the Struct does
     not name (and `ts`, whatever its type) are the op's `fields`."""
-    raw_bytes = bytes(header_buf)
+    problem: str | None = None
     try:
-        check(raw_bytes, _BOUNDS)
-        raw = _ANY_DECODER.decode(raw_bytes)
-    except (ScanError, Exception) as exc:
-        # ScanError names the broken bound; msgspec's errors (a nesting deeper than it
-        # follows) mean the same to the peer.
+        try:
+            # Every limit checked in C, for headers nested at most TYPED_DEPTH deep whose
+            # strings are short; anything else the exact walk decides (header_scan).
+            raw = _BOUNDED_DECODER.decode(header_buf)
+        except msgspec.ValidationError as exc:
+            problem = length_problem(exc)
+            if problem is None:
+                raw = _ANY_DECODER.decode(header_buf)
+                problem = ("the header is not a map" if type(raw) is not dict
+                           else limits_problem(raw, _BOUNDS))
+    except Exception as exc:
+        # msgspec raises DecodeError for bytes that are not one msgpack value, and
+        # RecursionError for a nesting deeper than it follows: the same to the peer.
+        problem = str(exc)
+    if problem is not None:
         raise ProtocolError(
-            ErrorCode.MALFORMED, f"header is not a valid msgpack map within limits: {exc}",
-            read_id(raw_bytes, _BOUNDS),
-        ) from None
+            ErrorCode.MALFORMED, f"header is not a valid msgpack map within limits: {problem}",
+            read_id(bytes(header_buf), _BOUNDS),
+        )
     raw_id = raw.get("id")
     req_id = raw_id if type(raw_id) is int else None
     total = _check_frames(buffers, limits, req_id)
@@ -414,7 +430,9 @@ def _decode_in_order(header_buf: memoryview, buffers: list[memoryview], limits: 
             continue
         if key == "id" and req_id is None:
             raise ProtocolError(ErrorCode.MALFORMED, _MALFORMED["id"])
-        value = raw.get(key, spec.default)
+        # A field whose default is mutable ("arrays": []) has a factory instead.
+        value = raw.get(key, spec.default if spec.default_factory is msgspec.NODEFAULT
+                        else spec.default_factory())
         if key == "arrays":
             values[key] = _specs_in_order(value, req_id)
             continue

@@ -97,6 +97,8 @@ def message_limits() -> str:
         ("any string in the header", f"{L.max_str_len} bytes", c(ErrorCode.MALFORMED)),
         ("any list in the header", f"{L.max_array_len} items", c(ErrorCode.MALFORMED)),
         ("any map in the header", f"{L.max_map_len} entries", c(ErrorCode.MALFORMED)),
+        ("containers nested in the header (its own map the first)", f"{L.max_depth} deep",
+         c(ErrorCode.MALFORMED)),
         ("arrays per message", str(L.max_arrays), c(ErrorCode.MALFORMED)),
         ("array dimensions", str(L.max_ndim), c(ErrorCode.BAD_SHAPE)),
         ("any dimension, and the product of the non-zero ones",
