@@ -191,6 +191,10 @@ class RequestHeader(Struct, forbid_unknown_fields=True):
     ts: Union[int, float, None] = None
 
 
+class _OpenRequestHeader(RequestHeader, forbid_unknown_fields=False):
+    """A request header whose other keys are skipped (they are the op's `fields`)."""
+
+
 class ErrorMap(Struct):
     """A reply's error map: code and message, reason and appended where they apply (left
     out of the reply when unset; a reader takes a reason or appended of another type as
@@ -292,6 +296,7 @@ class ErrorInfo:
 _REQUEST_DECODER = msgspec.msgpack.Decoder(RequestHeader)
 _ANY_DECODER = msgspec.msgpack.Decoder()
 _BOUNDED_DECODER = msgspec.msgpack.Decoder(bounded_type(_BOUNDS))
+_OPEN_REQUEST_DECODER = msgspec.msgpack.Decoder(_OpenRequestHeader)
 # The common case's bound on a header's size. A Struct takes a repeated key once, so the map
 # bound needs the bytes to hold it: the top map is a fixmap (checked: at most 15 entries), and
 # an array description of more than 64 entries, each a "dtype" or "shape" key (6 bytes) and a
@@ -423,6 +428,13 @@ def _decode_in_order(header_buf: memoryview, buffers: list[memoryview], limits: 
     raw_id = raw.get("id")
     req_id = raw_id if type(raw_id) is int else None
     total = _check_frames(buffers, limits, req_id)
+    fields = {k: v for k, v in raw.items() if k not in COMMON_REQUEST_KEYS}
+    try:
+        # A valid header with keys of its own (a client's tracing fields): one call in C;
+        # its problems, if any, are found below in the documented order.
+        return _OPEN_REQUEST_DECODER.decode(header_buf), fields, req_id, total
+    except msgspec.ValidationError:
+        pass
     values: dict[str, Any] = {}
     for spec in _REQUEST_FIELDS:
         key = spec.name
@@ -440,7 +452,6 @@ def _decode_in_order(header_buf: memoryview, buffers: list[memoryview], limits: 
             values[key] = msgspec.convert(value, spec.type)
         except msgspec.ValidationError:
             raise ProtocolError(*_refusal(key, value), req_id) from None
-    fields = {k: v for k, v in raw.items() if k not in COMMON_REQUEST_KEYS}
     return RequestHeader(**values), fields, req_id, total
 
 

@@ -99,3 +99,10 @@ def test_an_extra_key_past_a_limit_is_malformed_with_its_id(value, says):
     assert info.value.code == ErrorCode.MALFORMED
     assert info.value.req_id == 5
     assert says in info.value.message
+
+
+def test_an_array_description_with_a_key_of_its_own_decodes():
+    header = _header({"trace": "t"}, "infer", True)
+    header["arrays"][0]["note"] = [1, "two"]  # type: ignore[index]
+    request = decode_request([msgpack.packb(header), WINDOW.tobytes()])
+    assert request.arrays[0].shape == WINDOW.shape and request.fields == {"trace": "t"}
