@@ -1,12 +1,10 @@
-"""A header's limits checked, and its id found in a header that does not decode.
+"""A header's limits as a msgspec type, and its id found in a header that does not decode.
 
-msgspec decodes a header in one call (in C, bounded by the 16 KiB header frame) but has no
-limits on what it builds; `limits_problem` checks them on what it built, one nesting level
-at a time with C-level passes over each level (never a Python step per scalar), so a
-hostile header costs about what decoding it does. msgspec has no way to read a map one
-entry at a time; `read_id` does that, in Python, for the reply's id (docs/protocol.md §2
-"Limits", §4 "The echoed id"). Pure, and it imports nothing of the package, so the codec
-(protocol.py) sits on top of it.
+`bounded_type` declares every limit of docs/protocol.md §2 so that msgspec checks them in C
+while it decodes (a hostile header costs what decoding it does, never a Python step per
+value). msgspec has no way to read a map one entry at a time; `read_id` does that, in
+Python, for the reply's id (§4 "The echoed id"). Pure, and it imports nothing of the
+package, so the codec (protocol.py) sits on top of it.
 """
 
 # msgspec evaluates the bounded type at run time: on Python 3.8 it must be written with
@@ -16,7 +14,6 @@ from __future__ import annotations
 import struct
 import sys
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any, Dict, List, Union
 
 import msgspec
@@ -38,114 +35,43 @@ class ScanError(ValueError):
 
 @dataclass(frozen=True)
 class Bounds:
-    str_len: int      # bytes of any str (a key too)
+    str_len: int      # characters of any str (a key too); `read_id` reads keys of as many bytes
     bin_len: int
     array_len: int
     map_len: int
     depth: int = MAX_DEPTH  # containers nested, the header's own map the first
 
 
-# What a header may hold besides lists and maps, as msgspec decodes it to builtins: a bin
-# is bytes, an ext an Ext (a timestamp ext a datetime: never within the ext bound of 0).
-_SCALARS = frozenset({type(None), bool, int, float, str, bytes})
-_Ext = msgspec.msgpack.Ext
-# isinstance bound to one type, for filter(): msgspec builds no subclasses.
-_is_str = str.__instancecheck__
-_is_list = list.__instancecheck__
-_is_dict = dict.__instancecheck__
-_is_bytes = bytes.__instancecheck__
-
-
-# How deep the bounded type below checks in C. Each level doubles the type msgspec builds
-# (a list's and a map's values are each the level below): 8 costs ~5 ms once; headers nest
-# 4 deep ("arrays": [{"shape": [...]}]), so a deeper one is rare and takes the exact walk.
-TYPED_DEPTH = 8
-
-
-def bounded_type(bounds: Bounds, depth: int = TYPED_DEPTH) -> Any:
-    """A msgspec type that holds a header's limits for headers nested at most `depth` deep
-    whose strings are at most str_len / 4 characters (so at most str_len bytes), with no bin
-    and no ext: decoding to it checks them in C. A header it refuses for a list's or a map's
-    length breaks the limits; one it refuses otherwise may not, and takes `limits_problem`."""
-    string = Annotated[str, Meta(max_length=bounds.str_len // 4)]
+def bounded_type(bounds: Bounds) -> Any:
+    """The msgspec type of a header within `bounds`: a map of string keys, strings of at most
+    str_len characters, lists and maps within their lengths, nested at most `depth` deep, no
+    bin and no ext. Decoding to it checks every limit in C. Each level doubles the type
+    msgspec builds (a list's and a map's values are each the level below): 8 costs ~5 ms once."""
+    string = Annotated[str, Meta(max_length=bounds.str_len)]
     value: Any = Union[None, bool, int, float, string]
-    for _ in range(depth - 1):
+    for _ in range(bounds.depth - 1):
         value = Union[None, bool, int, float, string,
                       Annotated[List[value], Meta(max_length=bounds.array_len)],
                       Annotated[Dict[string, value], Meta(max_length=bounds.map_len)]]
     return Annotated[Dict[string, value], Meta(max_length=bounds.map_len)]
 
 
-def length_problem(error: msgspec.ValidationError) -> str | None:
-    """What the bounded type's refusal says when it is a list or a map over its bound (a
-    refusal of the header whatever the exact walk would say), else None."""
+def problem(error: msgspec.ValidationError, bounds: Bounds) -> str:
+    """What the bounded type's refusal means, in the words of docs/protocol.md §2."""
     message = str(error)
+    text, _, where = message.partition(" - at ")
+    where = f" (at {where})" if where else ""
     for kind, what in (("array", "a list of more than {} items"),
-                       ("object", "a map of more than {} entries")):
+                       ("object", "a map of more than {} entries"),
+                       ("str", "a string of more than {} characters")):
         prefix = f"Expected `{kind}` of length <= "
-        if message.startswith(prefix):
-            bound, _, where = message[len(prefix):].partition(" - at ")
-            return f"{what.format(bound)} (at {where or '$'})"
-    return None
-
-
-def limits_problem(header: dict[Any, Any], bounds: Bounds) -> str | None:
-    """What breaks `bounds` in a decoded header (msgspec's builtins),
-    or None: what msgpack-python's limits refuse, and a nesting deeper than `bounds.depth`.
-    One step per nesting level, each a few C-level passes over that level's values."""
-    maps: list[dict[Any, Any]] = [header]
-    lists: list[list[Any]] = []
-    depth = 1
-    while maps or lists:
-        if depth > bounds.depth:
-            return f"containers nested more than {bounds.depth} deep"
-        if maps and max(map(len, maps)) > bounds.map_len:
-            return (f"a map of {max(map(len, maps))} entries; the limit is "
-                    f"{bounds.map_len}")
-        if lists and max(map(len, lists)) > bounds.array_len:
-            return (f"a list of {max(map(len, lists))} entries; the limit is "
-                    f"{bounds.array_len}")
-        keys = list(chain.from_iterable(maps))
-        kinds = set(map(type, keys))
-        if not kinds <= {str, bytes} or (bytes in kinds and _long_bin(keys, bounds)):
-            return "a map key that is not a string"
-        values = list(chain.from_iterable(map(dict.values, maps)))
-        values.extend(chain.from_iterable(lists))
-        problem = _strings_problem(keys, bounds) if str in kinds else None
-        if problem is not None:
-            return problem
-        kinds = set(map(type, values))
-        if str in kinds:
-            problem = _strings_problem(values, bounds)
-            if problem is not None:
-                return problem
-        if bytes in kinds and _long_bin(values, bounds):
-            return f"a bin value; headers carry no binary data over {bounds.bin_len} bytes"
-        if _Ext in kinds and any(memoryview(x.data).nbytes for x in values if type(x) is _Ext):
-            return "an ext value; headers carry none"
-        if not kinds <= _SCALARS | {list, dict, _Ext}:
-            return "an ext value; headers carry none"
-        maps = list(filter(_is_dict, values)) if dict in kinds else []
-        lists = list(filter(_is_list, values)) if list in kinds else []
-        depth += 1
-    return None
-
-
-def _strings_problem(items: list[Any], bounds: Bounds) -> str | None:
-    """A string over `bounds.str_len` bytes among `items`: by characters first (C-level),
-    its UTF-8 bytes only for a string that could be over (a character is at most 4)."""
-    strings = list(filter(_is_str, items))
-    if max(map(len, strings)) * 4 <= bounds.str_len:
-        return None
-    longest = max(len(s.encode("utf-8", "surrogatepass")) for s in strings
-                  if len(s) * 4 > bounds.str_len)
-    if longest > bounds.str_len:
-        return f"a string of {longest} bytes; the limit is {bounds.str_len}"
-    return None
-
-
-def _long_bin(items: list[Any], bounds: Bounds) -> bool:
-    return max(map(len, filter(_is_bytes, items))) > bounds.bin_len
+        if text.startswith(prefix):
+            return what.format(text[len(prefix):]) + where
+    if ", got `array`" in text or ", got `object`" in text:
+        return f"containers nested more than {bounds.depth} deep{where}"
+    if ", got `bytes`" in text or ", got `ext`" in text:
+        return f"a bin or ext value; headers carry none{where}"
+    return message
 
 
 _UNPACK = {1: struct.Struct(">B").unpack_from, 2: struct.Struct(">H").unpack_from,

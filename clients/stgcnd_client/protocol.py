@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from .header_scan import Bounds, bounded_type, length_problem, limits_problem, read_id
+from .header_scan import Bounds, bounded_type, problem, read_id
 
 if sys.version_info >= (3, 9):
     from typing import Annotated  # novermin (3.8 takes it below)
@@ -131,16 +131,16 @@ class ProtocolError(Exception):
 
 
 # Bounds every header is held to (docs/protocol.md §2, "Limits"), declared in the Structs below.
-MAX_STR_LEN = 1024     # bytes of any string in a header
+MAX_STR_LEN = 1024     # characters of any string in a header (at most 4 bytes each)
 MAX_LIST_LEN = 64      # items of any list
 MAX_MAP_LEN = 64       # entries of any map
 MAX_ARRAYS = 4         # arrays per request
 MAX_NDIM = 8           # dimensions per array
 MAX_CAMERA_LEN = 128   # characters of a camera id
-# Containers nested in a header, its own map the first. Headers nest two deep ("arrays":
-# [{"shape": [...]}] is four); the bound keeps checking a hostile header one cheap step
-# per level (msgpack-c and msgpack-python allow 1024, msgspec about 1000).
-MAX_DEPTH = 32
+# Containers nested in a header, its own map the first: a request nests four deep
+# ({"arrays": [{"shape": [...]}]}). The bound lets msgspec check every limit in C
+# (header_scan.bounded_type, whose size doubles per level); msgpack-c allows 1024.
+MAX_DEPTH = 8
 
 
 @dataclass(frozen=True)
@@ -294,7 +294,6 @@ class ErrorInfo:
 # --------------------------------------------------------------------------- requests
 
 _REQUEST_DECODER = msgspec.msgpack.Decoder(RequestHeader)
-_ANY_DECODER = msgspec.msgpack.Decoder()
 _BOUNDED_DECODER = msgspec.msgpack.Decoder(bounded_type(_BOUNDS))
 _OPEN_REQUEST_DECODER = msgspec.msgpack.Decoder(_OpenRequestHeader)
 # The common case's bound on a header's size. A Struct takes a repeated key once, so the map
@@ -404,25 +403,18 @@ def _decode_in_order(header_buf: memoryview, buffers: list[memoryview], limits: 
     """The checked path: the header's bounds, then each key converted to its Struct field's
     type in the documented order, a refusal mapped to the key's code. Keys the Struct does
     not name (and `ts`, whatever its type) are the op's `fields`."""
-    problem: str | None = None
+    refused: str | None = None
     try:
-        try:
-            # Every limit checked in C, for headers nested at most TYPED_DEPTH deep whose
-            # strings are short; anything else the exact walk decides (header_scan).
-            raw = _BOUNDED_DECODER.decode(header_buf)
-        except msgspec.ValidationError as exc:
-            problem = length_problem(exc)
-            if problem is None:
-                raw = _ANY_DECODER.decode(header_buf)
-                problem = ("the header is not a map" if type(raw) is not dict
-                           else limits_problem(raw, _BOUNDS))
+        raw = _BOUNDED_DECODER.decode(header_buf)
+    except msgspec.ValidationError as exc:
+        refused = problem(exc, _BOUNDS)
     except Exception as exc:
-        # msgspec raises DecodeError for bytes that are not one msgpack value, and
-        # RecursionError for a nesting deeper than it follows: the same to the peer.
-        problem = str(exc)
-    if problem is not None:
+        # Not msgpack, cut short, trailing bytes; a str not UTF-8 (DecodeError, or on msgspec
+        # 0.18 UnicodeDecodeError): the same to the peer.
+        refused = str(exc)
+    if refused is not None:
         raise ProtocolError(
-            ErrorCode.MALFORMED, f"header is not a valid msgpack map within limits: {problem}",
+            ErrorCode.MALFORMED, f"header is not a valid msgpack map within limits: {refused}",
             read_id(bytes(header_buf), _BOUNDS),
         )
     raw_id = raw.get("id")

@@ -22,7 +22,8 @@ from stgcnd_client.protocol import (
 EXTRA_VALUES = {
     "nil": None, "true": True, "false": False, "zero": 0, "int": 7, "negative": -3,
     "uint64": 2**64 - 1, "int64": -(2**63), "float": 1.5, "str": "x", "empty str": "",
-    "unicode": "kamera-ä-😀", "str 1024 bytes": "x" * 1024, "str 1024 bytes of 4": "😀" * 256,
+    "unicode": "kamera-ä-😀", "str 1024 chars": "x" * 1024,
+    "str 1024 chars of 4 bytes": "😀" * 1024,
     "str 300 chars": "é" * 300, "list": [1, 2], "empty list": [], "list 64": list(range(64)),
     "nested list": [[1, [2, ["three"]]]], "map": {"a": 1}, "empty map": {},
     "map 60": {str(i): i for i in range(60)}, "mixed": {"a": [None, 1.0, {"b": "c"}]},
@@ -69,7 +70,7 @@ def test_a_valid_header_with_extra_keys_decodes_as_msgpack_python_reads_it(op, a
     packed = msgpack.packb(_header(extra, op, arrays))
     frames = [packed, WINDOW.tobytes()] if arrays else [packed]
     request = decode_request(frames)
-    oracle = msgpack.unpackb(packed, raw=False, strict_map_key=True, max_str_len=1024,
+    oracle = msgpack.unpackb(packed, raw=False, strict_map_key=True, max_str_len=4096,
                              max_bin_len=0, max_array_len=64, max_map_len=64, max_ext_len=0)
     assert (request.op, request.id, request.camera) == (op, 5, "c")
     assert request.model is None and request.timeout_ms is None
@@ -78,15 +79,17 @@ def test_a_valid_header_with_extra_keys_decodes_as_msgpack_python_reads_it(op, a
 
 
 @pytest.mark.parametrize(("value", "says"), [
-    ("x" * 1025, "1025 bytes"),
-    ("é" * 513, "1026 bytes"),
+    ("x" * 1025, "a string of more than 1024 characters"),
+    ("😀" * 1025, "a string of more than 1024 characters"),
     (list(range(65)), "a list of more than 64 items"),
     ([[1] * 65], "a list of more than 64 items"),
     ({str(i): i for i in range(65)}, "a map of more than 64 entries"),
     (_nest(MAX_DEPTH), f"more than {MAX_DEPTH} deep"),
-    ([_nest(12), "é" * 513], "1026 bytes"),
+    ([_nest(5), "é" * 1025], "a string of more than 1024 characters"),
     (b"x", "bin"),
-    ("deep", "recursion"),
+    (b"", "bin"),
+    (msgpack.ExtType(1, b""), "ext"),
+    ("deep", f"more than {MAX_DEPTH} deep"),
 ])
 def test_an_extra_key_past_a_limit_is_malformed_with_its_id(value, says):
     header = msgpack.packb(_header({"k": 0}, "ping", None))
