@@ -46,7 +46,7 @@ COMMON = """
 import sys, time, numpy as np, zmq
 sys.path.insert(0, {clients!r})
 from stgcnd_client import Client, ServerError
-from stgcnd_client.protocol import decode_reply, encode_request
+from stgcnd_client.wire import decode_reply, encode_request
 ctx = zmq.Context.instance()
 
 def wait_served(name, window):

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "clients"))
 
 from raw_zmtp import connect, frame, read_message  # noqa: E402
 
-from stgcnd_client.protocol import decode_reply, encode_request  # noqa: E402
+from stgcnd_client.wire import decode_reply, encode_request  # noqa: E402
 
 FRAMES = 30
 LOST_AFTER_S = 10.0   # a camera's request unanswered this long is lost

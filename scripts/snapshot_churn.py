@@ -15,7 +15,7 @@ Prints one line per scenario and the ratio to the quiet one. On tcp the loopback
 user (docs/hardening.md, "Camera slots"): run as root, the attackers drop to --attacker-uid
 (default nobody) so that the subscriber is another peer, as a camera site's would be.
 
-Needs pyzmq, msgpack and the stgcnd packages (PYTHONPATH=daemon:clients:tools).
+Needs pyzmq, msgspec and the stgcnd packages (PYTHONPATH=daemon:clients:tools).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import msgpack
+import msgspec
 import numpy as np
 import zmq
 
@@ -143,7 +143,7 @@ def scenario(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, object
         end = t0 + args.seconds
         while time.monotonic() < end:
             if sub.poll(max(int((end - time.monotonic()) * 1e3), 1)):
-                kind = str(msgpack.unpackb(sub.recv_multipart()[1])["kind"])
+                kind = str(msgspec.msgpack.decode(sub.recv_multipart()[1])["kind"])
                 counts[kind] = counts.get(kind, 0) + 1
                 first_message_s = first_message_s or round(time.monotonic() - t0, 3)
                 if kind == "snapshot" and first_snapshot_s is None:

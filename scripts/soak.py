@@ -12,7 +12,7 @@ CPU, short windows) and stops it at the end. Exits 1 if a reply was lost, duplic
 match its request, the daemon answered `internal`, died, stalled, did not exit 0 on SIGTERM, or
 grew beyond the tolerances after warm-up; 2 on bad arguments.
 
-Client side: pyzmq, msgpack, numpy and stgcnd_client only (each camera is a raw DEALER so that
+Client side: pyzmq, msgspec, numpy and stgcnd_client only (each camera is a raw DEALER so that
 every request id and every reply can be accounted for).
 """
 
@@ -32,11 +32,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import msgpack
+import msgspec
 import numpy as np
 import zmq
 
-from stgcnd_client.protocol import ProtocolError, decode_reply, encode_request
+from stgcnd_client.protocol import ProtocolError
+from stgcnd_client.wire import decode_reply, encode_request
 
 REPLY_TIMEOUT_S = 10.0     # a reply later than this counts as lost
 STALL_S = 5.0              # a ping unanswered this long means the daemon stalled
@@ -118,7 +119,7 @@ class Camera(threading.Thread):
                 frame[0, 0, 0] = np.nan
                 return encode_request("push", rid, self.camera, arrays=[frame]), rid, kind
             if kind == "unknown-op":
-                return [msgpack.packb({"v": 1, "op": "explode", "id": rid,
+                return [msgspec.msgpack.encode({"v": 1, "op": "explode", "id": rid,
                                        "camera": self.camera})], rid, kind
             return encode_request("reset", rid, self.camera, model="no-such-model"), rid, kind
         roll = self.rng.random()

@@ -59,14 +59,36 @@ def expected_reply_id(frames: list[bytes], limits: Limits) -> int | None:
     if len(frames[0]) <= limits.max_header_bytes:
         try:
             header = msgpack.unpackb(
-                frames[0], raw=False, strict_map_key=True, max_str_len=limits.max_str_len,
+                frames[0], raw=False, strict_map_key=True, max_str_len=4 * limits.max_str_len,
                 max_bin_len=limits.max_bin_len, max_array_len=limits.max_array_len,
                 max_map_len=limits.max_map_len, max_ext_len=0)
         except Exception:
             pass
         else:
-            return _int_or_none(header.get("id")) if isinstance(header, dict) else None
+            if not isinstance(header, dict):
+                return None
+            if _within(header, limits):
+                return _int_or_none(header.get("id"))
     return _id_before_the_damage(frames[0], limits)
+
+
+def _within(header: dict[Any, Any], limits: Limits) -> bool:
+    """The limits msgpack-python's cannot say: strings in characters, containers nested at
+    most max_depth deep, no bin or ext at all (docs/protocol.md §2)."""
+    depth, level = 0, [header]
+    while True:
+        containers = [item for item in level if isinstance(item, (dict, list))]
+        if not containers:
+            return True
+        depth += 1
+        if depth > limits.max_depth:
+            return False
+        level = [inner for item in containers
+                 for inner in ([*item.keys(), *item.values()] if isinstance(item, dict)
+                               else item)]
+        if any(isinstance(item, (bytes, msgpack.ExtType)) or
+               (isinstance(item, str) and len(item) > limits.max_str_len) for item in level):
+            return False
 
 
 def _id_before_the_damage(header: bytes, limits: Limits) -> int | None:

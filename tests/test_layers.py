@@ -335,7 +335,31 @@ def test_the_daemon_loads_the_protocol_not_the_client():
             "print(' '.join(sorted(m for m in sys.modules if m.startswith('stgcnd_client'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120).stdout.split()
-    assert out == ["stgcnd_client", "stgcnd_client.endpoint", "stgcnd_client.protocol"], out
+    assert out == ["stgcnd_client", "stgcnd_client.endpoint", "stgcnd_client.header_scan",
+                   "stgcnd_client.protocol"], out
+
+
+def test_the_client_has_no_import_circle():
+    """The client's modules import one way too (its relative imports, those inside functions
+    included): the shared codec (protocol.py) never reaches back into the client's half."""
+    edges: dict[str, set[str]] = {}
+    for path in CLIENT.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        edges[path.stem] = {alias.name if node.module is None else node.module.split(".")[0]
+                            for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                            and node.level == 1 for alias in node.names}
+    circles = []
+
+    def visit(module: str, stack: list[str]) -> None:
+        for target in sorted(edges.get(module, ())):
+            if target in stack:
+                circles.append(" -> ".join([*stack[stack.index(target):], target]))
+            elif target in edges:
+                visit(target, [*stack, target])
+
+    for module in sorted(edges):
+        visit(module, [module])
+    assert not circles, "\n".join(sorted(set(circles)))
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if m.startswith("stgcnd.server")))

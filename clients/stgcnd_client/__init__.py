@@ -1,6 +1,6 @@
 """Client library for stgcnd, the ST-GCN skeleton action recognition daemon.
 
-Needs only pyzmq, msgpack and numpy (``pip install ./clients``). One `Client` per camera
+Needs only pyzmq, msgspec and numpy (``pip install ./clients``). One `Client` per camera
 thread; `SkeletonWindow` turns pose landmarks into windows; the wire protocol is
 `stgcnd_client.protocol` and docs/protocol.md.
 """

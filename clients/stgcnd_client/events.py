@@ -13,7 +13,7 @@ import math
 import time
 from typing import Dict, Iterable, Iterator, Union
 
-import msgpack
+import msgspec
 import zmq
 
 from .curve import ClientKey, KeySource, curve_options
@@ -22,6 +22,7 @@ from .errors import EventsGap, NoHeartbeat
 
 Event = Dict[str, Union[str, float]]  # see docs/protocol.md "Events" for the keys
 
+_DECODER = msgspec.msgpack.Decoder()
 HEARTBEAT_TOPIC = b"\xffheartbeat"  # the daemon's (server/event_publisher.py): no camera id's
 MISSED_HEARTBEATS = 3  # silent this many heartbeat intervals: the daemon is gone
 # Until the first heartbeat: the connection, a CURVE handshake, the subscription reaching the
@@ -94,7 +95,7 @@ class Events:
         """A message's event, if it is one to return; its number checked."""
         if len(frames) != 2:
             return None
-        event = msgpack.unpackb(frames[1], raw=False)
+        event = _DECODER.decode(frames[1])
         if not isinstance(event, dict):
             return None
         if event.get("kind") == "heartbeat" and self._timeout_s is None:

@@ -1,23 +1,36 @@
 """Wire protocol v1 between stgcnd and its clients: the single source of truth for both sides.
 
 Frame 0 is a msgpack header, frames 1..n raw little-endian arrays described by
-``header["arrays"]`` (docs/protocol.md). Pure (no sockets, no clocks), so daemon, client and
-tests share it. The client's half (requests encoded, replies decoded) is wire.py, reachable
-from here too: the daemon never loads it.
+``header["arrays"]`` (docs/protocol.md). The headers are msgspec Structs (`RequestHeader`,
+`ReplyHeader`): their types and limits are declared there once, and a request's problems are
+the decoder's errors mapped to error codes. Pure (no sockets, no clocks), so daemon, client and
+tests share it. The client's half (requests encoded, replies decoded) is wire.py, on top of
+this module: the daemon never loads it.
 """
 
+# msgspec evaluates the Structs' annotations at run time: on Python 3.8 they must be written
+# Optional[...] and List[...], not `X | None` and `list[...]`.
+# ruff: noqa: UP006, UP007, UP045
 from __future__ import annotations
 
 import functools
 import math
-import threading
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar, Dict, List, Literal, Optional, Union
 
-import msgpack
+import msgspec
 import numpy as np
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from .header_scan import Bounds, bounded_type, problem, read_id
+
+if sys.version_info >= (3, 9):
+    from typing import Annotated  # novermin (3.8 takes it below)
+else:  # pragma: no cover - Python 3.8
+    from typing_extensions import Annotated
 
 PROTOCOL_VERSION = 1
 
@@ -117,23 +130,142 @@ class ProtocolError(Exception):
         self.appended = appended
 
 
+# Bounds every header is held to (docs/protocol.md §2, "Limits"), declared in the Structs below.
+MAX_STR_LEN = 1024     # characters of any string in a header (at most 4 bytes each)
+MAX_LIST_LEN = 64      # items of any list
+MAX_MAP_LEN = 64       # entries of any map
+MAX_ARRAYS = 4         # arrays per request
+MAX_NDIM = 8           # dimensions per array
+MAX_CAMERA_LEN = 128   # characters of a camera id
+# Containers nested in a header, its own map the first: a request nests four deep
+# ({"arrays": [{"shape": [...]}]}). The bound lets msgspec check every limit in C
+# (header_scan.bounded_type, whose size doubles per level); msgpack-c allows 1024.
+MAX_DEPTH = 8
+
+
 @dataclass(frozen=True)
 class Limits:
-    """Bounds the decoder enforces so one hostile message cannot make the daemon allocate much."""
+    """Bounds the decoder enforces so one hostile message cannot make the daemon allocate much.
+    The sizes of a message vary per daemon (`[server] max_message_bytes`); what a header may
+    hold is the protocol's, declared in the Structs (class attributes here, for reading)."""
 
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_header_bytes: int = 16 * 1024
-    max_str_len: int = 1024
+    max_str_len: ClassVar[int] = MAX_STR_LEN
     # Headers carry no binary blobs; arrays travel as their own frames.
-    max_bin_len: int = 0
-    max_array_len: int = 64
-    max_map_len: int = 64
-    max_arrays: int = 4
-    max_ndim: int = 8
-    max_camera_len: int = 128
+    max_bin_len: ClassVar[int] = 0
+    max_array_len: ClassVar[int] = MAX_LIST_LEN
+    max_map_len: ClassVar[int] = MAX_MAP_LEN
+    max_arrays: ClassVar[int] = MAX_ARRAYS
+    max_ndim: ClassVar[int] = MAX_NDIM
+    max_camera_len: ClassVar[int] = MAX_CAMERA_LEN
+    max_depth: ClassVar[int] = MAX_DEPTH
 
 
 DEFAULT_LIMITS = Limits()
+_BOUNDS = Bounds(MAX_STR_LEN, 0, MAX_LIST_LEN, MAX_MAP_LEN, MAX_DEPTH)
+
+
+# --------------------------------------------------------------------------- the headers
+
+
+class ArraySpec(Struct, forbid_unknown_fields=True):
+    """One entry of a request's "arrays": the frame that follows, described."""
+
+    dtype: Literal["float32", "float16"]
+    shape: Annotated[List[Annotated[int, Meta(ge=0)]], Meta(max_length=MAX_NDIM)]
+
+
+class RequestHeader(Struct, forbid_unknown_fields=True):
+    """A request's header: its keys in the order they are checked (docs/protocol.md §3), then
+    the op fields the daemon reads (`ts`, checked against the camera's clock later). A header
+    with other keys decodes through the checked path (`_decode_in_order`) into `fields`."""
+
+    v: Literal[1]
+    id: int
+    op: Literal["hello", "infer", "push", "reset", "ping", "stats"]
+    camera: Annotated[str, Meta(min_length=1, max_length=MAX_CAMERA_LEN)]
+    model: Optional[str] = None
+    timeout_ms: Optional[Annotated[float, Meta(ge=0, le=sys.float_info.max)]] = None
+    arrays: Annotated[List[ArraySpec], Meta(max_length=MAX_ARRAYS)] = []
+    ts: Union[int, float, None] = None
+
+
+class _OpenRequestHeader(RequestHeader, forbid_unknown_fields=False):
+    """A request header whose other keys are skipped (they are the op's `fields`)."""
+
+
+class ErrorMap(Struct):
+    """A reply's error map: code and message, reason and appended where they apply (left
+    out of the reply when unset; a reader takes a reason or appended of another type as
+    none)."""
+
+    code: str
+    message: str = ""
+    reason: Any = UNSET
+    appended: Any = UNSET
+
+
+class ReplyHeader(Struct, kw_only=True):
+    """A reply's header: `id` always written (nil when the request had none), then `result`
+    or `error`."""
+
+    v: int
+    id: Optional[int] = None
+    ok: bool
+    result: Union[Dict[Any, Any], UnsetType] = UNSET
+    error: Union[ErrorMap, UnsetType] = UNSET
+
+
+# A decoded value where a key's type fits but its value does not: that key's own code.
+_VALUE_CODES: Mapping[str, tuple[Any, ErrorCode]] = {
+    "v": (int, ErrorCode.UNSUPPORTED_VERSION),
+    "op": (str, ErrorCode.UNKNOWN_OP),
+    "dtype": (str, ErrorCode.BAD_DTYPE),
+    "shape": (List[int], ErrorCode.BAD_SHAPE),
+}
+
+
+def _refusal(key: str, value: Any, index: int | None = None) -> tuple[ErrorCode, str]:
+    """The code and message of a header key whose value the Struct refused."""
+    loose, code = _VALUE_CODES.get(key, (None, ErrorCode.MALFORMED))
+    if loose is not None:
+        try:
+            msgspec.convert(value, loose)
+        except msgspec.ValidationError:
+            code = ErrorCode.MALFORMED
+    where = f"arrays[{index}]" if index is not None else ""
+    if code == ErrorCode.UNSUPPORTED_VERSION:
+        return code, (f"protocol version {value} is not supported; this server speaks "
+                      f"{PROTOCOL_VERSION}")
+    if code == ErrorCode.UNKNOWN_OP:
+        return code, f"unknown op {value!r}; expected one of {sorted(OPS)}"
+    if code == ErrorCode.BAD_DTYPE:
+        return code, (f"{where}: dtype {value!r} is not supported; use one of {sorted(DTYPES)} "
+                      "(little-endian)")
+    if code == ErrorCode.BAD_SHAPE:
+        return code, (f"{where}: shape {value} is not a valid array shape (at most {MAX_NDIM} "
+                      "non-negative dimensions)")
+    if key == "camera" and type(value) is str and value:
+        return code, (f"camera id is {len(value)} characters; the limit is {MAX_CAMERA_LEN}")
+    if key == "arrays" and type(value) is list:
+        return code, f"{len(value)} arrays in one message; the limit is {MAX_ARRAYS}"
+    if key == "timeout_ms":
+        return code, f'"timeout_ms" must be a finite number >= 0 or nil, got {value!r}'
+    return code, _MALFORMED[key].format(where=where)
+
+
+_MALFORMED = {
+    "v": 'header needs "v": the protocol version as an integer',
+    "id": 'header needs "id": an integer request id',
+    "op": 'header needs "op": a string naming the operation',
+    "camera": 'header needs "camera": a non-empty string',
+    "model": '"model" must be a string or nil (nil = default model)',
+    "arrays": '"arrays" must be a list of {{"dtype", "shape"}} maps',
+    "spec": '{where} must be a {{"dtype", "shape"}} map',
+    "dtype": '{where} needs "dtype": a string',
+    "shape": '{where} needs "shape": a list of integers',
+}
 
 
 @dataclass(frozen=True)
@@ -161,12 +293,25 @@ class ErrorInfo:
 
 # --------------------------------------------------------------------------- requests
 
+_REQUEST_DECODER = msgspec.msgpack.Decoder(RequestHeader)
+_BOUNDED_DECODER = msgspec.msgpack.Decoder(bounded_type(_BOUNDS))
+_OPEN_REQUEST_DECODER = msgspec.msgpack.Decoder(_OpenRequestHeader)
+# The common case's bound on a header's size. A Struct takes a repeated key once, so the map
+# bound needs the bytes to hold it: the top map is a fixmap (checked: at most 15 entries), and
+# an array description of more than 64 entries, each a "dtype" or "shape" key (6 bytes) and a
+# value (1 at least), would need 455 bytes. Below this every string is within its bound too.
+_FAST_MAX_BYTES = 64 * 7
+# The Structs' fields in declaration order, for the checked path (read once: msgspec resolves
+# the annotations each time it is asked).
+_REQUEST_FIELDS = tuple(msgspec.structs.fields(RequestHeader))
+_SPEC_FIELDS = tuple(msgspec.structs.fields(ArraySpec))
+
 
 def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Request:
     """Validate and decode a request's frames (identity already stripped).
 
     Frames may be bytes, bytearray, memoryview or zmq.Frame. Raises `ProtocolError` with the code
-    that names the first problem found.
+    that names the first problem found (docs/protocol.md §3, "Order of the checks").
     """
     limits = limits or DEFAULT_LIMITS
     if not frames:
@@ -176,90 +321,38 @@ def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Reque
         )
     buffers = [_as_bytes_view(f) for f in frames]
     header_buf = buffers[0]
-    if header_buf.nbytes > limits.max_header_bytes:
+    size = header_buf.nbytes
+    if size > limits.max_header_bytes:
         raise ProtocolError(
             ErrorCode.TOO_LARGE,
-            f"header frame is {header_buf.nbytes} bytes; the limit is {limits.max_header_bytes}",
+            f"header frame is {size} bytes; the limit is {limits.max_header_bytes}",
             peek_id(header_buf, limits),
         )
-    header = _unpack(header_buf, limits)
-    if not isinstance(header, dict):
-        raise ProtocolError(ErrorCode.MALFORMED,
-                            f"header must be a msgpack map, got {type(header).__name__}")
-    # Every check runs on every request, on the daemon's I/O loop, so they are written for
-    # the common case: what msgpack decodes is exactly int, float, str, list or dict (no
-    # subclasses but bool), so `type(x) is int` is `_is_int` there, without a call.
-    raw_id = header.get("id")
-    req_id = raw_id if type(raw_id) is int else None
+    # The common case, one call: a header of the documented keys, small enough that the
+    # bounds the Struct does not declare hold (_FAST_MAX_BYTES). Anything else
+    # (another key, a limit, a wrong type or value) takes the checked path, which finds the
+    # first problem in the documented order.
+    header: RequestHeader | None = None
+    if 0 < size <= _FAST_MAX_BYTES and 0x80 <= header_buf[0] <= 0x8F:
+        try:
+            header = _REQUEST_DECODER.decode(header_buf)
+        except Exception:
+            header = None
+    if header is not None:
+        req_id: int | None = header.id
+        total = _check_frames(buffers, limits, req_id)
+        fields: dict[str, Any] = {} if header.ts is None else {"ts": header.ts}
+    else:
+        header, fields, req_id, total = _decode_in_order(header_buf, buffers, limits)
 
-    if len(buffers) > 1 + limits.max_arrays:
-        raise ProtocolError(ErrorCode.TOO_LARGE, too_many_frames(limits), req_id)
-    total = 0
-    for b in buffers:
-        total += b.nbytes
-    if total > limits.max_message_bytes:
-        raise ProtocolError(
-            ErrorCode.TOO_LARGE,
-            f"message is {total} bytes; the limit is {limits.max_message_bytes}", req_id,
-        )
-
-    version = header.get("v")
-    if type(version) is not int:
-        raise ProtocolError(
-            ErrorCode.MALFORMED, 'header needs "v": the protocol version as an integer', req_id)
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(
-            ErrorCode.UNSUPPORTED_VERSION,
-            f"protocol version {version} is not supported; this server speaks {PROTOCOL_VERSION}",
-            req_id,
-        )
-    if req_id is None:
-        raise ProtocolError(ErrorCode.MALFORMED, 'header needs "id": an integer request id')
-
-    op = header.get("op")
-    if type(op) is not str or op not in OPS:
-        if not isinstance(op, str):
-            raise ProtocolError(
-                ErrorCode.MALFORMED, 'header needs "op": a string naming the operation', req_id)
-        raise ProtocolError(
-            ErrorCode.UNKNOWN_OP, f"unknown op {op!r}; expected one of {sorted(OPS)}", req_id)
-
-    camera = header.get("camera")
-    if type(camera) is not str or not camera:
-        raise ProtocolError(ErrorCode.MALFORMED, 'header needs "camera": a non-empty string',
-                            req_id)
-    if len(camera) > limits.max_camera_len:
-        raise ProtocolError(
-            ErrorCode.MALFORMED,
-            f"camera id is {len(camera)} characters; the limit is {limits.max_camera_len}",
-            req_id,
-        )
-
-    model = header.get("model")
-    if model is not None and type(model) is not str:
-        raise ProtocolError(
-            ErrorCode.MALFORMED, '"model" must be a string or nil (nil = default model)', req_id)
-
-    timeout_ms = header.get("timeout_ms")
-    if timeout_ms is not None:
-        kind = type(timeout_ms)
-        if not (kind is int or kind is float) or not (
-            math.isfinite(timeout_ms) and timeout_ms >= 0
-        ):
-            raise ProtocolError(
-                ErrorCode.MALFORMED,
-                f'"timeout_ms" must be a finite number >= 0 or nil, got {timeout_ms!r}',
-                req_id,
-            )
-        timeout_ms = float(timeout_ms)
-
-    specs = _array_specs(header.get("arrays", []), limits, req_id)
+    specs = header.arrays
     if len(specs) != len(buffers) - 1:
         raise ProtocolError(
             ErrorCode.MALFORMED,
             f"header describes {len(specs)} array(s) but {len(buffers) - 1} array frame(s) "
             "followed it", req_id,
         )
+    op = header.op
     expected_count = ARRAYS_PER_OP[op]
     if len(specs) != expected_count:
         raise ProtocolError(
@@ -268,8 +361,11 @@ def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Reque
         )
 
     arrays = []
-    for index, (dtype, shape, expected_bytes) in enumerate(specs):
+    for index, spec in enumerate(specs):
         buf = buffers[index + 1]
+        dtype = DTYPES[spec.dtype]
+        shape = spec.shape
+        expected_bytes = math.prod(shape) * dtype.itemsize
         if buf.nbytes != expected_bytes:
             raise ProtocolError(
                 ErrorCode.BAD_SIZE,
@@ -284,13 +380,92 @@ def decode_request(frames: Sequence[Any], limits: Limits | None = None) -> Reque
         array.flags.writeable = False
         arrays.append(array)
 
-    fields = (
-        {}
-        if header.keys() <= COMMON_REQUEST_KEYS
-        else {k: v for k, v in header.items() if k not in COMMON_REQUEST_KEYS}
-    )
-    return Request(op=op, id=req_id, camera=camera, model=model, timeout_ms=timeout_ms,
-                   arrays=tuple(arrays), fields=fields, version=version, nbytes=total)
+    return Request(op=op, id=header.id, camera=header.camera, model=header.model,
+                   timeout_ms=header.timeout_ms, arrays=tuple(arrays), fields=fields,
+                   version=header.v, nbytes=total)
+
+
+def _check_frames(buffers: list[memoryview], limits: Limits, req_id: int | None) -> int:
+    """The message's own bounds (step 1 of the order): its frames, then its bytes (returned)."""
+    if len(buffers) > 1 + MAX_ARRAYS:
+        raise ProtocolError(ErrorCode.TOO_LARGE, too_many_frames(limits), req_id)
+    total = sum(b.nbytes for b in buffers)
+    if total > limits.max_message_bytes:
+        raise ProtocolError(
+            ErrorCode.TOO_LARGE,
+            f"message is {total} bytes; the limit is {limits.max_message_bytes}", req_id,
+        )
+    return total
+
+
+def _decode_in_order(header_buf: memoryview, buffers: list[memoryview], limits: Limits
+                     ) -> tuple[RequestHeader, dict[str, Any], int | None, int]:
+    """The checked path: the header's bounds, then each key converted to its Struct field's
+    type in the documented order, a refusal mapped to the key's code. Keys the Struct does
+    not name (and `ts`, whatever its type) are the op's `fields`."""
+    refused: str | None = None
+    try:
+        raw = _BOUNDED_DECODER.decode(header_buf)
+    except msgspec.ValidationError as exc:
+        refused = problem(exc, _BOUNDS)
+    except Exception as exc:
+        # Not msgpack, cut short, trailing bytes; a str not UTF-8 (DecodeError, or on msgspec
+        # 0.18 UnicodeDecodeError): the same to the peer.
+        refused = str(exc)
+    if refused is not None:
+        raise ProtocolError(
+            ErrorCode.MALFORMED, f"header is not a valid msgpack map within limits: {refused}",
+            read_id(bytes(header_buf), _BOUNDS),
+        )
+    raw_id = raw.get("id")
+    req_id = raw_id if type(raw_id) is int else None
+    total = _check_frames(buffers, limits, req_id)
+    fields = {k: v for k, v in raw.items() if k not in COMMON_REQUEST_KEYS}
+    try:
+        # A valid header with keys of its own (a client's tracing fields): one call in C;
+        # its problems, if any, are found below in the documented order.
+        return _OPEN_REQUEST_DECODER.decode(header_buf), fields, req_id, total
+    except msgspec.ValidationError:
+        pass
+    values: dict[str, Any] = {}
+    for spec in _REQUEST_FIELDS:
+        key = spec.name
+        if key == "ts":
+            continue
+        if key == "id" and req_id is None:
+            raise ProtocolError(ErrorCode.MALFORMED, _MALFORMED["id"])
+        # A field whose default is mutable ("arrays": []) has a factory instead.
+        value = raw.get(key, spec.default if spec.default_factory is msgspec.NODEFAULT
+                        else spec.default_factory())
+        if key == "arrays":
+            values[key] = _specs_in_order(value, req_id)
+            continue
+        try:
+            values[key] = msgspec.convert(value, spec.type)
+        except msgspec.ValidationError:
+            raise ProtocolError(*_refusal(key, value), req_id) from None
+    return RequestHeader(**values), fields, req_id, total
+
+
+def _specs_in_order(value: Any, req_id: int | None) -> list[ArraySpec]:
+    """"arrays": a list within its bound, then each description's keys in order (keys it
+    does not name are ignored)."""
+    if type(value) is not list or len(value) > MAX_ARRAYS:
+        raise ProtocolError(*_refusal("arrays", value), req_id)
+    specs = []
+    for index, item in enumerate(value):
+        if type(item) is not dict:
+            raise ProtocolError(ErrorCode.MALFORMED,
+                                _MALFORMED["spec"].format(where=f"arrays[{index}]"), req_id)
+        converted = {}
+        for spec in _SPEC_FIELDS:
+            got = item.get(spec.name)
+            try:
+                converted[spec.name] = msgspec.convert(got, spec.type)
+            except msgspec.ValidationError:
+                raise ProtocolError(*_refusal(spec.name, got, index), req_id) from None
+        specs.append(ArraySpec(**converted))
+    return specs
 
 
 def peek_id(header: Any, limits: Limits | None = None) -> int | None:
@@ -300,27 +475,7 @@ def peek_id(header: Any, limits: Limits | None = None) -> int | None:
     when the header breaks a limit (a string too long, too many entries, trailing bytes,
     non-string keys) or is too large. Values are skipped unread, so this allocates no more
     than the id itself, and reads no more entries than a valid header may have."""
-    limits = limits or DEFAULT_LIMITS
-    unpacker = msgpack.Unpacker(
-        raw=False, strict_map_key=False, max_str_len=limits.max_str_len, max_bin_len=0,
-        max_array_len=limits.max_array_len, max_map_len=limits.max_map_len, max_ext_len=0,
-        max_buffer_size=max(_as_bytes_view(header).nbytes, 1),
-    )
-    req_id = None
-    try:
-        unpacker.feed(_as_bytes_view(header))
-        entries = unpacker.read_map_header()
-        for _ in range(min(entries, limits.max_map_len)):
-            if unpacker.unpack() != "id":
-                unpacker.skip()
-                continue
-            value = unpacker.unpack()
-            req_id = value if _is_int(value) else None  # the last "id" counts, as in a dict
-    except Exception:
-        # Whatever stops the reading (end of data, a limit, a value that is not msgpack),
-        # the id read so far, if any, is the header's.
-        pass
-    return req_id
+    return read_id(bytes(_as_bytes_view(header)), _BOUNDS)
 
 
 def too_many_frames(limits: Limits) -> str:
@@ -344,16 +499,14 @@ def encode_reply(
     """
     if result is not None and error is not None:
         raise ValueError("a reply carries either a result or an error, not both")
-    header: dict[str, Any] = {"v": PROTOCOL_VERSION, "id": req_id}
     if error is None:
-        header["ok"] = True
         # A dict is sent as it is (the daemon builds a fresh one per reply); other mappings
-        # are copied into one for msgpack.
-        header["result"] = result if type(result) is dict else dict(result or {})
+        # are copied into one.
+        header = ReplyHeader(v=PROTOCOL_VERSION, id=req_id, ok=True,
+                             result=result if type(result) is dict else dict(result or {}))
     else:
-        header["ok"] = False
-        header["error"] = _error_map(error)
-    return [_pack(header)]
+        header = ReplyHeader(v=PROTOCOL_VERSION, id=req_id, ok=False, error=_error_map(error))
+    return [ENCODER.encode(header)]
 
 
 # --------------------------------------------------------------------------- payload checks
@@ -432,12 +585,6 @@ def _zeros(size: int) -> np.ndarray:
     return np.zeros(size, np.float32)
 
 
-def _is_int(value: Any) -> bool:
-    # msgpack booleans decode to bool, which Python counts as int; msgpack decodes integers
-    # to exactly int, so the type test is enough for what comes off the wire.
-    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
-
-
 def _enum_value(value: Any) -> Any:
     return value.value if isinstance(value, Enum) else value
 
@@ -457,95 +604,21 @@ def _as_bytes_view(frame: Any) -> memoryview:
     return view
 
 
-def _msgpack_default(obj: Any) -> Any:
+def _encode_default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return obj.tolist()
     if isinstance(obj, np.generic):
         return obj.item()
-    if isinstance(obj, Enum):
-        return obj.value
     raise TypeError(f"cannot send {type(obj).__name__} in a message header")
 
 
-# One Packer per thread, kept: msgpack.packb makes (and allocates the buffer of) a new one per
-# message. A Packer is not thread-safe, and its `default` runs Python code mid-message.
-_packers = threading.local()
-
-
-def _pack(obj: Any) -> bytes:
-    packer = getattr(_packers, "packer", None)
-    if packer is None:
-        packer = _packers.packer = msgpack.Packer(use_bin_type=True, default=_msgpack_default)
-    return packer.pack(obj)  # a failed pack leaves the packer empty for the next message
-
-
-def _unpack(buf: memoryview, limits: Limits) -> Any:
-    try:
-        return msgpack.unpackb(buf, raw=False, strict_map_key=True, max_str_len=limits.max_str_len,
-                               max_bin_len=limits.max_bin_len, max_array_len=limits.max_array_len,
-                               max_map_len=limits.max_map_len, max_ext_len=0)
-    except Exception as exc:
-        # msgpack raises several types (ValueError, FormatError, StackError, ExtraData, ...);
-        # every one of them means the same thing to the peer.
-        raise ProtocolError(
-            ErrorCode.MALFORMED, f"header is not a valid msgpack map within limits: {exc}",
-            peek_id(buf, limits),
-        ) from None
-
-
-def _array_specs(raw: Any, limits: Limits, req_id: int
-                 ) -> list[tuple[np.dtype, list[int], int]]:
-    """(dtype, shape, bytes it needs) of each array the header describes."""
-    if type(raw) is not list:
-        raise ProtocolError(
-            ErrorCode.MALFORMED, '"arrays" must be a list of {"dtype", "shape"} maps', req_id)
-    if len(raw) > limits.max_arrays:
-        raise ProtocolError(
-            ErrorCode.MALFORMED,
-            f"{len(raw)} arrays in one message; the limit is {limits.max_arrays}", req_id,
-        )
-    specs = []
-    for index, spec in enumerate(raw):
-        if type(spec) is not dict:
-            raise ProtocolError(
-                ErrorCode.MALFORMED, f'arrays[{index}] must be a {{"dtype", "shape"}} map', req_id)
-        dtype_name = spec.get("dtype")
-        shape = spec.get("shape")
-        dtype = DTYPES.get(dtype_name) if type(dtype_name) is str else None
-        if dtype is None:
-            if not isinstance(dtype_name, str):
-                raise ProtocolError(
-                    ErrorCode.MALFORMED, f'arrays[{index}] needs "dtype": a string', req_id)
-            raise ProtocolError(
-                ErrorCode.BAD_DTYPE,
-                f"arrays[{index}]: dtype {dtype_name!r} is not supported; use one of "
-                f"{sorted(DTYPES)} (little-endian)", req_id,
-            )
-        if type(shape) is not list:
-            raise ProtocolError(
-                ErrorCode.MALFORMED, f'arrays[{index}] needs "shape": a list of integers', req_id)
-        # One pass: every dimension an int (bool is not), none negative, and their product.
-        elements = 1
-        negative = False
-        for d in shape:
-            if type(d) is not int:
-                raise ProtocolError(ErrorCode.MALFORMED,
-                                    f'arrays[{index}] needs "shape": a list of integers', req_id)
-            if d < 0:
-                negative = True
-            elements *= d
-        if len(shape) > limits.max_ndim or negative:
-            raise ProtocolError(
-                ErrorCode.BAD_SHAPE,
-                f"arrays[{index}]: shape {shape} is not a valid array shape "
-                f"(at most {limits.max_ndim} non-negative dimensions)", req_id,
-            )
-        specs.append((dtype, shape, elements * dtype.itemsize))
-    return specs
+# One encoder for every header, kept (msgspec's encoders are thread-safe and reuse their
+# buffer). Enums go as their values; numpy scalars and arrays as plain numbers and lists.
+ENCODER = msgspec.msgpack.Encoder(enc_hook=_encode_default)
 
 
 def _check_dimensions(
-    index: int, shape: list[int], dtype: np.dtype, limits: Limits, req_id: int
+    index: int, shape: list[int], dtype: np.dtype, limits: Limits, req_id: int | None
 ) -> None:
     """Refuse shapes no array within the message limit can have, before numpy sees them.
 
@@ -567,29 +640,14 @@ def _check_dimensions(
         )
 
 
-def _error_map(error: Any) -> dict[str, Any]:
+def _error_map(error: Any) -> ErrorMap:
     """The reply's error map: code and message, then reason and appended where given."""
     if isinstance(error, (ProtocolError, ErrorInfo)):
-        out: dict[str, Any] = {"code": str(_enum_value(error.code)), "message": error.message}
-        if error.reason is not None:
-            out["reason"] = str(_enum_value(error.reason))
-        if error.appended is not None:
-            out["appended"] = error.appended
-        return out
+        return ErrorMap(str(_enum_value(error.code)), error.message,
+                        UNSET if error.reason is None else str(_enum_value(error.reason)),
+                        UNSET if error.appended is None else error.appended)
     if isinstance(error, Mapping):
-        return {**error, "code": str(_enum_value(error["code"])),
-                "message": str(error.get("message", ""))}
+        return ErrorMap(str(_enum_value(error["code"])), str(error.get("message", "")),
+                        error.get("reason", UNSET), error.get("appended", UNSET))
     code, message = error
-    return {"code": str(_enum_value(code)), "message": str(message)}
-
-
-_CLIENT_HALF = frozenset({"Reply", "encode_request", "decode_reply"})
-
-
-def __getattr__(name: str) -> Any:
-    """The client's half, wire.py, imported when first asked for here (PEP 562)."""
-    if name in _CLIENT_HALF:
-        from . import wire
-
-        return getattr(wire, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return ErrorMap(str(_enum_value(code)), str(message))

@@ -7,21 +7,21 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
+import msgspec
 import numpy as np
 
 from .protocol import (
     COMMON_REQUEST_KEYS,
     DTYPES,
+    ENCODER,
     PROTOCOL_VERSION,
     ErrorCode,
     ErrorInfo,
     Op,
     ProtocolError,
+    ReplyHeader,
     _as_bytes_view,
     _enum_value,
-    _is_int,
-    _pack,
 )
 
 
@@ -47,50 +47,70 @@ def encode_request(op: Op | str, req_id: int, camera: str, model: str | None = N
         "model": model, "timeout_ms": None if timeout_ms is None else float(timeout_ms),
         "arrays": [{"dtype": name, "shape": list(a.shape)} for name, a in wire_arrays]}
     header.update(fields)
-    return [_pack(header)] + [a.tobytes() for _, a in wire_arrays]
+    return [ENCODER.encode(header)] + [a.tobytes() for _, a in wire_arrays]
+
+
+# The client trusts its daemon more than the daemon trusts clients: a reply is decoded in one
+# call into the Struct the daemon encodes it from (protocol.ReplyHeader).
+_REPLY_DECODER = msgspec.msgpack.Decoder(ReplyHeader)
+_ANY_DECODER = msgspec.msgpack.Decoder()
+# What the decoder's error path names -> what the reply lacked.
+_REPLY_FAULTS = {
+    "v": 'reply header lacks an integer "v"',
+    "id": 'reply "id" must be an integer or nil',
+    "ok": 'reply lacks a boolean "ok"',
+    "result": 'reply "result" must be a map',
+    "error": 'error reply needs "error": {"code": str, "message": str}',
+}
 
 
 def decode_reply(frames: Sequence[Any]) -> Reply:
     """Decode a reply's frames (as a DEALER receives them). Raises `ProtocolError`."""
     if not frames:
         raise ProtocolError(ErrorCode.MALFORMED, "empty reply")
+    buf = _as_bytes_view(frames[0])
     try:
-        # The client trusts its daemon more than the daemon trusts clients, but a reply is still
-        # bounded: v1 replies are small maps.
-        header = msgpack.unpackb(_as_bytes_view(frames[0]), raw=False, strict_map_key=False,
-                                 max_ext_len=0)
+        header = _REPLY_DECODER.decode(buf)
     except Exception as exc:
-        raise ProtocolError(ErrorCode.MALFORMED, f"reply header is not msgpack: {exc}") from None
-    if not isinstance(header, dict):
-        raise ProtocolError(ErrorCode.MALFORMED, "reply header is not a map")
-    version = header.get("v")
-    if not _is_int(version):
-        raise ProtocolError(ErrorCode.MALFORMED, 'reply header lacks an integer "v"')
-    if version != PROTOCOL_VERSION:
+        raise _refused(buf, exc) from None
+    if header.v != PROTOCOL_VERSION:
         raise ProtocolError(ErrorCode.UNSUPPORTED_VERSION, f"server replied with protocol "
-                            f"version {version}; this client speaks {PROTOCOL_VERSION}")
-    req_id = header.get("id")
-    if req_id is not None and not _is_int(req_id):
-        raise ProtocolError(ErrorCode.MALFORMED, 'reply "id" must be an integer or nil')
-    ok = header.get("ok")
-    if not isinstance(ok, bool):
-        raise ProtocolError(ErrorCode.MALFORMED, 'reply lacks a boolean "ok"', req_id)
-    if ok:
-        result = header.get("result", {})
-        if not isinstance(result, dict):
-            raise ProtocolError(ErrorCode.MALFORMED, 'reply "result" must be a map', req_id)
-        return Reply(id=req_id, ok=True, result=result, version=version)
-    error = header.get("error")
-    if (not isinstance(error, dict) or not isinstance(error.get("code"), str)
-            or not isinstance(error.get("message", ""), str)):
-        raise ProtocolError(ErrorCode.MALFORMED,
-                            'error reply needs "error": {"code": str, "message": str}', req_id)
+                            f"version {header.v}; this client speaks {PROTOCOL_VERSION}")
+    if header.ok:
+        result = header.result
+        return Reply(id=header.id, ok=True, result={} if result is msgspec.UNSET else result,
+                     version=header.v)
+    error = header.error
+    if error is msgspec.UNSET:
+        raise ProtocolError(ErrorCode.MALFORMED, _REPLY_FAULTS["error"], header.id)
     # Optional keys of a v1 error map; of another type (a newer server's?) they are left out.
-    reason, appended = error.get("reason"), error.get("appended")
-    info = ErrorInfo(code=error["code"], message=error.get("message", ""),
+    reason, appended = error.reason, error.appended
+    info = ErrorInfo(code=error.code, message=error.message,
                      reason=reason if isinstance(reason, str) else None,
                      appended=appended if isinstance(appended, bool) else None)
-    return Reply(id=req_id, ok=False, error=info, version=version)
+    return Reply(id=header.id, ok=False, error=info, version=header.v)
+
+
+def _refused(buf: memoryview, exc: Exception) -> ProtocolError:
+    """The error for a reply the Struct refused: a version this client does not speak first
+    (whatever else a newer server's reply holds), else the key the decoder's error names."""
+    if not isinstance(exc, msgspec.ValidationError):
+        return ProtocolError(ErrorCode.MALFORMED, f"reply header is not msgpack: {exc}")
+    try:
+        raw = _ANY_DECODER.decode(buf)
+    except Exception:  # a nesting deeper than msgspec follows
+        raw = None
+    if not isinstance(raw, dict):
+        return ProtocolError(ErrorCode.MALFORMED, "reply header is not a map")
+    version, req_id = raw.get("v"), raw.get("id")
+    if type(version) is int and version != PROTOCOL_VERSION:
+        return ProtocolError(ErrorCode.UNSUPPORTED_VERSION, f"server replied with protocol "
+                             f"version {version}; this client speaks {PROTOCOL_VERSION}")
+    text = str(exc)
+    key = next((k for k in _REPLY_FAULTS if f"`$.{k}" in text or f"`{k}`" in text), "v")
+    if key in ("v", "id") or type(req_id) is not int:
+        req_id = None
+    return ProtocolError(ErrorCode.MALFORMED, _REPLY_FAULTS[key], req_id)
 
 
 def _to_wire(array: Any) -> tuple[str, np.ndarray]:

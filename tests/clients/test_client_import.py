@@ -33,9 +33,22 @@ def test_imports_without_torch_or_the_daemon():
     assert Path(proc.stdout.strip()) == CLIENTS_DIR / "stgcnd_client" / "__init__.py"
 
 
-def test_standalone_distribution_depends_only_on_pyzmq_msgpack_numpy():
+def test_standalone_distribution_depends_only_on_pyzmq_msgspec_numpy():
     meta = tomllib.loads((CLIENTS_DIR / "pyproject.toml").read_text(encoding="utf-8"))
     project = meta["project"]
     assert project["name"] == "stgcnd-client"
     names = {re.split(r"[<>=!~;\[ ]", dep)[0] for dep in project["dependencies"]}
-    assert names == {"pyzmq", "msgpack", "numpy"}
+    assert names == {"pyzmq", "msgspec", "numpy", "typing_extensions"}
+
+
+def test_neither_the_daemon_nor_the_client_loads_msgpack_python():
+    """msgpack goes through msgspec only (issue #44): serving, the client's calls and its
+    events load no second msgpack library (msgpack-python is a test dependency, the fuzz
+    tests' independent oracle)."""
+    code = ("import sys, stgcnd.commands.serve, stgcnd.server.events, stgcnd_client.wire, "
+            "stgcnd_client.events, stgcnd_client.client; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'msgpack'))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout

@@ -20,11 +20,10 @@ from stgcnd_client.protocol import (
     ProtocolError,
     check_frame,
     check_window,
-    decode_reply,
     decode_request,
     encode_reply,
-    encode_request,
 )
+from stgcnd_client.wire import decode_reply, encode_request
 
 
 def header(**overrides):

@@ -18,12 +18,11 @@ from stgcnd_client.protocol import (
     ErrorCode,
     ProtocolError,
     check_frame,
-    decode_reply,
     decode_request,
     encode_reply,
-    encode_request,
     peek_id,
 )
+from stgcnd_client.wire import decode_reply, encode_request
 
 PING = {"v": 1, "op": "ping", "id": 41, "camera": "cam"}
 

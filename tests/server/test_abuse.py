@@ -21,7 +21,7 @@ import pytest
 import zmq
 
 from stgcnd_client import Client, ServerError, Timeout
-from stgcnd_client.protocol import decode_reply, encode_request
+from stgcnd_client.wire import decode_reply, encode_request
 from tests.conftest import REPO
 from tests.server.daemon_harness import FRAMES, Daemon, process_stats, stop_by_pid
 
@@ -165,7 +165,7 @@ def test_a_peer_that_never_reads_cannot_stall_other_cameras(daemon, op):
 CHILD = """
 import sys, numpy as np, zmq
 sys.path.insert(0, {clients!r})
-from stgcnd_client.protocol import encode_request
+from stgcnd_client.wire import encode_request
 
 s = zmq.Context.instance().socket(zmq.DEALER)
 s.connect({endpoint!r})

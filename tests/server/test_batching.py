@@ -15,7 +15,7 @@ from stgcnd.model.reference import reference_logits
 from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd_client import Client
-from stgcnd_client.protocol import decode_reply, encode_request
+from stgcnd_client.wire import decode_reply, encode_request
 from tests.server.daemon_harness import FRAMES, Daemon
 from tests.server.test_daemon import raw_dealer
 

@@ -14,7 +14,7 @@ from stgcnd.runtimes import available, gpu_present
 from stgcnd.server.config import Config, ModelConfig, ServerConfig
 from stgcnd.server.config_checks import check_config
 from stgcnd_client import Client
-from stgcnd_client.protocol import decode_reply, encode_request
+from stgcnd_client.wire import decode_reply, encode_request
 from tests.server.daemon_harness import Daemon
 
 IPC = "ipc:///tmp/stgcnd-config-checks.sock"

@@ -18,7 +18,7 @@ from stgcnd.model.reference import reference_logits
 from stgcnd.model.spec import ModelSpec
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd_client import Busy, Client, ServerError, ShuttingDown
-from stgcnd_client.protocol import decode_reply, encode_request
+from stgcnd_client.wire import decode_reply, encode_request
 from tests.conftest import REPO
 from tests.server.daemon_harness import FRAMES, Daemon, write_config
 

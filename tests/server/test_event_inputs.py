@@ -13,7 +13,7 @@ from stgcnd.server.cameras import CameraState
 from stgcnd.server.config import EventsConfig
 from stgcnd.server.events import Events
 from stgcnd_client import Client, ServerError
-from stgcnd_client.protocol import decode_reply, encode_request
+from stgcnd_client.wire import decode_reply, encode_request
 from tests.server.daemon_harness import Daemon, stop_by_pid
 from tests.server.test_event_trust import LABELS, window
 from tests.server.test_events import NOOP_EVENTS

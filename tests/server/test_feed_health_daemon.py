@@ -15,7 +15,7 @@ import zmq
 
 from stgcnd_client import Client, Events
 from stgcnd_client.errors import ServerError
-from stgcnd_client.protocol import encode_request
+from stgcnd_client.wire import encode_request
 from tests.server.daemon_harness import Daemon, stop_by_pid, write_config
 
 MODEL = ('[[models]]\nname = "m"\ndemo = true\nbackend = "noop"\nframes = 30\nstride = 5\n'

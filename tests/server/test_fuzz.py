@@ -32,7 +32,8 @@ import pytest
 import zmq
 
 from stgcnd_client import Client, ServerError
-from stgcnd_client.protocol import ErrorCode, Limits, ProtocolError, decode_reply
+from stgcnd_client.protocol import ErrorCode, Limits, ProtocolError
+from stgcnd_client.wire import decode_reply
 from tests.fuzz_messages import LOAD_CODES, Case, Generator
 from tests.server.daemon_harness import Daemon
 

@@ -23,7 +23,7 @@ import pytest
 import zmq
 
 from stgcnd_client import Client, ServerError, Timeout
-from stgcnd_client.protocol import decode_reply, encode_request
+from stgcnd_client.wire import decode_reply, encode_request
 from tests.conftest import REPO
 from tests.server.daemon_harness import FRAMES, Daemon, process_stats, stop_by_pid
 
@@ -205,7 +205,7 @@ MANY_FRAMES = 150_000
 MANY_FRAMES_ATTACK = """
 import sys, zmq
 sys.path.insert(0, {clients!r})
-from stgcnd_client.protocol import decode_reply, encode_request
+from stgcnd_client.wire import decode_reply, encode_request
 s = zmq.Context.instance().socket(zmq.DEALER)
 s.setsockopt(zmq.LINGER, 0)
 s.connect({endpoint!r})
@@ -258,7 +258,7 @@ import socket, sys, time
 sys.path.insert(0, {here!r})
 sys.path.insert(0, {clients!r})
 from raw_zmtp import connect, frame
-from stgcnd_client.protocol import encode_request
+from stgcnd_client.wire import encode_request
 sock = connect({endpoint!r})
 # A ping and {frames} empty frames, built as ZMTP bytes: they arrive as fast as the daemon's
 # I/O thread parses them (about 64 B a frame in its pipe), not as fast as pyzmq sends.
@@ -330,7 +330,7 @@ import sys, time
 sys.path.insert(0, {here!r})
 sys.path.insert(0, {clients!r})
 from raw_zmtp import connect, frame, read_message
-from stgcnd_client.protocol import decode_reply, encode_request
+from stgcnd_client.wire import decode_reply, encode_request
 sock = connect({endpoint!r})
 sock.sendall(frame(encode_request("ping", 7, "attacker")[0], more=False))
 sock.settimeout(10)
@@ -401,7 +401,7 @@ def test_a_message_of_millions_of_frames_after_a_valid_request_stalls_nobody(dae
 BURST = """
 import sys, zmq
 sys.path.insert(0, {clients!r})
-from stgcnd_client.protocol import decode_reply, encode_request
+from stgcnd_client.wire import decode_reply, encode_request
 ctx = zmq.Context.instance()
 socks = [ctx.socket(zmq.DEALER) for _ in range(8)]
 for s in socks:
@@ -515,7 +515,7 @@ def test_every_sender_of_huge_messages_is_banned(daemon):
 INVENT = """
 import sys, numpy as np, zmq
 sys.path.insert(0, {clients!r})
-from stgcnd_client.protocol import decode_reply, encode_request
+from stgcnd_client.wire import decode_reply, encode_request
 s = zmq.Context.instance().socket(zmq.DEALER)
 s.setsockopt(zmq.LINGER, 0)
 s.connect({endpoint!r})
@@ -580,7 +580,7 @@ def test_invented_camera_ids_cannot_lock_out_a_new_camera(daemon):
 FLOOD = """
 import sys, time, numpy as np, zmq
 sys.path.insert(0, {clients!r})
-from stgcnd_client.protocol import decode_reply, encode_request
+from stgcnd_client.wire import decode_reply, encode_request
 s = zmq.Context.instance().socket(zmq.DEALER)
 s.setsockopt(zmq.LINGER, 0)
 s.connect({endpoint!r})
@@ -604,7 +604,7 @@ print(sent, got, busy, flush=True)
 HOLD = """
 import sys, time, numpy as np, zmq
 sys.path.insert(0, {clients!r})
-from stgcnd_client.protocol import decode_reply, encode_request
+from stgcnd_client.wire import decode_reply, encode_request
 ctx = zmq.Context.instance()
 frame = np.zeros((3, 33, 1), np.float32)
 socks, poller = [], zmq.Poller()
@@ -645,7 +645,7 @@ print(sum(sent), got, busy, flush=True)
 INFER_HOLD = """
 import sys, time, numpy as np, zmq
 sys.path.insert(0, {clients!r})
-from stgcnd_client.protocol import decode_reply, encode_request
+from stgcnd_client.wire import decode_reply, encode_request
 ctx = zmq.Context.instance()
 window = np.zeros((3, {frames}, 33, 1), np.float32)
 socks, poller = [], zmq.Poller()

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import zmq
 
-from stgcnd_client.protocol import decode_reply, encode_request
+from stgcnd_client.wire import decode_reply, encode_request
 from tests.server.daemon_harness import Daemon, stop_by_pid
 
 pytestmark = pytest.mark.slow

@@ -19,15 +19,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from stgcnd_client.protocol import (
-    DTYPES,
-    ErrorCode,
-    ProtocolError,
-    decode_reply,
-    decode_request,
-    encode_reply,
-    encode_request,
-)
+from stgcnd_client.protocol import DTYPES, ErrorCode, ProtocolError, decode_request, encode_reply
+from stgcnd_client.wire import decode_reply, encode_request
 from tests.conftest import REPO
 
 DOC = REPO / "docs" / "protocol.md"

@@ -17,7 +17,7 @@ import zmq
 from stgcnd import cpupower
 from stgcnd.model.synthetic import synthetic_windows
 from stgcnd_client import Client
-from stgcnd_client.protocol import decode_reply, encode_request
+from stgcnd_client.wire import decode_reply, encode_request
 from tests.server.daemon_harness import REPO, Daemon, write_config
 from tests.server.test_daemon import raw_dealer
 

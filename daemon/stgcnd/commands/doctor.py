@@ -138,7 +138,7 @@ def collect(store: Path | None = None, root: Path = Path("/"), smoke_test: bool 
         "python": f"{platform.python_version()} ({sys.executable})",
         "platform": f"{platform.system()} {platform.release()} {platform.machine()}",
         "versions": {n: module_version(n) for n in
-                     ("numpy", "torch", "onnx", "onnxruntime", "zmq", "msgpack", "structlog")},
+                     ("numpy", "torch", "onnx", "onnxruntime", "zmq", "msgspec", "structlog")},
         "gpu": gpu,
         "driver": _driver(config) if gpu else {"available": False, "reason": "no GPU"},
         "cuda": _torch_cuda(),
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = report["config"]
     print(f"config      {cfg['source']}" + (f": UNREADABLE, the defaults are used: "
                                              f"{cfg['error']}" if cfg.get("error") else ""))
-    for name in ("numpy", "torch", "onnx", "onnxruntime", "zmq", "msgpack", "structlog"):
+    for name in ("numpy", "torch", "onnx", "onnxruntime", "zmq", "msgspec", "structlog"):
         label = "pyzmq" if name == "zmq" else name
         print(f"{label:<11} {v[name] or 'not installed'}")
     cuda = report["cuda"]

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Dict, Mapping, Protocol
 
-import msgpack
+import msgspec
 import zmq
 
 from stgcnd.errors import UserError
@@ -25,6 +25,7 @@ from stgcnd.server.transport import HANDSHAKE_MS, bind_endpoint
 
 # events_subscriber_cut keeps the module it was said by (a reader's filter).
 log = get_logger("stgcnd.server.events")
+_ENCODER = msgspec.msgpack.Encoder()  # kept: reuses its buffer for every message
 
 Event = Dict[str, object]
 
@@ -236,7 +237,7 @@ class Publisher:
         kind = message["kind"]
         if self._pub is not None:
             topic = HEARTBEAT_TOPIC if kind == "heartbeat" else str(message["camera"]).encode()
-            self._pub.send_multipart([topic, msgpack.packb(message)], zmq.NOBLOCK)
+            self._pub.send_multipart([topic, _ENCODER.encode(message)], zmq.NOBLOCK)
         if kind not in ("heartbeat", "snapshot"):
             for sink in self.sinks.values():
                 sink.send(message)

@@ -94,9 +94,12 @@ def message_limits() -> str:
     return table(("limit", "value", "error when exceeded"), [
         ("whole message (all frames)", size(L.max_message_bytes), c(ErrorCode.TOO_LARGE)),
         ("header frame", size(L.max_header_bytes), c(ErrorCode.TOO_LARGE)),
-        ("any string in the header", f"{L.max_str_len} bytes", c(ErrorCode.MALFORMED)),
+        ("any string in the header (a key too)", f"{L.max_str_len} characters (Unicode code "
+         f"points; at most {4 * L.max_str_len} bytes)", c(ErrorCode.MALFORMED)),
         ("any list in the header", f"{L.max_array_len} items", c(ErrorCode.MALFORMED)),
         ("any map in the header", f"{L.max_map_len} entries", c(ErrorCode.MALFORMED)),
+        ("containers nested in the header (its own map the first; a request nests 4 deep)",
+         f"{L.max_depth} deep", c(ErrorCode.MALFORMED)),
         ("arrays per message", str(L.max_arrays), c(ErrorCode.MALFORMED)),
         ("array dimensions", str(L.max_ndim), c(ErrorCode.BAD_SHAPE)),
         ("any dimension, and the product of the non-zero ones",
@@ -124,9 +127,9 @@ def hardening_limits() -> str:
          f"{c(ErrorCode.TOO_LARGE)}, then the connection closed and its peer refused for 10 s",
          "peer: the client's process (ipc, SO_PEERCRED) or its address (tcp); a loopback tcp "
          "peer (its user) and a process in another pid namespace lose that connection only"),
-        ("header", f"{size(L.max_header_bytes)}, strings {L.max_str_len:,}, lists/maps "
-         f"{L.max_array_len}, {L.max_arrays} arrays of at most {L.max_ndim} dims, camera id "
-         f"{L.max_camera_len} chars",
+        ("header", f"{size(L.max_header_bytes)}, strings {L.max_str_len:,} chars, lists/maps "
+         f"{L.max_array_len}, nesting {L.max_depth}, {L.max_arrays} arrays of at most "
+         f"{L.max_ndim} dims, camera id {L.max_camera_len} chars",
          f"{c(ErrorCode.TOO_LARGE)} / {c(ErrorCode.MALFORMED)} / {c(ErrorCode.BAD_SHAPE)}",
          "checked before anything is allocated for the arrays"),
         ("header numbers", "`ts` above -1e11 and below 1e11 s; `timeout_ms` finite and >= 0 "
