@@ -245,23 +245,18 @@ class Server:
 
     def _duties(self) -> list[Duty]:
         """The periodic duties, in the order they run when due together."""
-        feed = self.events
-
-        def stats_every() -> float:  # read at each tick: a reload may change it
-            return self.config.server.stats_interval
-
-        def every_check() -> float:
-            return CHECK_EVERY_S
-
+        feed, stats_s = self.events, self.config.server.stats_interval
         duties = [
-            Duty("memory", self._check_memory, every_check),
+            Duty("memory", self._check_memory, lambda: CHECK_EVERY_S),
             # A dead camera's events end in seconds, not minutes.
             Duty("events_sweep", lambda now: feed.expire_silent(now, self.cameras.cameras),
-                 every_check),
+                 lambda: CHECK_EVERY_S),
             # Its report and its housekeeping apart: a bug in a report never stops idle
-            # cameras going, nor the connections' budgets.
-            Duty("stats_tick", self._report, stats_every, first=stats_every()),
-            Duty("housekeeping", self._housekeep, stats_every, first=stats_every()),
+            # cameras going, nor the connections' budgets. A reload may change the interval.
+            Duty("stats_tick", self._report, lambda: self.config.server.stats_interval,
+                 first=stats_s),
+            Duty("housekeeping", self._housekeep, lambda: self.config.server.stats_interval,
+                 first=stats_s),
         ]
         wd_interval = self.notifier.watchdog_interval
         if wd_interval:
