@@ -1,10 +1,12 @@
 """The I/O loop's periodic duties as one table (gunicorn's arbiter and uvicorn's main loop keep
 theirs so): each row a name, its handler, how often it runs, and when it is next due. The loop
-looks at `next_due` once a pass, and its poll waits no longer than the earliest row."""
+looks at `next_due` once a pass. Its poll wakes at least every LOOP_TICK_MS (server.py), so a
+duty runs at most that late. Waking at each duty's exact time instead costs ten more wakeups a
+second: at one camera at 25 Hz (noop backend, a noisy 2-core CPU, three runs each) the daemon's
+CPU a request had medians of 605 us that way and 577 us this way."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -36,9 +38,3 @@ class Duties:
                 duty.due = now + duty.every()
                 self._guard(duty.name, duty.run, now)
         self.next_due = min(d.due for d in self._duties)
-
-    def wait_ms(self, now: float, longest_ms: int) -> int:
-        """How long the poll may wait for the earliest duty, at most `longest_ms`: whole
-        milliseconds rounded up (a duty runs at its time, never a millisecond early)."""
-        wait = math.ceil((self.next_due - now) * 1e3)
-        return longest_ms if wait > longest_ms else wait if wait > 0 else 0

@@ -40,7 +40,7 @@ from stgcnd_client.protocol import Limits
 
 log = get_logger(__name__)
 
-LOOP_TICK_MS = 100
+LOOP_TICK_MS = 100        # the poll's longest wait: the duties' (duties.py) granularity
 RETIRE_TIMEOUT_S = 30.0   # a reloaded-away model's executors drain within this
 SHUTDOWN_QUIET_S = 0.1    # shutdown: the socket closes after this long without a request...
 SHUTDOWN_REFUSE_S = 1.0   # ...or after refusing for this long, whichever comes first
@@ -222,8 +222,6 @@ class Server:
                 guard("reload", self._finish_reload, self._reload)
             if now >= duties.next_due:
                 duties.run_due(now)
-            if timeout:
-                timeout = duties.wait_ms(now, timeout)
         return self.shutdown()
 
     def _socket_handlers(self) -> dict[Any, Callable[[], object]]:
