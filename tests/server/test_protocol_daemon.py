@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import zmq
 
+from stgcnd.server.requests import refusal
+from stgcnd_client.protocol import ErrorCode, ProtocolError, Reason
 from stgcnd_client.wire import decode_reply, encode_request
 from tests.server.daemon_harness import Daemon, stop_by_pid
 
@@ -109,6 +111,18 @@ def test_a_push_refused_before_its_window_says_it_was_not_appended(dealer):
     assert (reply["error"]["code"], reply["error"]["appended"]) == ("bad-shape", False)
     send(dealer, "push", 2, "bad-frame", "fast", (FRAME,))
     assert replies(dealer, 1)[0]["result"]["seq"] == 1  # nothing was appended before
+
+
+def test_a_refusal_says_appended_from_where_it_was_refused_and_leaves_the_error_as_it_was():
+    """#44: the request path says whether a push's frame is in the window where it appends
+    it (or refuses before), not by writing on the exception it raised."""
+    busy = ProtocolError(ErrorCode.BUSY, "slow down", 7, Reason.QUEUE_FULL)
+    for appended in (True, False):
+        error = msgpack.unpackb(refusal(7, busy, appended)[0])["error"]
+        assert error == {"code": "busy", "message": "slow down", "reason": "queue-full",
+                         "appended": appended}
+    assert "appended" not in msgpack.unpackb(refusal(7, busy, None)[0])["error"]  # an infer
+    assert busy.appended is None
 
 
 def test_timeout_zero_appends_and_expires_only_the_prediction(dealer):

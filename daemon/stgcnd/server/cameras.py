@@ -79,18 +79,20 @@ MAX_WAITING = 4      # resends of one request answered when it is (the client's 
 
 @dataclass
 class Sent:
-    """The last infer, or push, of one camera for one model, so that a resend (the same id,
-    after a client timeout) makes no second prediction: the events see each window once.
+    """The last infer, and the last push, of one camera for one model (CameraState.sent), so
+    that a resend (the same id, after a client timeout) makes no second prediction: the
+    events see each window once. One record for both, answered the one way
+    (RequestPath._answer): a resent push never appends its frame again.
 
-    A resent push never appends its frame again. While the prediction is queued or running
-    (`job`), a resend waits for its answer (`waiting`: the latest MAX_WAITING resends' routing
-    ids); a successful answer is kept in `reply` and sent again as it is; after an error reply
-    a resend runs `window` again. An infer's `window` also tells a resend from a new window
-    sent with a reused id (which is a new request).
+    A successful answer is kept in `reply` and sent again as it is (a push that made no
+    prediction due has it at once); while the prediction is queued or running (`job`), a
+    resend waits for its answer (`waiting`: the latest MAX_WAITING resends' routing ids);
+    after an error reply a resend runs `window` again. An infer's `window` also tells a resend
+    from a new window sent with a reused id (which is a new request).
     """
 
     req_id: int
-    extra: dict[str, Any]                 # push: ready / frames / seq, as the reply reports
+    extra: dict[str, Any]                 # push: model / ready / frames / seq for its reply
     window: np.ndarray | None = None      # the window to predict on, when one was due
     reply: list[bytes] | None = None      # the final answer, once there is one
     job: Job | None = None                # the prediction queued or running
@@ -107,8 +109,7 @@ class CameraState:
     served: bool = False                  # a prediction answered ok, here or before
     requests: int = 0
     rings: dict[str, FrameRing] = field(default_factory=dict)
-    pushes: dict[str, Sent] = field(default_factory=dict)
-    infers: dict[str, Sent] = field(default_factory=dict)
+    sent: dict[tuple[str, str], Sent] = field(default_factory=dict)  # (op, model) -> its last
     ts: float | None = None               # the latest `ts` (docs/protocol.md): its clock
     untimed: bool = False                 # an infer or push without ts: never on a ts clock
 
@@ -117,15 +118,15 @@ class CameraState:
         if ring is None or ring.shape != tuple(window_shape) or ring.stride != stride:
             # New, or the model was reloaded with another shape or stride: start over.
             ring = self.rings[model] = FrameRing(window_shape, stride)  # type: ignore[arg-type]
-            self.pushes.pop(model, None)
+            self.sent.pop(("push", model), None)
         return ring
 
     def reset(self, models: list[str]) -> None:
         """Push state and resend records; a clock (ts) starts over."""
         for name in models:
             self.rings.pop(name, None)
-            self.pushes.pop(name, None)
-            self.infers.pop(name, None)
+            self.sent.pop(("push", name), None)
+            self.sent.pop(("infer", name), None)
         self.ts = None
 
 

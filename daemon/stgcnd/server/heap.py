@@ -12,7 +12,7 @@ from collections.abc import Callable
 CHECK_EVERY_S = 0.1
 AUTO_HEADROOM_BYTES = 512 << 20   # auto limit: the RSS at READY plus this
 # A message arriving grows libzmq's pipe far faster than the daemon's own memory grows after
-# READY (docs/performance.md; a reload's models are exempt: server.py).
+# READY (docs/performance.md; a reload's models are exempt: memory_policy.py).
 GROWTH_BYTES = 16 << 20
 CONNECTION_BYTES = 64 << 10       # ...plus this much per connection accepted meanwhile (a
                                   # connection costs libzmq about 17 KB: a flood is no message)

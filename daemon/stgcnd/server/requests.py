@@ -33,6 +33,7 @@ from stgcnd.server.transport import NOBLOCK, NOBLOCK_MORE, send_frame
 from stgcnd.telemetry.latency import LatencyAggregator
 from stgcnd_client.protocol import (
     ErrorCode,
+    ErrorInfo,
     Limits,
     ProtocolError,
     Reason,
@@ -165,21 +166,23 @@ class RequestPath:
             if key is not None and not key.allows(req.camera):
                 raise ProtocolError(ErrorCode.FORBIDDEN, forbidden(key, req.camera), req.id)
             self._dispatch(identity, req, received, msg.peer, key)
-        except ProtocolError as exc:
-            self._reject(identity, exc, req, key)
+        except ProtocolError as exc:  # refused before a push's frame reached any window
+            self._reject(identity, exc, req, key, appended=False)
         except Exception as exc:  # a daemon bug: that camera's, never the loop's
             self.send(identity, self.fault(getattr(req, "id", None), getattr(
                 req, "camera", None), exc, "request"))
 
     def _reject(self, identity: bytes, exc: ProtocolError, req: Request | None,
-                key: ClientKey | None = None) -> None:
+                key: ClientKey | None = None, appended: bool = False) -> None:
+        """A refusal's reply, counted and logged; `appended`: for a push, whether its frame is
+        in the window (said by the path that appended it or not, docs/protocol.md §3)."""
         busy = exc.code == ErrorCode.BUSY
         self.counters["busy" if busy else "errors"] += 1
         req_id = exc.req_id if exc.req_id is not None else getattr(req, "id", None)
         if exc.code == ErrorCode.FORBIDDEN:
             # Its sender may not speak for the camera it named: nothing of that camera's
             # (latency, feed health, the log's camera) is charged; its key is.
-            self._refuse_key(identity, exc, req, key, req_id)
+            self._refuse_key(identity, exc, req, key, req_id)  # its frame never reached a window
             return
         self.errors.report(exc.code.value, camera=getattr(req, "camera", None),
                            message=exc.message)
@@ -190,9 +193,7 @@ class RequestPath:
                                     "busy" if busy else "error")
             if exc.code != ErrorCode.SHUTTING_DOWN:  # a reload's refusal, not the feed's
                 self.events.refused(req.camera, busy, known, self._counted)
-        if req is not None and req.op == "push" and exc.appended is None:
-            exc.appended = False  # refused before its frame reached the window (_push)
-        self.send(identity, encode_reply(req_id, error=exc))
+        self.send(identity, refusal(req_id, exc, appended if pushed(req) else None))
 
     def _refuse_key(self, identity: bytes, exc: ProtocolError, req: Request | None,
                     key: ClientKey | None, req_id: int | None) -> None:
@@ -203,9 +204,7 @@ class RequestPath:
             self.forbidden_by_key[key.name] = self.forbidden_by_key.get(key.name, 0) + 1
         self.errors.report(exc.code.value, client_key=key.name if key else None,
                            named_camera=getattr(req, "camera", None), message=exc.message)
-        if req is not None and req.op == "push":
-            exc.appended = False  # never reached any window
-        self.send(identity, encode_reply(req_id, error=exc))
+        self.send(identity, refusal(req_id, exc, False if pushed(req) else None))
 
     def _dispatch(self, identity: bytes, req: Request, received: float, peer: str,
                   key: ClientKey | None = None) -> None:
@@ -262,20 +261,49 @@ class RequestPath:
     def _infer(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
                received: float, deadline: float | None, ts: float | None) -> None:
         window = req.arrays[0]
-        rec = cam.infers.get(model.name)
-        if rec is not None and rec.req_id == req.id and rec.window is not None and \
-                np.array_equal(rec.window, window):
-            self._resend(identity, req, cam, model, rec, received, deadline, ts)
-            return
-        rec = cam.infers[model.name] = Sent(req.id, {}, window=window)
-        rec.job = self._submit(identity, req, cam, model, window, {}, received, deadline, ts)
-        self._counted = True
-        self.events.frame(cam.name, window)  # a window refused busy is no frame seen
+        key = ("infer", model.name)
+        rec = cam.sent.get(key)
+        # A resend: the same id and the same window (a reused id with another is a new request).
+        fresh = rec is None or rec.req_id != req.id or rec.window is None or \
+            not np.array_equal(rec.window, window)
+        if fresh:
+            rec = cam.sent[key] = Sent(req.id, {}, window=window)
+        assert rec is not None
+        self._answer(identity, req, cam, model, rec, received, deadline, ts)
+        if fresh:
+            self._counted = True
+            self.events.frame(cam.name, window)  # a window refused busy is no frame seen
 
-    def _resend(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
+    def _push(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
+              received: float, deadline: float | None, ts: float | None) -> None:
+        key = ("push", model.name)
+        rec = cam.sent.get(key)
+        if rec is None or rec.req_id != req.id:  # a resend's frame is never appended twice
+            rec = cam.sent[key] = self._append(req, cam, model)
+        try:
+            self._answer(identity, req, cam, model, rec, received, deadline, ts)
+        except ProtocolError as exc:
+            # Past admission, the frame is in the window (appended now, or by the attempt
+            # this one resends): only its prediction was refused; a resend runs its window.
+            self._reject(identity, exc, req, appended=True)
+
+    def _append(self, req: Request, cam: CameraState, model: ServedModel) -> Sent:
+        """A push's frame into its camera's window; its record: the reply, when no prediction
+        is due, else the window to predict on (a copy: later frames do not change it)."""
+        ring = cam.ring(model.name, model.input_shape, model.config.stride)
+        due = ring.append(req.arrays[0])
+        extra = {"model": model.name, "ready": due, "frames": ring.buffered,
+                 "seq": ring.received}
+        if not due:
+            return Sent(req.id, extra, reply=encode_reply(req.id, extra))
+        return Sent(req.id, extra, window=ring.window())
+
+    def _answer(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
                 rec: Sent, received: float, deadline: float | None, ts: float | None) -> None:
-        """A request sent again with the same id (a client's retry): answered by its first
-        attempt's prediction, never by a second one (cameras.Sent)."""
+        """An infer or push answered from its record, a first attempt and a resend (the same
+        id, a client's retry) alike, so that a resend never makes a second prediction
+        (cameras.Sent): its kept reply, or its prediction queued or running (its answer goes
+        here too), or its window run now (a first attempt, or after busy or expired)."""
         if rec.reply is not None:
             self.send(identity, rec.reply)
         elif rec.job is not None:  # queued or running: its answer goes here too
@@ -284,7 +312,7 @@ class RequestPath:
                 self.connections.answered(given_up)  # its connection waits for none
             rec.waiting = waiting[-MAX_WAITING:]
             rec.job.deadline = deadline  # the first attempt's client has given up on it
-        elif rec.window is not None:  # refused busy or expired: run it now
+        elif rec.window is not None:
             rec.job = self._submit(identity, req, cam, model, rec.window, rec.extra, received,
                                    deadline, ts)
 
@@ -307,40 +335,6 @@ class RequestPath:
         cam.in_flight += 1
         return job
 
-    def _push(self, identity: bytes, req: Request, cam: CameraState, model: ServedModel,
-              received: float, deadline: float | None, ts: float | None) -> None:
-        try:
-            self._push_frame(identity, req, cam, model, received, deadline, ts)
-        except ProtocolError as exc:
-            # Past admission, the frame is in the window (appended now, or by the attempt
-            # this one resends): only its prediction was refused.
-            exc.appended = True
-            raise
-
-    def _push_frame(self, identity: bytes, req: Request, cam: CameraState,
-                    model: ServedModel, received: float, deadline: float | None,
-                    ts: float | None) -> None:
-        rec = cam.pushes.get(model.name)
-        if rec is not None and rec.req_id == req.id:
-            # A resend (the client timed out or got busy/expired): the frame is in the ring
-            # already and is never appended twice.
-            self._resend(identity, req, cam, model, rec, received, deadline, ts)
-            return
-        ring = cam.ring(model.name, model.input_shape, model.config.stride)
-        due = ring.append(req.arrays[0])
-        extra = {"model": model.name, "ready": due, "frames": ring.buffered,
-                 "seq": ring.received}
-        if not due:
-            reply = encode_reply(req.id, extra)
-            cam.pushes[model.name] = Sent(req.id, extra, reply=reply)
-            self.send(identity, reply)
-            return
-        window = ring.window()  # a copy: later frames do not change this prediction
-        rec = cam.pushes[model.name] = Sent(req.id, extra, window=window)
-        # Busy keeps the frame (appended above): a resend runs this window.
-        rec.job = self._submit(identity, req, cam, model, window, extra, received, deadline,
-                               ts)
-
     # -- replies ---------------------------------------------------------------------------
     def complete(self, reply: Reply, now: float) -> None:
         """Settle a finished job's bookkeeping, hand its prediction to the events, then send
@@ -354,7 +348,7 @@ class RequestPath:
             rec = None
             if cam is not None:
                 cam.in_flight -= 1
-                rec = (cam.pushes if job.op == "push" else cam.infers).get(job.model)
+                rec = cam.sent.get((job.op, job.model))
                 if rec is not None and rec.job is job:
                     rec.job, waiting, rec.waiting = None, rec.waiting, []
                 else:
@@ -455,6 +449,20 @@ class RequestPath:
                 **({"curve": {"denied": self.curve.refusals.count, "dropped": self.curve.dropped,
                               "forbidden": dict(self.forbidden_by_key),
                               "clients": len(self.curve.keys)}} if self.curve else {})}
+
+
+def pushed(req: Request | None) -> bool:
+    return req is not None and req.op == "push"
+
+
+def refusal(req_id: int | None, exc: ProtocolError, appended: bool | None) -> list[bytes]:
+    """A refused request's reply: its error and, for a push, whether its frame was `appended`
+    (docs/protocol.md §3; None: not a push). The exception says what was refused, the path
+    that refused it what became of the frame: nothing is written on the exception."""
+    if appended is None:
+        return encode_reply(req_id, error=exc)
+    return encode_reply(req_id, error=ErrorInfo(exc.code.value, exc.message, reason=exc.reason,
+                                                appended=appended))
 
 
 def forbidden(key: ClientKey, camera: str) -> str:

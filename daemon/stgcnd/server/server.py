@@ -22,17 +22,14 @@ from stgcnd.log import configure_logging, debug_enabled, get_logger, logging_con
 from stgcnd.server.cameras import CameraTable
 from stgcnd.server.config import RESTART, SERVER_ENGINE, Config
 from stgcnd.server.config_checks import check_config
-from stgcnd.server.connections import CLOSE_IDLE_S, Connections, connection_caps
+from stgcnd.server.connections import Connections, connection_caps
 from stgcnd.server.curve_policy import KeyHandler, curve_enabled
+from stgcnd.server.duties import Duties, Duty
 from stgcnd.server.errorlog import ClientErrorLog
 from stgcnd.server.event_hub import EventHub
 from stgcnd.server.handshakes import Refusals, monitor_reporter
-from stgcnd.server.heap import (
-    CHECK_EVERY_S,
-    TRIM_EVERY_S,
-    RssWatch,
-    give_back_free_memory,
-)
+from stgcnd.server.heap import CHECK_EVERY_S, RssWatch, give_back_free_memory
+from stgcnd.server.memory_policy import MemoryPolicy
 from stgcnd.server.models import ServedModel, load_models
 from stgcnd.server.notify import Notifier
 from stgcnd.server.requests import RequestPath
@@ -43,19 +40,12 @@ from stgcnd_client.protocol import Limits
 
 log = get_logger(__name__)
 
-LOOP_TICK_MS = 100
+LOOP_TICK_MS = 100        # the poll's longest wait: the duties' (duties.py) granularity
 RETIRE_TIMEOUT_S = 30.0   # a reloaded-away model's executors drain within this
 SHUTDOWN_QUIET_S = 0.1    # shutdown: the socket closes after this long without a request...
 SHUTDOWN_REFUSE_S = 1.0   # ...or after refusing for this long, whichever comes first
 CLOSE_LINGER_MS = 1000    # the last replies get this long to leave at close
-GROWTH_READ_PASSES = 4    # heap growth: read up to 4 bursts of waiting requests first...
-GROWTH_DEFER_CHECKS = 2   # ...and, when more wait, put the cut off by at most two checks
-# ...and spare connections younger than this: a new camera's first request may still be on
-# its way, while a message growing the heap by GROWTH_BYTES (16 MB) at 300 MB/s is 50 ms old.
-GROWTH_SPARES_NEW_S = 0.02
-# ...and those that delivered a request within as long (a huge message is that old when
-# first seen): a camera's request read late is not taken for one.
-GROWTH_QUIET_S = 0.05
+GROWTH_READ_PASSES = 4    # heap growth: read up to 4 bursts of waiting requests first
 # The I/O loop and the worker threads share one interpreter lock. Python's default 5 ms
 # switch interval would let a busy loop hold back a worker whose batch is done for up to
 # 5 ms; 0.5 ms bounds that hand-over at a cost of a few hundred extra switches per second.
@@ -115,9 +105,8 @@ class Server:
         self.retiring: list[ServedModel] = []
         self._reload: Future[Reloaded] | None = None  # done: it wakes the loop
         self._timer = WakeTimer()  # polled runners' next look (poll wakes on it)
-        self._next_trim = 0.0
         self._last_stats = time.monotonic()  # the latency lines' interval ends here
-        self._growth_deferred = 0  # memory checks that put a growth cut off (_read_waiting)
+        self._stall_logged = False  # watchdog_stall said for the stall going on (_watchdog)
         self._faults = ClientErrorLog()  # the loop's duties' failures (_guard)
         self.models = self._load_first(config)
         s = config.server
@@ -151,6 +140,8 @@ class Server:
             self._router, self.connections, self.cameras,
             Limits(max_message_bytes=s.max_message_bytes), self.stats, self.events)
         self.requests.models = self.models
+        self._memory = MemoryPolicy(self._rss, self._all_connections, self._read_waiting,
+                                    lambda: self.requests.discarding, self.requests.errors)
         if self.curve is not None:
             self.requests.use_curve(self.curve)
         self._sampler = SystemSampler(s.stats_interval,
@@ -199,72 +190,76 @@ class Server:
 
     # -- the I/O loop ----------------------------------------------------------------------
     def serve(self) -> int:
-        router, connections, requests = self._router, self.connections, self.requests
+        """poll -> each ready socket's handler -> the executors -> the duties due; until a
+        signal, then shutdown."""
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        router, requests, feed, wakeup = self._router, self.requests, self.events, self.wakeup
+        handlers = self._socket_handlers()
         poller = zmq.Poller()
-        poller.register(router, zmq.POLLIN)
-        poller.register(connections.monitor, zmq.POLLIN)
-        poller.register(self.wakeup.read_fd, zmq.POLLIN)
-        feed = self.events
-        subscribers, feed_conns = feed.socket, feed.connections
-        if subscribers is not None and feed_conns is not None:
-            poller.register(subscribers, zmq.POLLIN)
-            poller.register(feed_conns.monitor, zmq.POLLIN)
-        timer = self._timer
-        if timer.fd is not None:
-            poller.register(timer.fd, zmq.POLLIN)
-        timeout = LOOP_TICK_MS
+        for sock in (*handlers, router):  # polled, and handled, in this order: requests last
+            poller.register(sock, zmq.POLLIN)
         self._last_stats = time.monotonic()
-        next_stats = self._last_stats + self.config.server.stats_interval
-        next_memory_check = time.monotonic()
-        wd_interval = self.notifier.watchdog_interval
-        next_watchdog = time.monotonic()
-        stalled_logged = False
-        guard = self._guard  # every duty below runs through it: none can end the loop
-        while not self.wakeup.stop.is_set():
-            events = dict(poller.poll(timeout))
-            if timer.fd in events:
-                timer.clear()
-            if self.wakeup.read_fd in events:
-                self.wakeup.drain()
-            if connections.monitor in events:
-                guard("connections", connections.on_monitor, time.monotonic())
-            if subscribers is not None and feed_conns is not None:
-                if feed_conns.monitor in events:
-                    guard("events_connections", feed_conns.on_monitor, time.monotonic())
-                if subscribers in events:
-                    guard("subscriptions", feed.read, time.monotonic())
-            if router in events or requests.discarding:
+        duties = Duties(self._duties(), self._guard, self._last_stats)
+        timeout = LOOP_TICK_MS
+        guard = self._guard  # every step below runs through it: none can end the loop
+        while not wakeup.stop.is_set():
+            reading = requests.discarding  # the rest of an oversized message, dropped
+            for sock, _ in poller.poll(timeout):
+                if sock is router:
+                    reading = True
+                else:
+                    handlers[sock]()
+            if reading:
                 guard("requests", requests.read)
             now = time.monotonic()
             guard("events_beat", feed.beat, now)  # snapshots for new subscribers, the heartbeat
             drove = guard("drive", self._drive, now)
             timeout = 0 if requests.discarding else LOOP_TICK_MS if drove is None else drove
-            if self.wakeup.reload.is_set():
-                self.wakeup.reload.clear()
+            if wakeup.reload.is_set():
+                wakeup.reload.clear()
                 guard("reload", self._begin_reload)
             if self._reload is not None and self._reload.done():
                 guard("reload", self._finish_reload, self._reload)
-            if now >= next_memory_check:
-                next_memory_check = now + CHECK_EVERY_S
-                guard("memory", self._check_memory, now)
-                # A dead camera's events end in seconds, not minutes.
-                guard("events_sweep", feed.expire_silent, now, self.cameras.cameras)
-            if now >= next_stats:
-                next_stats = now + self.config.server.stats_interval  # a reload may change it
-                self._tick(now)  # its parts are guarded
-            if wd_interval and now >= next_watchdog:
-                stalled = self.stalled_executors(now)
-                if stalled:
-                    if not stalled_logged:
-                        log.error("watchdog_stall", executors=stalled,
-                                  stall_timeout=self.config.server.stall_timeout)
-                        stalled_logged = True
-                else:
-                    stalled_logged = False
-                    self.notifier.watchdog()
-                next_watchdog = now + wd_interval
+            if now >= duties.next_due:
+                duties.run_due(now)
         return self.shutdown()
+
+    def _socket_handlers(self) -> dict[Any, Callable[[], object]]:
+        """What the loop does when each socket but the requests' is ready, by socket (or fd)."""
+        guard, timer, wakeup = self._guard, self._timer, self.wakeup
+        connections, feed = self.connections, self.events
+        handlers: dict[Any, Callable[[], object]] = {}
+        if timer.fd is not None:
+            handlers[timer.fd] = timer.clear  # polled runners' next look: the executors below
+        handlers[wakeup.read_fd] = wakeup.drain  # a signal or a worker: the flags are read below
+        handlers[connections.monitor] = lambda: guard(
+            "connections", connections.on_monitor, time.monotonic())
+        subscribers, feed_conns = feed.socket, feed.connections
+        if subscribers is not None and feed_conns is not None:
+            handlers[feed_conns.monitor] = lambda: guard(
+                "events_connections", feed_conns.on_monitor, time.monotonic())
+            handlers[subscribers] = lambda: guard("subscriptions", feed.read, time.monotonic())
+        return handlers
+
+    def _duties(self) -> list[Duty]:
+        """The periodic duties, in the order they run when due together."""
+        feed, stats_s = self.events, self.config.server.stats_interval
+        duties = [
+            Duty("memory", self._check_memory, lambda: CHECK_EVERY_S),
+            # A dead camera's events end in seconds, not minutes.
+            Duty("events_sweep", lambda now: feed.expire_silent(now, self.cameras.cameras),
+                 lambda: CHECK_EVERY_S),
+            # Its report and its housekeeping apart: a bug in a report never stops idle
+            # cameras going, nor the connections' budgets. A reload may change the interval.
+            Duty("stats_tick", self._report, lambda: self.config.server.stats_interval,
+                 first=stats_s),
+            Duty("housekeeping", self._housekeep, lambda: self.config.server.stats_interval,
+                 first=stats_s),
+        ]
+        wd_interval = self.notifier.watchdog_interval
+        if wd_interval:
+            duties.append(Duty("watchdog", self._watchdog, lambda: wd_interval))
+        return duties
 
     def _guard(self, duty: str, work: Callable[..., T], *args: Any) -> T | None:
         """One of the loop's duties; None when it raised. A bug met in a duty (the silent-camera
@@ -317,8 +312,7 @@ class Server:
         return min(max(math.ceil((next_look - time.monotonic()) * 1e3), 1), LOOP_TICK_MS)
 
     def _tick(self, now: float) -> None:
-        """Every stats_interval: its reports, then its housekeeping, each a duty of its own
-        (_guard): a bug in a report never stops idle cameras going, nor the budgets."""
+        """The stats tick at shutdown: the duties' two rows of it (_duties), as they run."""
         self._guard("stats_tick", self._report, now)
         self._guard("housekeeping", self._housekeep, now)
 
@@ -345,61 +339,35 @@ class Server:
 
     def _check_memory(self, now: float) -> None:
         """A peer's endless or huge message grows the I/O thread's buffers; what abuse and
-        bursts leave behind goes back to the system (server/heap.py)."""
-        watch, requests = self._rss, self.requests
-        rss = watch.sample(now, sum(c.accepted for c in self._all_connections()))
-        if requests.trim_due:  # an oversized message dropped, a reply dropped: trim now
-            requests.trim_due = False
-            watch.trim_soon()
-        over = watch.over(rss)
-        if over and now >= self._next_trim:  # what is merely free goes back first (once a second)
-            self._next_trim = now + TRIM_EVERY_S
-            watch.trim(now)
-            over = watch.over()
-        # A reload's new models grow the heap as fast as a peer's message: not a peer's.
-        grown = watch.growing() if not over and self._reload is None else 0
-        if grown and not self._read_waiting(now):
-            return  # still reading what is waiting: the next check decides
-        if over or grown:
-            # Growth alone is also what a batch's own allocations look like: then a
-            # connection goes only while it sends what it has not delivered for
-            # GROWTH_QUIET_S (a message still arriving, whatever was sent before it), never
-            # one owed a reply; and while a message is dropped, only one that never
-            # delivered: the requests queued behind it cannot be read meanwhile.
-            quiet_s = None if requests.discarding else GROWTH_QUIET_S
-            closed = sum(c.shed_quiet(now, quiet_s, GROWTH_SPARES_NEW_S, sending=True)
-                         if grown else c.shed_quiet(now, CLOSE_IDLE_S)
-                         for c in self._all_connections())
-            if over or closed:
-                requests.errors.report("memory-pressure", event="memory_pressure",
-                                       rss_mb=round((over or rss) / 2**20, 1),
-                                       limit_mb=round(watch.limit / 2**20, 1),
-                                       grown_mb=round(grown / 2**20, 1), closed=closed)
-            if closed:
-                watch.trim_soon()  # a cut message is freed as its connection goes
-                watch.restart_growth()
-        elif watch.trim_due(now):
-            watch.trim(now)
+        bursts leave behind goes back to the system (server/memory_policy.py)."""
+        requests = self.requests
+        trim_asked, requests.trim_due = requests.trim_due, False
+        self._memory.check(now, trim_asked, reloading=self._reload is not None)
 
     def _read_waiting(self, now: float) -> bool:
-        """Before growth closes the connections that never delivered a request: read the
-        requests and subscriptions already complete in the sockets' queues, so that a camera
-        whose request arrived during the batch that grew the heap counts as delivering (else
-        it would be cut, and its request go unanswered). False when more waits than
-        GROWTH_READ_PASSES bursts, for at most GROWTH_DEFER_CHECKS checks in a row: a peer
-        flooding small requests does not hold off the cut of a message still arriving."""
+        """Read the requests and subscriptions already complete in the sockets' queues, up to
+        GROWTH_READ_PASSES bursts (memory_policy.py decides what waiting longer means); True
+        when none was left waiting."""
         requests = self.requests
         emptied = False
         for _ in range(GROWTH_READ_PASSES if not requests.discarding else 0):
             emptied = requests.read()
             if emptied:
                 break
-        emptied = self.events.read(now) and emptied
-        if emptied or self._growth_deferred >= GROWTH_DEFER_CHECKS:
-            self._growth_deferred = 0
-            return True
-        self._growth_deferred += 1
-        return False
+        return self.events.read(now) and emptied
+
+    def _watchdog(self, now: float) -> None:
+        """systemd's WATCHDOG=1, held back while an executor is stuck in one batch (logged
+        once a stall)."""
+        stalled = self.stalled_executors(now)
+        if stalled:
+            if not self._stall_logged:
+                log.error("watchdog_stall", executors=stalled,
+                          stall_timeout=self.config.server.stall_timeout)
+                self._stall_logged = True
+        else:
+            self._stall_logged = False
+            self.notifier.watchdog()
 
     def _all_connections(self) -> list[Connections]:
         """The requests socket's connections and, with events, the subscribers'."""
