@@ -110,7 +110,8 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         "seconds between the latency and system log events", "must be > 0 seconds",
         gt=0)] = 10.0
     visibility_threshold: Annotated[float, restart_key(
-        "skeleton quality: a joint below this visibility counts as lost",
+        "skeleton quality: a joint below this visibility counts as lost (the feed's "
+        "low-visibility), and events count a person whose joints' mean is below it as absent",
         "must be in 0..1", ge=0, le=1)] = 0.5
     quality_floor: Annotated[float, restart_key(
         "skeleton quality: a camera whose usable share of joints (frames with a person x "
@@ -228,11 +229,9 @@ class EventsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         gt=0)] = 5.0
     min_usable: Annotated[float, policy_key(
         "a window starts and feeds events only when at least this share of its frames has "
-        "a person (mean joint visibility >= usable_visibility); 0: every window",
-        "must be in 0..1", ge=0, le=1)] = 0.5
-    usable_visibility: Annotated[float, policy_key(
-        "min_usable: the mean visibility of a person's joints that counts them in a frame "
-        "(empty slots are 0)", "must be in 0..1", ge=0, le=1)] = 0.3
+        "a person (mean joint visibility >= [server] visibility_threshold, the feed's "
+        "low-visibility threshold too) and its visible joints are in frame (fewer than "
+        "feed_enter out of 0..1); 0: every window", "must be in 0..1", ge=0, le=1)] = 0.5
     smoothing: Annotated[Literal["ema", "k-of-n"], policy_key(
         "ema: exponential moving average of the probability; k-of-n: its k-th highest "
         "value over the last n predictions")] = "ema"

@@ -122,7 +122,7 @@ class Server:
         self.events = EventHub(self._ctx, config, self.curve, events_cap)
         if self.events.connections is not None:
             self.events.connections.on_handshake_failed = report_handshakes
-        self.events.configure(self.models)
+        self.events.configure(self.models, self.config.server)
         self._router = make_router(self._ctx, config)
         if self.curve is not None:
             self.curve.secure(self._router)
@@ -447,7 +447,7 @@ class Server:
             model.scheduler.queue_size = server.queue_size
         if self._sampler is not None:
             self._sampler.interval_s = server.stats_interval
-        self.events.configure(models)  # open events stay open under the new rules
+        self.events.configure(models, server)  # open events stay open under the new rules
         for name, model in old.items():
             if models.get(name) is not model:
                 model.stop_accepting(time.monotonic() + RETIRE_TIMEOUT_S)
