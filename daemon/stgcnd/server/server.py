@@ -20,7 +20,7 @@ import zmq
 from stgcnd import __version__, cpupower
 from stgcnd.log import configure_logging, debug_enabled, get_logger, logging_config
 from stgcnd.server.cameras import CameraTable
-from stgcnd.server.config import RESTART, SERVER_ENGINE, Config
+from stgcnd.server.config import LOOP_TICK_MS, RESTART, SERVER_ENGINE, Config
 from stgcnd.server.config_checks import check_config
 from stgcnd.server.connections import Connections, connection_caps
 from stgcnd.server.curve_policy import KeyHandler, curve_enabled
@@ -40,7 +40,6 @@ from stgcnd_client.protocol import Limits
 
 log = get_logger(__name__)
 
-LOOP_TICK_MS = 100        # the poll's longest wait: the duties' (duties.py) granularity
 RETIRE_TIMEOUT_S = 30.0   # a reloaded-away model's executors drain within this
 SHUTDOWN_QUIET_S = 0.1    # shutdown: the socket closes after this long without a request...
 SHUTDOWN_REFUSE_S = 1.0   # ...or after refusing for this long, whichever comes first
