@@ -15,7 +15,15 @@ from typing import Any
 
 import msgspec
 
-from stgcnd.server.config import load_config
+from stgcnd.commands.doctor_unit import (
+    INSTALLED_UNIT,
+    OK,
+    PACKAGED_UNIT,
+    UnitFile,
+    peers,
+    unit_addresses,
+)
+from stgcnd.server.config import Config, load_config
 from stgcnd.server.config_checks import check_config
 from stgcnd.server.config_docs import example, key_table
 from stgcnd.server.model_files import labels_problems
@@ -61,4 +69,19 @@ def run_check(args: argparse.Namespace) -> int:
           "checked without loading the models:", file=sys.stderr)
     for line in not_checked:
         print(f"  - {line}", file=sys.stderr)
+    for line in _unit_warnings(config):
+        print(f"warning: {line}", file=sys.stderr)
     return 0
+
+
+def _unit_warnings(config: Config) -> list[str]:
+    """A broker off this machine that the systemd unit's address filter (the installed one,
+    else the shipped one: IPAddressDeny=any, localhost allowed) would keep out: the daemon
+    started by hand reaches it, under systemd it never connects. doctor's own check, not
+    resolving names (a broker named by host name is said unsure)."""
+    if not any(what.startswith("the MQTT") for what, _, _ in peers(config, live=False)):
+        return []
+    installed = Path("/") / INSTALLED_UNIT
+    unit = UnitFile(installed if installed.is_file() else PACKAGED_UNIT)
+    result = unit_addresses(unit, config, live=False)
+    return [] if result["status"] == OK else [f"{result['detail']}; {result['fix']}"]

@@ -55,6 +55,11 @@ NON_CONFIG_ENV = ("STGCND_CONFIG", "STGCND_ENGINE_DIR")
 APPLIES = ("policy", "engine", "restart")  # what a reload does with a key (the docstring above)
 
 
+# The I/O loop's longest wait (server.py): the shortest period it can keep for what it sends
+# on its own, such as heartbeats.
+LOOP_TICK_MS = 100
+
+
 def _key(applies: str, doc: str, rule: str, path: bool, bounds: dict[str, float]) -> Meta:
     # cast: msgspec's overloads spell out each allowed mix of bounds; ours come as a dict.
     return Meta(description=doc, extra={"rule": rule, "applies": applies, "path": path},
@@ -87,7 +92,8 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         "docs/protocol.md); empty: events only in the log")] = ""
     events_heartbeat_s: Annotated[float, restart_key(
         "seconds between heartbeats on events_endpoint: a subscriber that hears none for "
-        "three knows the daemon is gone (docs/protocol.md); 0: none",
+        "three knows the daemon is gone (docs/protocol.md); 0: none; else at least 0.1 (the "
+        "loop's tick, which sends them)",
         "must be from 0 to 3600 seconds", ge=0, le=3600)] = 2.0
     engines_dir: Annotated[Optional[str], engine_key(
         "engine store: exported ONNX and one artefact per runtime/precision/device; unset: "
@@ -110,7 +116,8 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         "seconds between the latency and system log events", "must be > 0 seconds",
         gt=0)] = 10.0
     visibility_threshold: Annotated[float, restart_key(
-        "skeleton quality: a joint below this visibility counts as lost",
+        "skeleton quality: a joint below this visibility counts as lost (the feed's "
+        "low-visibility), and events count a person whose joints' mean is below it as absent",
         "must be in 0..1", ge=0, le=1)] = 0.5
     quality_floor: Annotated[float, restart_key(
         "skeleton quality: a camera whose usable share of joints (frames with a person x "
@@ -228,11 +235,9 @@ class EventsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         gt=0)] = 5.0
     min_usable: Annotated[float, policy_key(
         "a window starts and feeds events only when at least this share of its frames has "
-        "a person (mean joint visibility >= usable_visibility); 0: every window",
-        "must be in 0..1", ge=0, le=1)] = 0.5
-    usable_visibility: Annotated[float, policy_key(
-        "min_usable: the mean visibility of a person's joints that counts them in a frame "
-        "(empty slots are 0)", "must be in 0..1", ge=0, le=1)] = 0.3
+        "a person (mean joint visibility >= [server] visibility_threshold, the feed's "
+        "low-visibility threshold too) and its visible joints are in frame (fewer than "
+        "feed_enter out of 0..1); 0: every window", "must be in 0..1", ge=0, le=1)] = 0.5
     smoothing: Annotated[Literal["ema", "k-of-n"], policy_key(
         "ema: exponential moving average of the probability; k-of-n: its k-th highest "
         "value over the last n predictions")] = "ema"
@@ -350,7 +355,8 @@ class MqttConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
         "2: once per hop; 0: at most once", "must be 0, 1 or 2", ge=0, le=2)] = 1
     username: Annotated[Optional[str], restart_key("the broker's user name")] = None
     password_file: Annotated[Optional[str], restart_key(
-        "a file whose first line is the password (mode 0600: a config is often world-readable)",
+        "a file whose first line is the password (mode 0600: a config is often world-readable); "
+        "one others may read or its group write is refused",
         path=True)] = None
     ca_file: Annotated[Optional[str], restart_key(
         "mqtts: the CA certificates that sign the broker's (PEM); unset: the system's",
@@ -534,6 +540,11 @@ def _said(cls: type[msgspec.Struct], message: str, values: dict[str, Any], where
 
 def _check(config: Config) -> Config:
     """What one key alone cannot say: the models together, and keys that go together."""
+    beat = config.server.events_heartbeat_s
+    if 0 < beat < LOOP_TICK_MS / 1e3:  # heartbeats go from the loop, which wakes this often
+        raise UserError(f"{config.source}: events_heartbeat_s {beat} is shorter than the "
+                        f"daemon's loop tick ({LOOP_TICK_MS / 1e3} s), which sends them: set "
+                        f"it to at least {LOOP_TICK_MS / 1e3}, or 0 for no heartbeats")
     names = [m.name for m in config.models]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
@@ -624,7 +635,19 @@ def check_files(config: Config) -> Config:
     if missing:
         raise UserError(f"{config.source}: {'; '.join(missing)}. Fix the path (in the file, a "
                         "relative one is relative to the file's directory) or put the file there")
+    if mqtt is not None and mqtt.password_file:
+        _check_secret(Path(mqtt.password_file).expanduser(), config.source)
     return config
+
+
+def _check_secret(path: Path, source: str) -> None:
+    """A password file others may read (or a group may rewrite) gives the broker's password
+    away (or the broker to someone else): refused, with the command that fixes it."""
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o024:
+        raise UserError(f"{source}: [events.mqtt] password_file {path} has mode {mode:04o}: "
+                        f"{'anyone may read it' if mode & 0o004 else 'its group may write it'}; "
+                        f"run: chmod 600 {path} (owned by the daemon's user)")
 
 
 def _env_overrides(env: dict[str, str]) -> dict[str, tuple[str, str]]:

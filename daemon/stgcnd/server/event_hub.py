@@ -24,7 +24,7 @@ from stgcnd.server.config import Config, EventsConfig, ServerConfig
 from stgcnd.server.connections import Connections
 from stgcnd.server.curve_policy import KeyHandler
 from stgcnd.server.executor import Reply
-from stgcnd.server.feed_health import FeedHealth
+from stgcnd.server.feed_health import FeedHealth, Gate
 from stgcnd.server.models import ServedModel
 from stgcnd.telemetry.skeleton_quality import SkeletonQuality
 
@@ -39,7 +39,8 @@ Watched = Dict[str, "tuple[EventsConfig, tuple[str, ...]]"]
 class Rules(Protocol):
     """server/events.py's Events, as the hub uses it (its module loads only where watched)."""
 
-    def configure(self, models: Watched, now: float, wall: float) -> list[Event]: ...
+    def configure(self, models: Watched, now: float, wall: float, gate: Gate | None = None
+                  ) -> list[Event]: ...
     def observe_window(self, camera: str, model: str, probs: Sequence[float], now: float,
                        wall: float, window: np.ndarray, ts: float | None = None
                        ) -> list[Event]: ...
@@ -93,9 +94,11 @@ class EventHub:
     def connections(self) -> Connections | None:
         return None if self.publisher is None else self.publisher.connections
 
-    def configure(self, models: Mapping[str, ServedModel]) -> None:
+    def configure(self, models: Mapping[str, ServedModel], server: ServerConfig) -> None:
         """The rules of the models served (start, reload; after a policy-only reload their
-        config and labels are the new ones): open events stay open under the new rules."""
+        config and labels are the new ones): open events stay open under the new rules.
+        `server`: its visibility_threshold and feed_enter gate the windows as the feed's
+        health judges them, so that a feed said low-visibility or out-of-frame starts none."""
         watched = {name: (m.config.events, m.labels) for name, m in models.items()
                    if m.config.events is not None}
         if self.rules is None:
@@ -103,7 +106,8 @@ class EventHub:
                 return
             from stgcnd.server.events import Events
             self.rules = Events()
-        self.emit(self.rules.configure(watched, time.monotonic(), time.time()))
+        gate = Gate(server.visibility_threshold, server.feed_enter)
+        self.emit(self.rules.configure(watched, time.monotonic(), time.time(), gate))
 
     def observe(self, reply: Reply, now: float) -> None:
         """A finished job: its prediction judged by the rules of its model, if watched."""

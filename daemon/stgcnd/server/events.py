@@ -16,6 +16,7 @@ import numpy as np
 
 from stgcnd.server.cameras import CameraState
 from stgcnd.server.config import EventsConfig
+from stgcnd.server.feed_health import Gate
 
 Event = Dict[str, object]
 
@@ -23,7 +24,8 @@ Event = Dict[str, object]
 # The state machine of one (camera, model, class):
 #
 #     idle --(smoothed >= enter, outside the cooldown)--> pending
-#     pending --(smoothed < enter, or a window without a person)--> idle  (a spike is no event)
+#     pending --(smoothed < enter, a window without a person or out of frame, or no
+#         prediction for max(exit_hold_s, event_idle_s))--> idle  (a spike is no event)
 #     pending --(held for min_duration_s)--> active: "start"
 #     active --(smoothed < exit, or no person, for exit_hold_s; or no prediction for
 #         event_idle_s)--> idle: "end", then cooldown_s (from the end) before a new start
@@ -32,7 +34,10 @@ Event = Dict[str, object]
 # windows' probabilities (k of the last n windows were at least that). exit < enter is the
 # hysteresis that keeps a probability hovering at the threshold from flickering; the exit
 # hold keeps a dropout window from ending an event (and its cooldown from hiding the rest).
-# A window without a person (usable_share below min_usable) says nothing of the action.
+# A window without a person (usable_share below min_usable) says nothing of the action, nor
+# one whose visible joints lie out of frame as the feed's health judges it (feed_health.Gate).
+# A pending start whose predictions stopped for longer than the gap has not been seen to
+# hold: a window after a minute's silence must not complete a wait begun before it.
 @dataclass(frozen=True)
 class Rule:
     """What one class of one camera's model needs to start and end an event."""
@@ -42,6 +47,7 @@ class Rule:
     min_duration_s: float
     cooldown_s: float
     exit_hold_s: float
+    gap_s: float          # no prediction for this long drops a pending start
     smoothing: str        # "ema" or "k-of-n"
     alpha: float
     k: int
@@ -68,6 +74,7 @@ def rules_for(config: EventsConfig, labels: Sequence[str], camera: str
             min_duration_s=_first(cam.min_duration_s if cam else None, config.min_duration_s),
             cooldown_s=_first(cam.cooldown_s if cam else None, config.cooldown_s),
             exit_hold_s=config.exit_hold_s,
+            gap_s=max(config.exit_hold_s, config.event_idle_s),
             smoothing=config.smoothing, alpha=config.ema_alpha, k=config.k, n=config.n)
     return out
 
@@ -85,6 +92,19 @@ def usable_share(window: np.ndarray, visibility: float) -> float:
     sums = np.ones(vis.shape[1], vis.dtype) @ vis              # (T, M)
     seen = (sums >= visibility * vis.shape[1]).any(axis=1)     # (T,)
     return float(np.count_nonzero(seen)) / max(len(seen), 1)
+
+
+def out_of_frame_share(window: np.ndarray, visibility: float) -> float:
+    """The share of a window's visible joints (a present person's, at least `visibility`)
+    with x or y outside 0..1: the feed's out_of_frame (telemetry/skeleton_quality.py) over
+    the window's frames; 0.0 where none is visible."""
+    vis = window[2]
+    seen = (vis >= visibility) & (vis > 0)
+    n = int(np.count_nonzero(seen))
+    if not n:
+        return 0.0
+    x, y = window[0][seen], window[1][seen]
+    return float(np.count_nonzero((x < 0) | (x > 1) | (y < 0) | (y > 1))) / n
 
 
 @dataclass
@@ -132,13 +152,15 @@ class Events:
 
     def __init__(self) -> None:
         self.configs: dict[str, tuple[EventsConfig, tuple[str, ...]]] = {}
+        self.gate = Gate()
         self._tracks: dict[tuple[str, str], dict[int, Track]] = {}
 
     def configure(self, models: dict[str, tuple[EventsConfig, tuple[str, ...]]],
-                  now: float, wall: float) -> list[Event]:
+                  now: float, wall: float, gate: Gate | None = None) -> list[Event]:
         """New rules (start, reload). Open events stay open under the new rules; those of a
         model no longer watched (or a class that became quiet) end, with that reason; a class
-        that became watched is tracked from now on."""
+        that became watched is tracked from now on. `gate`: the server's (default: Gate())."""
+        self.gate = gate if gate is not None else Gate()
         ended: list[Event] = []
         for (camera, model), tracks in list(self._tracks.items()):
             if model not in models:  # ended with the old labels, then forgotten
@@ -159,9 +181,13 @@ class Events:
         return ended
 
     def observe(self, camera: str, model: str, probs: Sequence[float], now: float,
-                wall: float, usable: float = 1.0, heard: float | None = None) -> list[Event]:
+                wall: float, usable: float = 1.0, heard: float | None = None,
+                framed: bool = True) -> list[Event]:
         """`usable`: the window's usable_share (1.0: a person in every frame). `heard`: the
-        daemon's monotonic time when `now` and `wall` are the camera's clock (its `ts`)."""
+        daemon's monotonic time when `now` and `wall` are the camera's clock (its `ts`).
+        `framed`: False for a window out of frame (Gate), which counts as one without a
+        person, with its own reason. `now` alone decides; the times reported derive from
+        `wall` and `now`'s differences, so that `at - started` is the wait held."""
         key = (camera, model)
         tracks = self._tracks.get(key)
         if tracks is None:
@@ -172,15 +198,18 @@ class Events:
                 i: Track(rule) for i, rule in rules_for(config, labels, camera).items()}
         out: list[Event] = []
         config, labels = self.configs[model]
-        person = usable >= config.min_usable
+        person = usable >= config.min_usable and framed
         for i, track in tracks.items():
             if i >= len(probs):
                 continue
+            if track.state == "pending" and now - track.last_now > track.rule.gap_s:
+                track.state = "idle"   # unseen through the gap: the wait begins again
             track.last_wall, track.last_now = wall, now
             track.heard, track.timed = (now, False) if heard is None else (heard, True)
             if not person:  # no smoothing, no start (a pending one waits anew), the hold runs
                 if track.state == "active":
-                    out += self._hold(camera, model, labels, i, track, now, wall, "no-person")
+                    out += self._hold(camera, model, labels, i, track, now, wall,
+                                      "no-person" if framed else "out-of-frame")
                 track.state = "idle" if track.state == "pending" else track.state
                 continue
             p = float(probs[i])
@@ -197,7 +226,9 @@ class Events:
             else:
                 track.peak = max(track.peak, p)
             if track.state == "pending" and now - track.since >= rule.min_duration_s:
-                track.state = "active"
+                # Dated by the clock that decided: the wall clock read apart from `now` (a
+                # loaded loop's `now` is older) would report a wait shorter than it held.
+                track.state, track.started_wall = "active", wall - (now - track.since)
                 out.append(self._event("start", camera, model, labels, i, track, wall))
             elif track.state == "active" and s < rule.exit:
                 out += self._hold(camera, model, labels, i, track, now, wall, "below-exit")
@@ -214,9 +245,13 @@ class Events:
         watched = self.configs.get(model)
         if watched is None:
             return []
-        usable = usable_share(window, watched[0].usable_visibility)
-        return self.observe(camera, model, probs, now, wall, usable) if ts is None else \
-            self.observe(camera, model, probs, ts, ts, usable, heard=now)
+        gate = self.gate
+        usable = usable_share(window, gate.visibility)
+        framed = usable < watched[0].min_usable or \
+            out_of_frame_share(window, gate.visibility) < gate.out_of_frame
+        return self.observe(camera, model, probs, now, wall, usable, framed=framed) \
+            if ts is None else \
+            self.observe(camera, model, probs, ts, ts, usable, heard=now, framed=framed)
 
     def _hold(self, camera: str, model: str, labels: Sequence[str], i: int, track: Track,
               now: float, wall: float, reason: str) -> list[Event]:

@@ -38,6 +38,16 @@ def shares(record: Record) -> dict[str, float | None]:
             "low-visibility": share("low_visibility"), "out-of-frame": share("out_of_frame")}
 
 
+@dataclass(frozen=True)
+class Gate:
+    """What makes an action event's window usable (server/events.py), by this module's own
+    measures ([server] keys), so that a feed said low-visibility or out-of-frame starts no
+    event: one threshold for both."""
+
+    visibility: float = 0.5     # visibility_threshold: a joint below it is lost
+    out_of_frame: float = 0.5   # feed_enter: the share of visible joints outside 0..1
+
+
 @dataclass
 class Feed:
     state: str = OK

@@ -20,7 +20,7 @@ import zmq
 from stgcnd import __version__, cpupower
 from stgcnd.log import configure_logging, debug_enabled, get_logger, logging_config
 from stgcnd.server.cameras import CameraTable
-from stgcnd.server.config import RESTART, SERVER_ENGINE, Config
+from stgcnd.server.config import LOOP_TICK_MS, RESTART, SERVER_ENGINE, Config
 from stgcnd.server.config_checks import check_config
 from stgcnd.server.connections import Connections, connection_caps
 from stgcnd.server.curve_policy import KeyHandler, curve_enabled
@@ -40,7 +40,6 @@ from stgcnd_client.protocol import Limits
 
 log = get_logger(__name__)
 
-LOOP_TICK_MS = 100        # the poll's longest wait: the duties' (duties.py) granularity
 RETIRE_TIMEOUT_S = 30.0   # a reloaded-away model's executors drain within this
 SHUTDOWN_QUIET_S = 0.1    # shutdown: the socket closes after this long without a request...
 SHUTDOWN_REFUSE_S = 1.0   # ...or after refusing for this long, whichever comes first
@@ -122,7 +121,7 @@ class Server:
         self.events = EventHub(self._ctx, config, self.curve, events_cap)
         if self.events.connections is not None:
             self.events.connections.on_handshake_failed = report_handshakes
-        self.events.configure(self.models)
+        self.events.configure(self.models, self.config.server)
         self._router = make_router(self._ctx, config)
         if self.curve is not None:
             self.curve.secure(self._router)
@@ -447,7 +446,7 @@ class Server:
             model.scheduler.queue_size = server.queue_size
         if self._sampler is not None:
             self._sampler.interval_s = server.stats_interval
-        self.events.configure(models)  # open events stay open under the new rules
+        self.events.configure(models, server)  # open events stay open under the new rules
         for name, model in old.items():
             if models.get(name) is not model:
                 model.stop_accepting(time.monotonic() + RETIRE_TIMEOUT_S)
