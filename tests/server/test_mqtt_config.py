@@ -77,3 +77,15 @@ def test_config_check_says_nothing_of_a_broker_on_loopback(tmp_path):
     done = config_check(write(tmp_path, '[events.mqtt]\nbroker = "mqtt://127.0.0.1"\n'))
     assert done.returncode == 0, done.stderr
     assert "warning:" not in done.stderr
+
+
+def test_the_removed_usable_visibility_key_says_what_replaced_it(tmp_path):
+    """[models.events] usable_visibility went when one threshold came to decide both the
+    events' gate and the feed's low-visibility (issue #42, item 4): a file that still sets it
+    is told what to set instead, not "unknown key"."""
+    path = tmp_path / "stgcnd.toml"
+    path.write_text(MODEL + "[models.events]\nusable_visibility = 0.3\n")
+    with pytest.raises(UserError) as caught:
+        load_config(path)
+    assert "usable_visibility was removed" in str(caught.value)
+    assert "[server] visibility_threshold" in str(caught.value)

@@ -47,6 +47,8 @@ REMOVED_KEYS = {
     "dispatch": "the I/O loop drives every model now (a runtime that computes on the CPU "
                 "gets a worker thread of its own): delete the line",
     "gc_freeze": "measured not to pay (frozen daemons had the worse tails): delete the line",
+    "usable_visibility": "one threshold now gates the events and names a feed "
+                         "low-visibility: set [server] visibility_threshold and delete the line",
 }
 # STGCND_* variables stgcnd reads that are not [server] keys; any other STGCND_* is a typo.
 NON_CONFIG_ENV = ("STGCND_CONFIG", "STGCND_ENGINE_DIR")
@@ -535,6 +537,10 @@ def _said(cls: type[msgspec.Struct], message: str, values: dict[str, Any], where
         return UserError(f"{source}: invalid value {value!r} (expected {want})")
     if meta is not None and meta.rule:
         return UserError(f"{source}: {name} {meta.rule}, got {value!r}")
+    unknown = re.match(r"Object contains unknown field `(\w+)`", message)
+    if unknown and unknown.group(1) in REMOVED_KEYS:  # in a nested table ([models.events])
+        return UserError(f"{source}: {unknown.group(1)} was removed: "
+                         f"{REMOVED_KEYS[unknown.group(1)]}")
     return UserError(f"{source}: invalid value {value!r} ({message.split(' - ')[0]})")
 
 
