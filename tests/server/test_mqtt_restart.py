@@ -184,3 +184,23 @@ def test_sigkill_during_an_event_leaves_offline_and_the_restart_ends_it(tmp_path
         stop_by_pid(d)
         recorder.close()
         broker.stop()
+
+
+@needs_mosquitto
+def test_a_camera_quiet_past_forget_after_s_is_not_brought_back(broker):
+    """This run's state of a camera quiet for forget_after_s with nothing open leaves the
+    sink's memory (camera ids that come and go cost nothing for ever): a broker that lost
+    its retained states gets the others again, not that one."""
+    sink = MqttSink(MqttConfig(broker=broker.url, client_id="sink-f", forget_after_s=60))
+    try:
+        sink.send({"kind": "feed", "camera": "old", "state": "silent", "at": time.time() - 90})
+        sink.send({"kind": "feed", "camera": "new", "state": "ok", "at": time.time()})
+        assert poll(lambda: len(retained(broker, "stgcnd/#", 0.2)) == 3, 10)
+        broker.stop()
+        (broker.dir / "mosquitto.db").unlink()
+        broker.start()
+        assert poll(lambda: sink.stats()["connects"] == 2, 20)
+        assert poll(lambda: len(retained(broker, "stgcnd/#", 0.2)) == 2, 10)
+        assert sorted(retained(broker, "stgcnd/#")) == ["stgcnd/new/state", "stgcnd/status"]
+    finally:
+        sink.close()

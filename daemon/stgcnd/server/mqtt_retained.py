@@ -24,7 +24,8 @@ def run_of(message: object) -> str:
     return mqtt_id.split("-")[0] if isinstance(mqtt_id, str) else ""
 
 
-def _at(message: object) -> float | None:
+def said_at(message: object) -> float | None:
+    """A message's `at`, where it has one."""
     at = message.get("at") if isinstance(message, dict) else None
     return float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None
 
@@ -40,7 +41,7 @@ def last_heard(states: Mapping[str, State]) -> dict[str, float]:
         if isinstance(opened, list):
             messages.extend(opened)
         for message in messages:
-            run, at = run_of(message), _at(message)
+            run, at = run_of(message), said_at(message)
             if run and at is not None:
                 out[run] = max(out.get(run, at), at)
     return out
@@ -65,7 +66,7 @@ def reconcile(retained: Mapping[str, State], open_now: Mapping[str, set[str]],
         event_topic = topic[:-len("state")] + "event"
         last: object = state.get("last")
         for start in stale:
-            ended = heard.get(run_of(start), _at(start) or now)
+            ended = heard.get(run_of(start), said_at(start) or now)
             started = start.get("started")
             end: State = {k: v for k, v in start.items() if k not in ("mqtt_id", "seq")}
             end.update(kind="end", reason=RESTART_REASON, at=round(now, 3),
@@ -76,7 +77,7 @@ def reconcile(retained: Mapping[str, State], open_now: Mapping[str, set[str]],
             last = end
         if topic in current:
             continue  # this run's state of the camera goes again anyway
-        heard_at = _at(state.get("last"))
+        heard_at = said_at(state.get("last"))
         if forget_after_s and heard_at is not None and now - heard_at > forget_after_s:
             states[topic] = None
         elif stale:

@@ -36,7 +36,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from stgcnd.errors import UserError
 from stgcnd.log import get_logger
 from stgcnd.server.config import MqttConfig
-from stgcnd.server.mqtt_retained import State, reconcile
+from stgcnd.server.mqtt_retained import State, reconcile, said_at
 from stgcnd.threadname import name_os_thread
 
 log = get_logger(__name__)
@@ -47,6 +47,7 @@ FLUSH_S = 2.0        # at shutdown, how long the last messages may take to be ac
 STOP_S = 1.0         # ... and paho's thread to stop (it may be in a connect attempt)
 STATUS_S = 1.0       # ... and `offline` on the status topic to be acknowledged
 SYNC_S = 5.0         # the most the retained states may take to come back (then: go on)
+FORGET_CHECK_S = 60.0  # how often this run's states of cameras gone are looked for
 ONLINE, OFFLINE = b"online", b"offline"  # Home Assistant's availability payloads, as they are
 # Characters a topic level cannot carry as they are: the level separator, the wildcards, and
 # what brokers refuse in a topic as malformed UTF-8 (NUL, the other control characters and
@@ -86,6 +87,7 @@ class MqttSink:
         self._syncing = self._synced = self._ever_synced = False
         self._sync_began, self._sync_mid = 0.0, -1
         self._retained: dict[str, State] = {}
+        self._next_forget = 0.0
         self._cap = config.buffer
         self._in_flight = 0
         self._connected = self._stopped = self._warned = self._unreachable = False
@@ -140,8 +142,20 @@ class MqttSink:
             if state is not None:
                 self._states[f"{self.prefix}{level}/state"] = state
                 self._latest[f"{self.prefix}{level}/state"] = state
+            if self._forget_s and time.time() >= self._next_forget:
+                self._forget_gone(time.time())
             if self._connected and self._in_flight < IN_FLIGHT:  # else the pump can't send
                 self._cond.notify()
+
+    def _forget_gone(self, now: float) -> None:
+        """(Lock held.) The states of cameras quiet for forget_after_s with nothing open leave
+        memory, so that camera ids that come and go cost nothing for ever (the broker keeps
+        their retained state until a sync finds it that old)."""
+        self._next_forget = now + FORGET_CHECK_S
+        for topic, state in list(self._latest.items()):
+            heard = said_at(state["last"])
+            if not state["open"] and heard is not None and now - heard > self._forget_s:
+                del self._latest[topic]
 
     def _numbered(self, message: Mapping[str, object]) -> State:
         self._seq += 1
