@@ -215,7 +215,9 @@ class MqttSink:
                     bool(self._buffer or self._states)), timeout=SYNC_S / 5)
                 if self._stopped:
                     return
-                late = self._syncing and time.monotonic() - self._sync_began > SYNC_S
+                # (a connection lost in a sync: the next connection syncs again)
+                late = self._syncing and self._connected and \
+                    time.monotonic() - self._sync_began > SYNC_S
             if not ready:
                 if late:  # the broker never sent `online` back: go on with what came
                     log.warning("mqtt_retained_late", waited_s=SYNC_S,
