@@ -96,7 +96,8 @@ class Recorder:
         assert self.subscribed.wait(10), "no SUBACK"
 
     def _on_message(self, client: mqtt.Client, userdata: object, msg: mqtt.MQTTMessage) -> None:
-        body = json.loads(msg.payload)
+        # PREFIX/status is `online`/`offline`, and a removed retained topic comes empty
+        body = json.loads(msg.payload) if msg.payload.startswith(b"{") else {}
         with self.lock:
             key = body.get("mqtt_id")
             if key is not None and key in self.seen:
@@ -105,6 +106,11 @@ class Recorder:
             if key is not None:
                 self.seen.add(key)
             self.messages.append((msg.topic, msg.payload, bool(msg.retain)))
+
+    def retained(self) -> dict[str, bytes]:
+        """Topic -> the last retained payload that came (b"": the topic was removed)."""
+        with self.lock:
+            return {t: p for t, p, retained in self.messages if retained}
 
     def events(self) -> list[dict]:
         with self.lock:

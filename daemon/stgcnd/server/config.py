@@ -350,7 +350,8 @@ class MqttConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
         "the MQTT client id, which names the broker's session of this daemon (one per "
         "daemon); empty: stgcnd-HOSTNAME")] = ""
     topic_prefix: Annotated[str, restart_key(
-        "topics are PREFIX/CAMERA/event and PREFIX/CAMERA/state (retained)",
+        "topics are PREFIX/CAMERA/event, PREFIX/CAMERA/state (retained) and PREFIX/status "
+        "(retained: online/offline)",
         "must be a non-empty topic", min_length=1)] = "stgcnd"
     qos: Annotated[int, restart_key(
         "1: at least once (a resend after a reconnect may repeat a message: mqtt_id tells); "
@@ -371,6 +372,10 @@ class MqttConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     buffer: Annotated[int, restart_key(
         "messages kept while the broker is away; when full the oldest goes (counted: stats' "
         "events_mqtt.dropped, one warning an outage)", "must be >= 1", ge=1)] = 10000
+    forget_after_s: Annotated[float, restart_key(
+        "at a connection without a session, a camera's retained topics whose last message "
+        "is older than this are removed (a camera gone); 0: never", "must be >= 0",
+        ge=0)] = 86400.0
 
     @property
     def address(self) -> tuple[str, int, bool]:

@@ -2,7 +2,14 @@
 
 Every message the feed publishes goes to PREFIX/CAMERA/event (QoS 1 by default) with an
 `mqtt_id` (RUN-N: this start, in ms, and a number that grows by one a message), and the
-camera's state (its open events, its last message) to PREFIX/CAMERA/state, retained.
+camera's state (its open events, its last message) to PREFIX/CAMERA/state, retained; and
+whether the daemon runs to PREFIX/status, retained: `online` after connecting, `offline` at a
+clean stop and, as the will the broker sends when the connection is lost, at a crash.
+
+At every start and every connection without a session (a broker that lost it) the pump waits
+while the sink reads back the retained states (server/mqtt_retained.py ends what a crashed run
+left open and removes cameras long gone), then every state of this run goes again: what the
+broker retains is true again within a round trip of connecting.
 
 Nothing here waits on the broker in the I/O loop: `send` encodes, appends to a bounded buffer
 and notifies. A pump thread hands the buffer to paho only while connected and at most
@@ -29,6 +36,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from stgcnd.errors import UserError
 from stgcnd.log import get_logger
 from stgcnd.server.config import MqttConfig
+from stgcnd.server.mqtt_retained import State, reconcile, said_at
 from stgcnd.threadname import name_os_thread
 
 log = get_logger(__name__)
@@ -37,6 +45,10 @@ IN_FLIGHT = 20       # messages handed to paho and not yet acknowledged (paho's 
 KEEPALIVE_S = 30     # a broker silent this long is taken for gone: reconnect
 FLUSH_S = 2.0        # at shutdown, how long the last messages may take to be acknowledged
 STOP_S = 1.0         # ... and paho's thread to stop (it may be in a connect attempt)
+STATUS_S = 1.0       # ... and `offline` on the status topic to be acknowledged
+SYNC_S = 5.0         # the most the retained states may take to come back (then: go on)
+FORGET_CHECK_S = 60.0  # how often this run's states of cameras gone are looked for
+ONLINE, OFFLINE = b"online", b"offline"  # Home Assistant's availability payloads, as they are
 # Characters a topic level cannot carry as they are: the level separator, the wildcards, and
 # what brokers refuse in a topic as malformed UTF-8 (NUL, the other control characters and
 # the Unicode non-characters: Mosquitto cuts the connection, and the message that caused it
@@ -58,14 +70,24 @@ class MqttSink:
     def __init__(self, config: MqttConfig) -> None:
         host, port, tls = config.address
         self.prefix, self.qos = config.topic_prefix, config.qos
+        self.status_topic = f"{self.prefix}/status"
+        self._forget_s = config.forget_after_s
         self._run = round(time.time() * 1e3)
         self._seq = 0
         self._open: dict[str, dict[str, object]] = {}  # camera -> its open events by id
         self._cond = threading.Condition()
         self._buffer: collections.deque[tuple[str, bytes]] = collections.deque()
         # State topic -> the camera's latest state, not yet handed over (the pump encodes it:
-        # a broker away for a while costs one encoding a camera, and none on the I/O loop).
-        self._states: dict[str, dict[str, object]] = {}
+        # a broker away for a while costs one encoding a camera, and none on the I/O loop);
+        # None: the topic is to be removed (an empty retained message).
+        self._states: dict[str, State | None] = {}
+        self._latest: dict[str, State] = {}  # every state of this run: sent again at a sync
+        # A sync (a connection without a session): the pump waits while the retained states
+        # come back into _retained, until this client's own `online` comes back after them.
+        self._syncing = self._synced = self._ever_synced = False
+        self._sync_began, self._sync_mid = 0.0, -1
+        self._retained: dict[str, State] = {}
+        self._next_forget = 0.0
         self._cap = config.buffer
         self._in_flight = 0
         self._connected = self._stopped = self._warned = self._unreachable = False
@@ -74,6 +96,8 @@ class MqttSink:
         client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311,
                              client_id=client_id, clean_session=False)  # a session kept
         client.max_inflight_messages_set(IN_FLIGHT)
+        # Set before connecting: the broker publishes it when it loses the connection unasked.
+        client.will_set(self.status_topic, OFFLINE, qos=1, retain=True)
         client.reconnect_delay_set(1, 30)
         try:
             if config.username:
@@ -87,24 +111,25 @@ class MqttSink:
             raise UserError(f"[events.mqtt]: {exc}; fix the file or its permissions") from None
         client.on_connect, client.on_disconnect = self._on_connect, self._on_disconnect
         client.on_publish, client.on_connect_fail = self._on_publish, self._on_connect_fail
+        client.on_subscribe, client.on_message = self._on_subscribe, self._on_message
+        self._client = client  # before connecting: the callbacks publish through it
         client.connect_async(host, port, KEEPALIVE_S)  # paho's thread connects, and retries
         client.loop_start()
-        self._client = client
         self._pump = threading.Thread(target=self._hand_over, name="mqtt-pump", daemon=True)
         self._pump.start()
         log.info("mqtt_sink", broker=config.broker, client_id=client_id,
-                 topics=f"{self.prefix}/CAMERA/event, {self.prefix}/CAMERA/state",
+                 topics=f"{self.prefix}/CAMERA/event, {self.prefix}/CAMERA/state, "
+                        f"{self.status_topic}",
                  qos=self.qos, buffer=self._cap)
 
     def send(self, message: Mapping[str, object]) -> None:
         """One message of the feed (the I/O loop): never waits for the broker."""
-        self._seq += 1
-        body = {**message, "mqtt_id": f"{self._run}-{self._seq}"}
         camera = message.get("camera")
-        level, state = "", None
-        if isinstance(camera, str) and camera:
-            level, state = f"/{topic_level(camera)}", self._state(camera, body)
-        with self._cond:
+        with self._cond:  # the number and the states are a sync's too (paho's thread)
+            body = self._numbered(message)
+            level, state = "", None
+            if isinstance(camera, str) and camera:
+                level, state = f"/{topic_level(camera)}", self._state(camera, body)
             if len(self._buffer) >= self._cap:
                 self._buffer.popleft()
                 self.counts["dropped"] += 1
@@ -116,8 +141,25 @@ class MqttSink:
             self._buffer.append((f"{self.prefix}{level}/event", _json(body)))
             if state is not None:
                 self._states[f"{self.prefix}{level}/state"] = state
+                self._latest[f"{self.prefix}{level}/state"] = state
+            if self._forget_s and time.time() >= self._next_forget:
+                self._forget_gone(time.time())
             if self._connected and self._in_flight < IN_FLIGHT:  # else the pump can't send
                 self._cond.notify()
+
+    def _forget_gone(self, now: float) -> None:
+        """(Lock held.) The states of cameras quiet for forget_after_s with nothing open leave
+        memory, so that camera ids that come and go cost nothing for ever (the broker keeps
+        their retained state until a sync finds it that old)."""
+        self._next_forget = now + FORGET_CHECK_S
+        for topic, state in list(self._latest.items()):
+            heard = said_at(state["last"])
+            if not state["open"] and heard is not None and now - heard > self._forget_s:
+                del self._latest[topic]
+
+    def _numbered(self, message: Mapping[str, object]) -> State:
+        self._seq += 1
+        return {**message, "mqtt_id": f"{self._run}-{self._seq}"}
 
     def _state(self, camera: str, body: dict[str, object]) -> dict[str, object]:
         """The camera's retained state: its open events (their start messages) and its last
@@ -148,6 +190,13 @@ class MqttSink:
         if left:
             log.warning("mqtt_unsent", messages=left, connected=self._connected,
                         reason="the daemon stopped before the broker acknowledged them")
+        if self._connected:  # a clean disconnect discards the will: `offline` is said here
+            info = self._publish_status(OFFLINE)
+            try:
+                if info is not None:
+                    info.wait_for_publish(STATUS_S)
+            except (ValueError, RuntimeError) as exc:
+                log.warning("mqtt_offline_unsent", error=str(exc))
         self._client.disconnect()
         # loop_stop joins paho's thread, which may be inside a connect attempt (seconds, to
         # an address that drops packets): waited for STOP_S at most (it is a daemon thread).
@@ -161,12 +210,23 @@ class MqttSink:
         name_os_thread("stgcnd-mqtt")
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stopped or (
-                    self._connected and self._in_flight < IN_FLIGHT and
-                    bool(self._buffer or self._states)))
+                ready = self._cond.wait_for(lambda: self._stopped or (
+                    self._connected and self._synced and self._in_flight < IN_FLIGHT and
+                    bool(self._buffer or self._states)), timeout=SYNC_S / 5)
                 if self._stopped:
                     return
-                state: dict[str, object] | None = None
+                # (a connection lost in a sync: the next connection syncs again)
+                late = self._syncing and self._connected and \
+                    time.monotonic() - self._sync_began > SYNC_S
+            if not ready:
+                if late:  # the broker never sent `online` back: go on with what came
+                    log.warning("mqtt_retained_late", waited_s=SYNC_S,
+                                action="going on with the retained states read so far")
+                    self._end_sync()
+                continue
+            with self._cond:
+                state: State | None = None
+                retain = not self._buffer
                 if self._buffer:
                     topic, payload = self._buffer.popleft()
                 else:  # the states after the events: each one the camera's latest
@@ -176,9 +236,9 @@ class MqttSink:
             # Outside the lock: paho calls _on_publish holding its own lock, so holding ours
             # here would invert the order. paho keeps a message handed to it while offline.
             try:
-                if state is not None:
-                    payload = _json(state)
-                info = self._client.publish(topic, payload, self.qos, retain=state is not None)
+                if retain:  # None: an empty retained message removes the topic
+                    payload = b"" if state is None else _json(state)
+                info = self._client.publish(topic, payload, self.qos, retain=retain)
                 gone = self.qos == 0 and info.rc != mqtt.MQTT_ERR_SUCCESS  # QoS 0 offline
             except Exception as exc:  # one message lost, never the pump thread
                 log.error("mqtt_publish_failed", topic=topic, error=repr(exc))
@@ -193,12 +253,86 @@ class MqttSink:
         if reason.is_failure:
             log.warning("mqtt_refused", reason=str(reason))
             return
+        # Without a session (and at every start: a crashed run's session may be there) what
+        # the broker retains may lie: the pump waits while it is read back and made true.
+        sync = not (self._ever_synced and flags.session_present)
         with self._cond:
             self._connected, self._warned, self._unreachable = True, False, False
+            self._synced, self._syncing = not sync, sync
+            self._sync_began, self._retained = time.monotonic(), {}
             self.counts["connects"] += 1
             self._cond.notify_all()
         log.info("mqtt_connected", session_present=flags.session_present,
                  buffered=len(self._buffer), in_flight=self._in_flight)
+        if sync:  # the retained states come after the SUBACK, before what is published after
+            self._sync_mid = client.subscribe(
+                [(f"{self.prefix}/+/state", 1), (self.status_topic, 1)])[1] or -1
+        else:
+            self._publish_status(ONLINE)
+
+    def _on_subscribe(self, client: mqtt.Client, userdata: object, mid: int,
+                      reasons: list[mqtt.ReasonCode], properties: mqtt.Properties | None,
+                      ) -> None:
+        if mid != self._sync_mid:
+            return
+        self._publish_status(ONLINE)  # its echo comes after the retained states
+        refused = [str(r) for r in reasons if r.is_failure]
+        if refused:  # an ACL: nothing comes back, and nothing can be made true
+            log.warning("mqtt_retained_unread", reason=", ".join(refused),
+                        action=f"allow this client to subscribe to {self.prefix}/+/state and "
+                               f"{self.status_topic}, or a crashed run's open events stay "
+                               "retained as open")
+            self._end_sync()
+
+    def _on_message(self, client: mqtt.Client, userdata: object,
+                    msg: mqtt.MQTTMessage) -> None:
+        if not self._syncing:
+            return  # a subscription left over in a session from a run killed in its sync
+        if msg.topic == self.status_topic:
+            if not msg.retain and msg.payload == ONLINE:  # ours: every retained one came
+                self._end_sync()
+            return
+        try:
+            state = json.loads(msg.payload) if msg.retain and msg.payload else None
+        except ValueError:
+            return  # not a state this daemon wrote: left alone
+        if isinstance(state, dict):
+            with self._cond:
+                self._retained[msg.topic] = state
+
+    def _end_sync(self) -> None:
+        """The retained states read back: the ends of what a crashed run left open and the
+        states to remove go, then every state of this run again; the pump goes on."""
+        now = time.time()
+        with self._cond:
+            if not self._syncing:
+                return
+            open_now = {topic: {str(e["id"]) for e in state["open"] if isinstance(e, dict)}
+                        for topic, state in self._latest.items()
+                        if isinstance(state["open"], list)}
+            ends, states = reconcile(self._retained, open_now, set(self._latest), now,
+                                     self._forget_s)
+            for topic, end in ends:  # after what waits: the buffer keeps the feed's order
+                self._buffer.append((topic, _json(self._numbered(end))))
+            self._states.update(states)
+            self._states.update(self._latest)
+            self._syncing, self._synced, self._ever_synced = False, True, True
+            self._retained, republished = {}, len(self._latest)
+            self._cond.notify_all()
+        self._client.unsubscribe([f"{self.prefix}/+/state", self.status_topic])
+        log.info("mqtt_retained_checked", ended=len(ends),
+                 removed=sum(1 for s in states.values() if s is None), republished=republished)
+
+    def _publish_status(self, payload: bytes) -> mqtt.MQTTMessageInfo | None:
+        with self._cond:
+            self._in_flight += 1  # acknowledged through _on_publish like the feed's
+        try:
+            return self._client.publish(self.status_topic, payload, 1, retain=True)
+        except Exception as exc:  # never the callback's thread
+            log.error("mqtt_publish_failed", topic=self.status_topic, error=repr(exc))
+            with self._cond:
+                self._in_flight -= 1
+            return None
 
     def _on_disconnect(self, client: mqtt.Client, userdata: object,
                        flags: mqtt.DisconnectFlags, reason: mqtt.ReasonCode,
