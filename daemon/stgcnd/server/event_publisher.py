@@ -277,6 +277,8 @@ class Publisher:
         if self._pub is not None:
             self._pub.close()
             self._pub = None
+        if self._saved is not None:
+            self._saved.close()
         if self._ipc_path is not None:
             self._ipc_path.unlink(missing_ok=True)
 
