@@ -318,6 +318,11 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         "TensorRT builds one optimization profile for each",
         "must be batch sizes >= 1, e.g. [1, 2, 4, 8]",
         min_length=1)] = DEFAULT_BUCKETS
+    min_interval_ms: Annotated[int, policy_key(
+        "the least time between one camera's infer or push requests to this model: one "
+        "that comes sooner after the last it let through is answered busy too-often, not "
+        "queued nor run (0: off)",
+        "must be in 0..3600000 ms (0: off)", ge=0, le=3_600_000)] = 0
     max_queue_delay_us: Annotated[int, policy_key(
         "how long a batch may wait to fill while the device is idle (0: never)",
         "must be in 0..1000000", ge=0, le=1_000_000)] = 0
