@@ -300,8 +300,10 @@ def bad_mqtt_messages(messages: list[tuple[str, bytes, bool]]) -> list[str]:
         if topic == "stgcnd/status" and payload in (b"online", b"offline"):
             continue
         levels = topic.split("/")
-        if len(levels) == 5 and levels[3] == "class" and payload in (b"ON", b"OFF") or \
-                len(levels) == 3 and levels[2] == "feed" and payload.decode(errors="replace") in FEED_STATES:
+        word = payload.decode(errors="replace")
+        if levels[2:3] == ["class"] and len(levels) == 4 and word in ("ON", "OFF"):
+            continue
+        if levels[2:] == ["feed"] and word in FEED_STATES:
             continue
         try:
             body = json.loads(payload, parse_constant=_not_json)
