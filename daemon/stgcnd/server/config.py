@@ -367,8 +367,9 @@ class MqttConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
         "the MQTT client id, which names the broker's session of this daemon (one per "
         "daemon); empty: stgcnd-HOSTNAME")] = ""
     topic_prefix: Annotated[str, restart_key(
-        "topics are PREFIX/CAMERA/event, PREFIX/CAMERA/state (retained) and PREFIX/status "
-        "(retained: online/offline)",
+        "topics are PREFIX/CAMERA/event, PREFIX/CAMERA/state, PREFIX/CAMERA/class/CLASS "
+        "(ON/OFF), PREFIX/CAMERA/feed and PREFIX/status (online/offline), all but the first "
+        "retained",
         "must be a non-empty topic", min_length=1)] = "stgcnd"
     qos: Annotated[int, restart_key(
         "1: at least once (a resend after a reconnect may repeat a message: mqtt_id tells); "
@@ -393,6 +394,13 @@ class MqttConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
         "at a connection without a session, a camera's retained topics whose last message "
         "is older than this are removed (a camera gone); 0: never", "must be >= 0",
         ge=0)] = 86400.0
+    discovery: Annotated[bool, restart_key(
+        "Home Assistant MQTT discovery: a retained config per camera x class (binary sensor "
+        "on PREFIX/CAMERA/class/CLASS) and per camera (sensor on PREFIX/CAMERA/feed), "
+        "available while PREFIX/status is online")] = False
+    discovery_prefix: Annotated[str, restart_key(
+        "where Home Assistant reads discovery configs (its discovery_prefix)",
+        "must be a non-empty topic", min_length=1)] = "homeassistant"
 
     @property
     def address(self) -> tuple[str, int, bool]:
