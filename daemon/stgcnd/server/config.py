@@ -126,7 +126,8 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         "must be in 0..1", ge=0, le=1)] = 0.5
     quality_floor: Annotated[float, restart_key(
         "skeleton quality: a camera whose usable share of joints (frames with a person x "
-        "joints not lost) falls below this in a stats interval logs one warning",
+        "joints not lost) stays below this for feed_intervals stats intervals logs one "
+        "warning, and a recovery under the feed's hysteresis (docs/logging.md)",
         "must be in 0..1", ge=0, le=1)] = 0.5
     feed_enter: Annotated[float, policy_key(
         "feed health: a camera's feed goes silent, refused, blocked, no-person, "

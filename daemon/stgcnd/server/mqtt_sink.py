@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -38,6 +39,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from stgcnd.errors import UserError
 from stgcnd.log import get_logger
 from stgcnd.server.config import MqttConfig
+from stgcnd.server.mqtt_errors import REASONS, why_dropped, why_failed, why_refused
 from stgcnd.server.mqtt_retained import State, reconcile, said_at
 from stgcnd.server.mqtt_topics import Discovery, classes_of, plain_topics, topic_level
 from stgcnd.threadname import name_os_thread
@@ -60,6 +62,7 @@ class MqttSink:
 
     def __init__(self, config: MqttConfig) -> None:
         host, port, tls = config.address
+        self._tls = tls
         self.prefix, self.qos = config.topic_prefix, config.qos
         self.status_topic = f"{self.prefix}/status"
         self._forget_s = config.forget_after_s
@@ -85,7 +88,11 @@ class MqttSink:
         self._next_forget = 0.0
         self._cap = config.buffer
         self._in_flight = 0
-        self._connected = self._stopped = self._warned = self._unreachable = False
+        self._connected = self._stopped = self._warned = False
+        # Why connecting fails, said once a change (None: connected, or not failed yet), since
+        # when and how many attempts: the recovery line says them.
+        self._why: str | None = None
+        self._failing_since, self._failures = 0.0, 0
         self.counts = {"delivered": 0, "dropped": 0, "connects": 0}
         client_id = config.client_id or f"stgcnd-{socket.gethostname()}"
         # A camera gone has its discovery configs removed even where discovery is now off.
@@ -277,13 +284,14 @@ class MqttSink:
     def _on_connect(self, client: mqtt.Client, userdata: object, flags: mqtt.ConnectFlags,
                     reason: mqtt.ReasonCode, properties: mqtt.Properties | None) -> None:
         if reason.is_failure:
-            log.warning("mqtt_refused", reason=str(reason))
+            self._failed(why_refused(reason), f"CONNACK: {reason}")
             return
+        self._recovered()
         # Without a session (and at every start: a crashed run's session may be there) what
         # the broker retains may lie: the pump waits while it is read back and made true.
         sync = not (self._ever_synced and flags.session_present)
         with self._cond:
-            self._connected, self._warned, self._unreachable = True, False, False
+            self._connected, self._warned = True, False
             self._synced, self._syncing = not sync, sync
             self._sync_began, self._retained = time.monotonic(), {}
             self.counts["connects"] += 1
@@ -379,11 +387,33 @@ class MqttSink:
         if was and not self._stopped:
             log.warning("mqtt_disconnected", reason=str(reason),
                         action="buffering; reconnecting (1 to 30 s apart)")
+        elif not was and not self._stopped:  # an attempt that got no CONNACK
+            why = why_dropped(reason)
+            if why is not None:
+                self._failed(why, f"no CONNACK: {reason}")
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: object) -> None:
-        if not self._unreachable:  # once until a connection succeeds
-            self._unreachable = True
-            log.warning("mqtt_unreachable", action="buffering; retrying (1 to 30 s apart)")
+        # paho calls this inside its `except OSError:` around the attempt (loop_forever), and
+        # passes no error: the one being handled is the attempt's.
+        exc = sys.exc_info()[1]
+        self._failed(why_failed(exc, self._tls), str(exc) if exc is not None else "")
+
+    def _failed(self, why: str, error: str) -> None:
+        """(paho's thread) A connection attempt failed: said when the reason changes."""
+        if self._why is None:
+            self._failing_since, self._failures = time.monotonic(), 0
+        self._failures += 1
+        if why != self._why:
+            self._why = why
+            log.warning("mqtt_unreachable", reason=why, error=error, fix=REASONS[why],
+                        action="buffering; retrying (1 to 30 s apart), said again when the "
+                               "reason changes")
+
+    def _recovered(self) -> None:
+        if self._why is not None:
+            log.info("mqtt_recovered", reason=self._why, failed_attempts=self._failures,
+                     unreachable_s=round(time.monotonic() - self._failing_since, 1))
+            self._why = None
 
     def _on_publish(self, client: mqtt.Client, userdata: object, mid: int,
                     reason: mqtt.ReasonCode, properties: mqtt.Properties | None) -> None:
