@@ -1,5 +1,6 @@
 """The documentation's generated parts (`stgcnd docs`, server/generated_docs.py): current in
-the checkout, written by one command, and only inside their marked regions."""
+the checkout, written by one command, and only inside their marked regions; and a new error
+code or reason declared by its one row of stgcnd_client/codes.py (#44)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,21 @@ from pathlib import Path
 import pytest
 
 from stgcnd.errors import UserError
+from stgcnd.server import generated_docs
+from stgcnd.server.admission import CHECKS
 from stgcnd.server.doc_regions import END, regions, replace, start_marker
-from stgcnd.server.generated_docs import FIX, PARTS, hardening_limits, reasons, stale
-from stgcnd_client.codes import REASONS, reason, reasons_of
-from stgcnd_client.protocol import ErrorCode, Reason
+from stgcnd.server.generated_docs import (
+    FIX,
+    PARTS,
+    check_order,
+    hardening_limits,
+    reason_members,
+    reasons,
+    stale,
+)
+from stgcnd_client import codes
+from stgcnd_client.codes import ERRORS, REASONS, Limit, ReasonDoc, checked, reason, reasons_of
+from stgcnd_client.protocol import ErrorCode
 from tests.conftest import REPO
 
 FILES = sorted({part.path for part in PARTS})
@@ -90,17 +102,52 @@ def test_each_reason_is_a_row_of_its_codes_table(code):
     """The tables list the reasons from the code's table, each once, whatever their number."""
     rows = reasons(code).splitlines()[2:]
     assert [row.split(" | ")[0] for row in rows] == [f"| `{r.value}`" for r in reasons_of(code)]
-    assert {r for c in (ErrorCode.BUSY, ErrorCode.SHUTTING_DOWN) for r in reasons_of(c)} \
-        == set(Reason) == set(REASONS)
+    assert [r.value for c in ("busy", "shutting-down") for r in reasons_of(c)] \
+        == sorted(REASONS, key=list(REASONS).index)
 
 
 def test_every_busy_reason_is_a_limit_of_the_hardening_table():
-    """A `busy` reason is a limit a client runs into: docs/hardening.md's table of them names
-    each (#44: a new reason reached protocol.md's tables, generated from codes.py, but not
-    this one, whose rows are written one by one in generated_docs.hardening_limits)."""
+    """A `busy` reason is a limit a client runs into: docs/hardening.md's table of them has a
+    row made from each one's `limits` in codes.py (#44: a new reason reached protocol.md's
+    tables but not this one, whose rows were written one by one)."""
     limits = hardening_limits()
-    missing = [r.value for r in reasons_of(ErrorCode.BUSY) if reason(r) not in limits]
-    assert not missing, (
-        f"busy reasons {missing} are in no row of docs/hardening.md's limits table: add the "
-        "limit that says each (its key, default, what the client sees, its cost) to "
-        f"hardening_limits() in daemon/stgcnd/server/generated_docs.py, then run `{FIX}`")
+    assert not [r.value for r in reasons_of("busy") if reason(r.value) not in limits]
+
+
+def test_the_order_names_every_code_and_reason_and_each_reason_once():
+    order = check_order()
+    assert not [c for c in ERRORS if f"`{c}`" not in order], "name it in codes.CHECK_ORDER"
+    twice_or_never = [r for r in REASONS if order.count(f"`{r}`") != 1]
+    assert not twice_or_never, (
+        f"{twice_or_never}: name each reason once in the order of the checks: an admission "
+        "check by its entry in server/admission.py's CHECKS, any other by checked() in "
+        "codes.CHECK_ORDER")
+
+
+def test_the_order_lists_the_admission_checks_as_admit_runs_them():
+    """Between the camera slot and `ts`, in CHECKS' order: each check is a busy reason's row,
+    said as its `checked` says."""
+    order = " ".join(check_order().split())
+    said = [checked("no-camera-slot")] + [checked(r) for r, _ in CHECKS] + ["`ts` against"]
+    at = [order.find(s) for s in said]
+    assert -1 not in at and at == sorted(at), (said, at)
+    assert all(REASONS[r].code == "busy" for r, _ in CHECKS)
+
+
+def test_one_row_declares_a_reason_everywhere(monkeypatch):
+    """A new busy reason is its row in codes.py (and, checked at admission, its entry in
+    CHECKS): its Reason member, its row of the busy table, its place in the order of the
+    checks and its limit in docs/hardening.md (the key's default from the schema) follow."""
+    row = ReasonDoc("too-early", "busy", "a frame came before its time", "wait for it",
+                    "the camera's frame time", appended=False,
+                    limits=(Limit("a camera's frames per model", "[[models]] frames",
+                                  "{default} frames", notes="counted per camera"),))
+    monkeypatch.setitem(codes.REASONS, row.value, row)  # codes.py's table, read by both
+    monkeypatch.setattr(generated_docs, "CHECKS", (*CHECKS, (row.value, lambda *_: None)))
+    assert 'TOO_EARLY = "too-early"  # busy' in reason_members()
+    assert "| `too-early` | a frame came before its time | not kept (`false`) | wait for it |" \
+        in reasons(ErrorCode.BUSY)
+    order = " ".join(check_order().split())
+    assert "the camera's frame time (`busy` `too-early`), then `ts` against" in order
+    assert "| a camera's frames per model (`[[models]] frames`) | 150 frames | `busy` " \
+        "`too-early` (what it means" in hardening_limits()

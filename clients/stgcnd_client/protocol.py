@@ -40,7 +40,10 @@ DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
 class ErrorCode(str, Enum):
-    """Stable error codes carried in ``reply["error"]["code"]``; clients may switch on them."""
+    """Stable error codes carried in ``reply["error"]["code"]``; clients may switch on them.
+    Each is a row of codes.py's ERRORS, its member written from there (`stgcnd docs --write`)."""
+
+    # generated: error-code-members (from clients/stgcnd_client/codes.py; `stgcnd docs --write`)
 
     MALFORMED = "malformed"
     UNSUPPORTED_VERSION = "unsupported-version"
@@ -56,6 +59,8 @@ class ErrorCode(str, Enum):
     SHUTTING_DOWN = "shutting-down"
     INTERNAL = "internal"
     FORBIDDEN = "forbidden"
+
+    # end generated
 
     def __str__(self) -> str:
         return self.value
@@ -101,13 +106,18 @@ COMMON_REQUEST_KEYS: frozenset[str] = frozenset(
 
 class Reason(str, Enum):
     """Why a `busy` or `shutting-down` request was refused (the error map's ``reason``), for
-    clients that back off differently: docs/protocol.md §4 (busy's: "The `busy` reply")."""
+    clients that back off differently: docs/protocol.md §4 (busy's: "The `busy` reply").
+    Each is a row of codes.py's REASONS, its member written from there (`stgcnd docs --write`)."""
 
-    QUEUE_FULL = "queue-full"            # busy
-    NO_CAMERA_SLOT = "no-camera-slot"    # busy
-    TOO_OFTEN = "too-often"              # busy: sooner than the model's min_interval_ms
-    STOPPING = "stopping"                # shutting-down: the daemon is stopping
-    MODEL_REPLACED = "model-replaced"    # shutting-down: a reload is replacing the model
+    # generated: reason-members (from clients/stgcnd_client/codes.py; `stgcnd docs --write`)
+
+    QUEUE_FULL = "queue-full"  # busy
+    NO_CAMERA_SLOT = "no-camera-slot"  # busy
+    TOO_OFTEN = "too-often"  # busy
+    STOPPING = "stopping"  # shutting-down
+    MODEL_REPLACED = "model-replaced"  # shutting-down
+
+    # end generated
 
     def __str__(self) -> str:
         return self.value

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from stgcnd_client import Busy, Reason, ShuttingDown
+from stgcnd_client.codes import REASONS
 from stgcnd_client.errors import server_error
 from stgcnd_client.protocol import (
     ErrorCode,
@@ -65,14 +66,14 @@ def test_peek_reads_no_more_than_a_valid_header_may_hold():
     assert peek_id(msgpack.packb({"id": 9, **{f"k{i}": i for i in range(64)}})) == 9
 
 
-@pytest.mark.parametrize(("reason", "appended", "exc_type"), [
-    (Reason.QUEUE_FULL, True, Busy), (Reason.NO_CAMERA_SLOT, False, Busy),
-    (Reason.TOO_OFTEN, False, Busy),
-    (Reason.STOPPING, True, ShuttingDown), (Reason.MODEL_REPLACED, True, ShuttingDown)])
-def test_reason_and_appended_travel_in_the_error_map(reason, appended, exc_type):
+@pytest.mark.parametrize("doc", list(REASONS.values()), ids=list(REASONS))
+def test_reason_and_appended_travel_in_the_error_map(doc):
     """8.2, 8.3: `busy` and `shutting-down` say why, a push's error whether its frame was
-    appended; both are plain keys of the error map, next to code and message."""
-    code = ErrorCode.BUSY if exc_type is Busy else ErrorCode.SHUTTING_DOWN
+    appended; both are plain keys of the error map, next to code and message. Every reason
+    of codes.py, as its row says (its code, its `appended`; True where the row leaves it)."""
+    reason, code = Reason(doc.value), ErrorCode(doc.code)
+    appended = True if doc.appended is None else doc.appended
+    exc_type = {ErrorCode.BUSY: Busy, ErrorCode.SHUTTING_DOWN: ShuttingDown}[code]
     (frame,) = encode_reply(7, error=ProtocolError(code, "no", 7, reason, appended))
     assert msgpack.unpackb(frame) == {"v": 1, "id": 7, "ok": False, "error": {
         "code": code.value, "message": "no", "reason": reason.value, "appended": appended}}

@@ -22,7 +22,7 @@ from stgcnd.server.server import Server
 from stgcnd.server.wakeup import Wakeup
 from stgcnd_client import Client, ServerError
 from stgcnd_client.codes import REASONS
-from stgcnd_client.protocol import ErrorCode, ProtocolError
+from stgcnd_client.protocol import ErrorCode, ProtocolError, Reason
 from tests.server.daemon_harness import write_config
 
 MAX_PUSHES = 64  # a push meets its queue once its frame makes a prediction due
@@ -61,14 +61,14 @@ def refused_everywhere(tmp_path, monkeypatch) -> tuple[list[dict], dict[str, dic
     with capture_logs() as logs:
         thread.start()
         try:
-            for reason, doc in REASONS.items():
+            for doc in REASONS.values():
                 for op in ("infer", "push"):
                     for place in ("admission", "queue"):
-                        camera = f"{op}-{place}-{reason.value}"
+                        camera = f"{op}-{place}-{doc.value}"
                         refusal[camera] = (place, ProtocolError(doc.code, "injected",
-                                                                reason=reason))
+                                                                reason=Reason(doc.value)))
                         expected[camera] = send(endpoint, camera, op, place, window,
-                                                doc.code)
+                                                ErrorCode(doc.code))
             with Client(endpoint, camera_id="nan", retries=0) as nan, \
                     pytest.raises(ServerError):
                 nan.infer(np.full(model.input_shape, np.nan, np.float32))

@@ -23,12 +23,13 @@ CHECKOUT = Path(stgcnd.__file__).resolve().parents[2]
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "docs", help="check, or write, the documentation's generated parts",
-        description="The parts of README.md, docs/protocol.md, docs/hardening.md and "
-                    "systemd/stgcnd.toml made from the code: "
+        description="The parts of README.md, docs/protocol.md, docs/hardening.md, "
+                    "systemd/stgcnd.toml and the client's protocol.py (its ErrorCode and "
+                    "Reason members) made from the code: "
                     + ", ".join(f"{p.name} ({p.path})" for p in PARTS) + ". Each lives "
                     "between '<!-- generated: NAME ... -->' and '<!-- end generated -->' "
-                    "lines; the text around them is left as it is. Exit status 1 while one "
-                    "is stale.")
+                    "lines ('# generated: NAME ...', '# end generated' in Python); the text "
+                    "around them is left as it is. Exit status 1 while one is stale.")
     parser.add_argument("--write", action="store_true",
                         help="make every part afresh (else: only say which files are stale)")
     parser.add_argument("--root", type=Path, default=None, metavar="DIR",

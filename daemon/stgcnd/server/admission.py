@@ -1,10 +1,10 @@
 """Every reason a decoded `infer` or `push` is refused before it is queued (the model, the
-array's shape, a camera slot), as a ProtocolError carrying the request's id; its queue's room
-is the scheduler's to say."""
+array's shape, a camera slot, then the `CHECKS` below in their order), as a ProtocolError
+carrying the request's id; its queue's room is the scheduler's to say."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from stgcnd.server.cameras import CameraState, CameraTable, Eviction
@@ -37,6 +37,37 @@ def model_for(req: Request, models: Mapping[str, ServedModel]) -> ServedModel:
     return model
 
 
+def too_often(req: Request, received: float, model: ServedModel,
+              cam: CameraState) -> str | None:
+    """Sooner than the model's min_interval_ms after this camera's last request let through
+    (a resend of that one is let through again)."""
+    interval_s = model.config.min_interval_ms / 1e3
+    if not interval_s:
+        return None
+    rec = cam.sent.get((req.op, model.name))
+    if rec is not None and rec.req_id == req.id:  # a resend: its first attempt was let through
+        return None
+    last = cam.let_through.get(model.name)
+    if last is not None and received - last < interval_s:
+        return (f"camera {cam.name!r} sent to model {model.name!r} "
+                f"{(received - last) * 1e3:.0f} ms after its last request let through; it "
+                f"takes one every min_interval_ms={model.config.min_interval_ms} ms from a "
+                "camera: send less often, or lower that [[models]] key")
+    cam.let_through[model.name] = received
+    return None
+
+
+# What admit checks once the camera has its slot, in this order: each says why the request is
+# refused `busy` (or None), with the reason named here: a row of stgcnd_client/codes.py's
+# REASONS (by its value, so that this module loads before `stgcnd docs --write` has made the
+# row's `Reason` member). docs/protocol.md's order of the checks lists them from here as their
+# rows say them: a new check is its function above and its entry here.
+CHECKS: tuple[tuple[str, Callable[[Request, float, ServedModel, CameraState], str | None]],
+              ...] = (
+    ("too-often", too_often),
+)
+
+
 def admit(req: Request, peer: str, received: float, models: Mapping[str, ServedModel],
           cameras: CameraTable) -> Admitted:
     """Admit an infer or push request, or raise the ProtocolError its client gets."""
@@ -54,17 +85,8 @@ def admit(req: Request, peer: str, received: float, models: Mapping[str, ServedM
             f"this daemon already serves max_cameras={cameras.max_cameras} cameras and none "
             "of them can give way yet; retry in a few seconds or raise [server] max_cameras"),
             req.id, Reason.NO_CAMERA_SLOT)
-    interval_s = model.config.min_interval_ms / 1e3
-    if interval_s:
-        last = cam.let_through.get(model.name)
-        rec = cam.sent.get((req.op, model.name))
-        if rec is None or rec.req_id != req.id:  # a resend: its first attempt was let through
-            if last is not None and received - last < interval_s:
-                raise ProtocolError(ErrorCode.BUSY, (
-                    f"camera {cam.name!r} sent to model {model.name!r} "
-                    f"{(received - last) * 1e3:.0f} ms after its last request let through; "
-                    f"it takes one every min_interval_ms={model.config.min_interval_ms} ms "
-                    "from a camera: send less often, or lower that [[models]] key"),
-                    req.id, Reason.TOO_OFTEN)
-            cam.let_through[model.name] = received
+    for reason, refuses in CHECKS:
+        refused = refuses(req, received, model, cam)
+        if refused is not None:
+            raise ProtocolError(ErrorCode.BUSY, refused, req.id, Reason(reason))
     return Admitted(model, cam, evicted)

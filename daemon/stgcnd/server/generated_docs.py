@@ -1,9 +1,11 @@
 """Every generated part of the documentation, and where it goes (`stgcnd docs`).
 
-Each part is made from what the code declares: the error codes, busy / shutting-down reasons
-and the order of the checks from `stgcnd_client.codes`, the message limits from
-`stgcnd_client.protocol.Limits`, the configuration's keys and defaults from its schema
-(server/config.py). A part lives in a marked region of a hand-written document
+Each part is made from what the code declares: the error codes and busy / shutting-down
+reasons from their rows in `stgcnd_client.codes` (their tables, protocol.py's `ErrorCode` and
+`Reason` members, a busy reason's limits in docs/hardening.md), the order of the checks from
+`codes.CHECK_ORDER` with the admission checks in the order server/admission.py runs them, the
+message limits from `stgcnd_client.protocol.Limits`, the configuration's keys and defaults from
+its schema (server/config.py). A part lives in a marked region of a hand-written file
 (server/doc_regions.py), or is a whole file (systemd/stgcnd.toml). tests/test_generated_docs.py
 fails while any part is stale.
 """
@@ -17,17 +19,19 @@ from pathlib import Path
 
 import msgspec
 
+from stgcnd.server.admission import CHECKS
 from stgcnd.server.config import ModelConfig, ServerConfig
 from stgcnd.server.config_docs import example, key_table
 from stgcnd.server.doc_regions import replace
 from stgcnd.server.transport import HANDSHAKE_MS
 from stgcnd_client import codes
-from stgcnd_client.codes import CHECK_ORDER, ERRORS, REASONS, reasons_of, size
-from stgcnd_client.protocol import DEFAULT_LIMITS, ErrorCode, Reason
+from stgcnd_client.codes import CHECK_ORDER, ERRORS, REASONS, Limit, checked, reasons_of, size
+from stgcnd_client.protocol import DEFAULT_LIMITS, ErrorCode
 
 FIX = "stgcnd docs --write"
 CODES = "clients/stgcnd_client/codes.py"
 SCHEMA = "daemon/stgcnd/server/config.py"
+PROTOCOL = "clients/stgcnd_client/protocol.py"
 
 
 @dataclass(frozen=True)
@@ -50,8 +54,8 @@ def server_defaults() -> dict[str, str]:
     return out
 
 
-def _text(template: str) -> str:
-    return template.format_map(server_defaults())
+def _text(template: str, **more: str) -> str:
+    return template.format_map({**server_defaults(), **more})
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -62,8 +66,24 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def error_codes() -> str:
     return table(("code", "meaning", "client action"),
-                 [(codes.code(c), _text(ERRORS[c].meaning), _text(ERRORS[c].action))
-                  for c in ErrorCode])
+                 [(codes.code(c.value), _text(c.meaning), _text(c.action))
+                  for c in ERRORS.values()])
+
+
+def members(values: Sequence[str], comments: Sequence[str] = ()) -> str:
+    """An enum's members (protocol.py's ErrorCode, Reason), one per value: "too-often" ->
+    `TOO_OFTEN = "too-often"`, with its comment."""
+    return "".join(f'{v.upper().replace("-", "_")} = "{v}"'
+                   + (f"  # {comments[n]}" if comments else "") + "\n"
+                   for n, v in enumerate(values))
+
+
+def error_code_members() -> str:
+    return members(list(ERRORS))
+
+
+def reason_members() -> str:
+    return members(list(REASONS), [doc.code for doc in REASONS.values()])
 
 
 _APPENDED = {True: "kept (`true`): only the prediction was refused", False: "not kept (`false`)",
@@ -72,19 +92,22 @@ _APPENDED = {True: "kept (`true`): only the prediction was refused", False: "not
 
 def reasons(code: ErrorCode) -> str:
     """The reasons a reply of `code` carries; the `appended` column where the table says it."""
-    rows = [(r, REASONS[r]) for r in reasons_of(code)]
-    with_appended = any(doc.appended is not None for _, doc in rows)
+    rows = reasons_of(code)
+    with_appended = any(doc.appended is not None for doc in rows)
     header = ("`reason`", "sent when") + (("a push's frame (`appended`)",) if with_appended
                                           else ()) + ("what to do",)
     return table(header, [
-        (f"`{r.value}`", _text(doc.when))
+        (f"`{doc.value}`", _text(doc.when))
         + ((_APPENDED[doc.appended],) if with_appended else ()) + (_text(doc.action),)
-        for r, doc in rows])
+        for doc in rows])
 
 
 def check_order() -> str:
-    return "".join(textwrap.fill(f"{n}. {_text(step)}", 96, subsequent_indent="   ",
-                                 break_on_hyphens=False) + "\n"
+    """codes.CHECK_ORDER, its `{admission}` the admission checks in the order admit runs them
+    (server/admission.py's CHECKS), each as its reason's row says it."""
+    admission = "".join(f"{checked(reason)}, then " for reason, _ in CHECKS)
+    return "".join(textwrap.fill(f"{n}. {_text(step, admission=_text(admission))}", 96,
+                                 subsequent_indent="   ", break_on_hyphens=False) + "\n"
                    for n, step in enumerate(CHECK_ORDER, 1))
 
 
@@ -109,9 +132,30 @@ def message_limits() -> str:
     ])
 
 
+def key_default(key: str) -> str:
+    """A configuration key's default as the documents write it: "queue_size" ([server]) or
+    "[[models]] min_interval_ms", from the schema."""
+    if key.startswith("[[models]] "):
+        fields = {f.name: f.default for f in msgspec.structs.fields(ModelConfig)}
+        return str(fields[key.split()[-1]])
+    return server_defaults()[key]
+
+
+def limit_rows(busy_reply: str) -> list[tuple[str, str, str, str]]:
+    """A `busy` reason's limits (their rows in codes.py's REASONS) as rows of the limits
+    table: the key's default from the schema."""
+    def row(doc: codes.ReasonDoc, limit: Limit) -> tuple[str, str, str, str]:
+        name = f"{limit.limit} (`{limit.key}`)" if limit.key else limit.limit
+        default = _text(limit.default, default=key_default(limit.key) if limit.key else "")
+        return (name, default, f"{codes.reason(doc.value)} {_text(limit.sees) or busy_reply}",
+                _text(limit.notes))
+    return [row(doc, limit) for doc in reasons_of(ErrorCode.BUSY) for limit in doc.limits]
+
+
 def hardening_limits() -> str:
     """docs/hardening.md's list of every limit a client can run into: the defaults from the
-    schema and the codec's Limits, what a client sees from the codes' table."""
+    schema and the codec's Limits, what a client sees from the codes' table; a busy reason's
+    rows from its row there."""
     L, d, c = DEFAULT_LIMITS, server_defaults(), codes.code
     busy_reply = ("(what it means and what to do: [protocol.md, \"The `busy` reply\"]"
                   "(protocol.md#the-busy-reply))")
@@ -139,26 +183,7 @@ def hardening_limits() -> str:
          "checked where each is decoded, before the camera's clock or its events see it: a "
          "`ts` of 1e306 made the events' milliseconds infinite and killed the daemon (issue "
          "#41; below, \"A bug met for one camera\")"),
-        ("queued requests per camera (`queue_size`)", d["queue_size"],
-         f"{codes.reason(Reason.QUEUE_FULL)} {busy_reply}", ""),
-        ("a camera's requests to a model (`[[models]] min_interval_ms`)",
-         f"{ModelConfig().min_interval_ms} ms (off)",
-         f"{codes.reason(Reason.TOO_OFTEN)} {busy_reply}",
-         "one every `min_interval_ms` from each camera, counted from its last one let through "
-         "(a resend of that one is let through too); a time per camera and model"),
-        ("cameras (`max_cameras`)", f"{d['max_cameras']}, of which "
-         f"{int(d['max_cameras']) // 8} (`max_cameras` // 8, at least 1 from 2 up) only for "
-         "cameras served before",
-         f"{codes.reason(Reason.NO_CAMERA_SLOT)} for a new camera when none can give "
-         "way (below)",
-         "a camera costs 16 KiB after 3 pushed frames (M=1; 42 KiB at M=5), 120 KiB with a "
-         "full 150-frame window (585 KiB at M=5: its ring and the copy of its last window kept "
-         "for a resend, twice the window's 59/291 KiB), plus a lane (a CUDA stream and pinned "
-         "rows) per executor made before READY; measured as a real daemon's RSS with 100 "
-         "cameras"),
-        ("camera evictions per peer", "`max_cameras` a second",
-         f"{codes.reason(Reason.NO_CAMERA_SLOT)} at once for its new cameras, nothing "
-         "evicted", "a counter per evicting peer, on the eviction path only"),
+        *limit_rows(busy_reply),
         ("served camera ids remembered", f"4 x `max_cameras` ({4 * int(d['max_cameras'])})",
          "a served camera forgotten is a new one again", "the most recently active"),
         ("idle camera (`idle_timeout`)", f"{d['idle_timeout']} s",
@@ -213,13 +238,15 @@ def hardening_limits() -> str:
         ("requests per connection in flight (`rcvhwm`)", f"{int(d['rcvhwm']):,}",
          "the client's own send blocks", "ZeroMQ's back-pressure"),
         ("shutdown (`drain_timeout`)", f"{d['drain_timeout']} s",
-         f"queued work answered, then {codes.reason(Reason.STOPPING)}",
+         f"queued work answered, then {codes.reason('stopping')}",
          "requests are refused until none arrives for 100 ms (at most 1 s); replies get 1 s "
          "to leave"),
     ])
 
 
 PARTS: tuple[Part, ...] = (
+    Part("error-code-members", PROTOCOL, CODES, error_code_members),
+    Part("reason-members", PROTOCOL, CODES, reason_members),
     Part("config-keys", "README.md", SCHEMA, key_table),
     Part("config-example", "systemd/stgcnd.toml", SCHEMA, example, whole_file=True),
     Part("message-limits", "docs/protocol.md", "stgcnd_client.protocol.Limits", message_limits),
