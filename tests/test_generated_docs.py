@@ -1,4 +1,4 @@
-"""The documentation's generated parts (`stgcnd docs`, server/generated_docs.py): current in
+"""The documentation's generated parts (`stgcnd docs`, stgcnd_tools/docs/generated.py): current in
 the checkout, written by one command, and only inside their marked regions."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from stgcnd.errors import UserError
-from stgcnd.server.doc_regions import END, regions, replace, start_marker
-from stgcnd.server.generated_docs import FIX, PARTS, hardening_limits, reasons, stale
 from stgcnd_client.codes import REASONS, reason, reasons_of
 from stgcnd_client.protocol import ErrorCode, Reason
+from stgcnd_tools.docs.generated import FIX, PARTS, hardening_limits, reasons, stale
+from stgcnd_tools.docs.regions import END, regions, replace, start_marker
 from tests.conftest import REPO
 
 FILES = sorted({part.path for part in PARTS})

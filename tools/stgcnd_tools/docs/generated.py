@@ -19,11 +19,11 @@ import msgspec
 
 from stgcnd.server.config import ModelConfig, ServerConfig
 from stgcnd.server.config_docs import example, key_table
-from stgcnd.server.doc_regions import replace
 from stgcnd.server.transport import HANDSHAKE_MS
 from stgcnd_client import codes
 from stgcnd_client.codes import CHECK_ORDER, ERRORS, REASONS, reasons_of, size
 from stgcnd_client.protocol import DEFAULT_LIMITS, ErrorCode, Reason
+from stgcnd_tools.docs.regions import replace
 
 FIX = "stgcnd docs --write"
 CODES = "clients/stgcnd_client/codes.py"
