@@ -4,11 +4,11 @@ for them, the client independent of the daemon, the tools outside it, and the si
 
     model -> export -> runtimes -> engines -> provision -> server (-> telemetry) -> commands
 
-and the tools (`stgcnd_tools`: bench, loadtest, trtexec, demo, logs) on top, a package of
-their own: a module may import its own layer and the layers below it, never above, so the
-daemon (`stgcnd`) never imports a tool. The tools declare their commands (`stgcnd_tools.COMMANDS`);
-`stgcnd.cli` knows only the package's name and imports a tool's module only when it is the
-command being run.
+and the tools (`stgcnd_tools`: bench, loadtest, trtexec, demo, logs, doctor, docs) on top, a
+package of their own: a module may import its own layer and the layers below it, never above,
+so the daemon (`stgcnd`) never imports a tool. The tools declare their commands
+(`stgcnd_tools.COMMANDS`); `stgcnd.cli` knows only the package's name and imports a tool's
+module only when it is the command being run.
 
 The line budgets (MAX_*_LINES) are ratchets: `python scripts/line_budgets.py` prints each with
 its headroom from `line_counts()` below, and `--update` rewrites them.
