@@ -1,4 +1,4 @@
-"""The documentation's generated parts (`stgcnd docs`, server/generated_docs.py): current in
+"""The documentation's generated parts (`stgcnd docs`, stgcnd_tools/docs/generated.py): current in
 the checkout, written by one command, and only inside their marked regions; and a new error
 code or reason declared by its one row of stgcnd_client/codes.py (#44)."""
 
@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from stgcnd.errors import UserError
-from stgcnd.server import generated_docs
 from stgcnd.server.admission import CHECKS
-from stgcnd.server.doc_regions import END, regions, replace, start_marker
-from stgcnd.server.generated_docs import (
+from stgcnd_client import codes
+from stgcnd_client.codes import ERRORS, REASONS, Limit, ReasonDoc, checked, reason, reasons_of
+from stgcnd_client.protocol import ErrorCode
+from stgcnd_tools.docs import generated as generated_docs
+from stgcnd_tools.docs.generated import (
     FIX,
     PARTS,
     check_order,
@@ -22,9 +24,7 @@ from stgcnd.server.generated_docs import (
     reasons,
     stale,
 )
-from stgcnd_client import codes
-from stgcnd_client.codes import ERRORS, REASONS, Limit, ReasonDoc, checked, reason, reasons_of
-from stgcnd_client.protocol import ErrorCode
+from stgcnd_tools.docs.regions import END, regions, replace, start_marker
 from tests.conftest import REPO
 
 FILES = sorted({part.path for part in PARTS})

@@ -4,11 +4,11 @@ for them, the client independent of the daemon, the tools outside it, and the si
 
     model -> export -> runtimes -> engines -> provision -> server (-> telemetry) -> commands
 
-and the tools (`stgcnd_tools`: bench, loadtest, trtexec, demo, logs) on top, a package of
-their own: a module may import its own layer and the layers below it, never above, so the
-daemon (`stgcnd`) never imports a tool. The tools declare their commands (`stgcnd_tools.COMMANDS`);
-`stgcnd.cli` knows only the package's name and imports a tool's module only when it is the
-command being run.
+and the tools (`stgcnd_tools`: bench, loadtest, trtexec, demo, logs, doctor, docs) on top, a
+package of their own: a module may import its own layer and the layers below it, never above,
+so the daemon (`stgcnd`) never imports a tool. The tools declare their commands
+(`stgcnd_tools.COMMANDS`); `stgcnd.cli` knows only the package's name and imports a tool's
+module only when it is the command being run.
 
 The line budgets (MAX_*_LINES) are ratchets: `python scripts/line_budgets.py` prints each with
 its headroom from `line_counts()` below, and `--update` rewrites them.
@@ -205,6 +205,15 @@ def imports(path: Path) -> Iterator[tuple[str, bool, int]]:
                 yield f"{node.module}.{alias.name}", id(node) in inside, node.lineno
 
 
+def type_checking_lines(path: Path) -> set[int]:
+    """The lines of the imports under `if TYPE_CHECKING:`: read by mypy, never run, so no
+    process loads them (they still count for the layers and the circles)."""
+    tree = ast.parse(path.read_text())
+    return {n.lineno for node in ast.walk(tree) if isinstance(node, ast.If)
+            and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+            for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))}
+
+
 def graph(lazy: bool = True) -> dict[str, set[str]]:
     """Each module's imports of project modules (a copy: parsed once per session)."""
     return {m: set(targets) for m, targets in _graph(lazy).items()}
@@ -214,9 +223,11 @@ def graph(lazy: bool = True) -> dict[str, set[str]]:
 def _graph(lazy: bool) -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {m: set() for m in MODULES}
     for module, path in MODULES.items():
-        for name, in_function, _ in imports(path):
+        never_run = set() if lazy else type_checking_lines(path)
+        for name, in_function, line in imports(path):
             target = resolve(name) if name.split(".")[0] in ("stgcnd", "stgcnd_tools") else None
-            if target and target != module and (lazy or not in_function):
+            if target and target != module and (lazy or not in_function) \
+                    and line not in never_run:
                 edges[module].add(target)
     return edges
 
@@ -342,6 +353,20 @@ def test_the_daemon_and_the_package_stay_small():
     assert not tools, f"the daemon loads tools or other commands: {tools}"
     over = over_budget(("MAX_SERVING_LINES", "MAX_DAEMON_LINES", "MAX_PACKAGE_LINES"))
     assert not over, "\n".join(over)
+
+
+def test_the_serving_count_is_what_serve_imports():
+    """served(lazy=False), which MAX_SERVING_LINES counts, is what importing `stgcnd serve`
+    loads: no module it names stays unloaded (one imported for type checking only), and none
+    loaded is missed (but the packages' __init__ modules Python loads on the way)."""
+    code = ("import sys, stgcnd.cli, stgcnd.commands.serve; print(' '.join(sorted(m for m in "
+            "sys.modules if m.split('.')[0] in ('stgcnd', 'stgcnd_tools'))))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                check=True, timeout=120).stdout.split())
+    counted = served(lazy=False) - {"stgcnd.__main__"}  # run as a script, not imported here
+    packages = {m.rsplit(".", i)[0] for m in counted for i in range(1, m.count(".") + 1)}
+    assert counted <= loaded, f"counted, never loaded: {sorted(counted - loaded)}"
+    assert loaded <= counted | packages, f"loaded, not counted: {sorted(loaded - counted)}"
 
 
 def test_the_daemon_loads_the_protocol_not_the_client():

@@ -26,12 +26,10 @@ from stgcnd.versions import torch_missing
 COMMANDS = {
     "serve": "stgcnd.commands.serve",
     "config": "stgcnd.commands.config",
-    "docs": "stgcnd.commands.docs",
     "export": "stgcnd.commands.export",
     "build": "stgcnd.commands.build",
     "validate": "stgcnd.commands.validate",
     "engines": "stgcnd.commands.engines",
-    "doctor": "stgcnd.commands.doctor",
     "keys": "stgcnd.commands.keys",
 }
 # The package that declares the tools' commands: its COMMANDS maps each to (its module, the
@@ -39,10 +37,10 @@ COMMANDS = {
 # the daemon serves without it.
 TOOLS = "stgcnd_tools"
 TOOLS_MISSING = (
-    "the tools' commands (the demo, camera simulator, load test, benchmarks, log and "
-    "tegrastats summaries, trtexec runs) are not installed here, as the stgcnd_tools package "
-    "is missing: install stgcnd from its repository with `pip install .` (or `pip install "
-    "-e .`), which installs the daemon and its tools together")
+    "the tools' commands (the doctor, the generated docs, the demo, camera simulator, load "
+    "test, benchmarks, log and tegrastats summaries, trtexec runs) are not installed here, as "
+    "the stgcnd_tools package is missing: install stgcnd from its repository with `pip "
+    "install .` (or `pip install -e .`), which installs the daemon and its tools together")
 LOG_LEVELS = ["debug", "info", "warning", "error"]
 LOG_FORMATS = ["auto", "json", "console"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from stgcnd.board import l4t_release
-from stgcnd.commands.doctor_checks import (
+from stgcnd_tools.doctor.checks import (
     dpkg_versions,
     jetson_stack,
     parse_nvcc_version,

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from stgcnd.board import Board, detect
-from stgcnd.commands.doctor_checks import (
+from stgcnd.errors import BackendUnavailable
+from stgcnd_tools.doctor.checks import (
     clocks,
     cuda_driver,
     fastest_mode,
@@ -24,7 +25,6 @@ from stgcnd.commands.doctor_checks import (
     run_checks,
     tegrastats,
 )
-from stgcnd.errors import BackendUnavailable
 from tests.commands.test_doctor_jetson import make_root
 from tests.conftest import REPO
 

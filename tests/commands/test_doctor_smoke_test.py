@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from stgcnd.commands.doctor_checks import SMOKE_SHAPE, tensorrt_smoke_test
+from stgcnd_tools.doctor.checks import SMOKE_SHAPE, tensorrt_smoke_test
 
 RELU, SIGMOID = "RELU", "SIGMOID"
 

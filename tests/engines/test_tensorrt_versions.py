@@ -28,7 +28,34 @@ PROBE = """
 import json, sys
 import tensorrt as trt
 from stgcnd.engines.builders import tensorrt as b
-caps = b.capabilities(trt)
+from stgcnd.errors import UserError
+
+
+def capabilities(trt):
+    # Every version-dependent choice of the builder, from its pure functions of the module.
+    plans = {}
+    for precision, mode in (("fp32", "qdq"), ("fp16", "qdq"), ("int8", "qdq"),
+                            ("int8", "calibrator")):
+        name = precision if precision != "int8" else f"int8-{mode}"
+        try:
+            plan = b.precision_plan(trt, precision, mode)
+            plans[name] = {"flags": list(plan.builder_flags),
+                           "strongly_typed": plan.strongly_typed, "onnx": plan.onnx,
+                           "calibrator": plan.calibrator,
+                           "network_flags": b.network_flags(trt, plan.strongly_typed)}
+        except UserError as exc:
+            plans[name] = {"error": str(exc)}
+    return {"version": str(trt.__version__), "build_api": b.build_api(trt),
+            "workspace_api": b.workspace_api(trt), "opt_level": b.supports_opt_level(trt),
+            "progress_monitor": b.supports_progress_monitor(trt),
+            "timing_cache": b.supports_timing_cache(trt),
+            "implicit_int8": b.supports_implicit_int8(trt), "plans": plans,
+            "tactic_sources_off": [n for n in b.EXTERNAL_TACTIC_SOURCES
+                                   if b.tactic_sources(trt, 0) is not None
+                                   and hasattr(trt.TacticSource, n)]}
+
+
+caps = capabilities(trt)
 b.make_logger(trt)
 if caps["progress_monitor"]:
     b.make_progress_monitor(trt, b.ProgressSink())

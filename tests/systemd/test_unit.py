@@ -43,9 +43,9 @@ def test_unit_promises_what_the_daemon_does():
 def cuda_nodes_here() -> list[str]:
     """The nodes this process has open or mapped once CUDA is up (doctor's list); empty on
     a machine without a GPU."""
-    from stgcnd.device_nodes import nodes_in_use
     from stgcnd.errors import BackendUnavailable
     from stgcnd.runtimes.cuda import CudaError, make_current
+    from stgcnd_tools.doctor.device_nodes import nodes_in_use
 
     try:
         make_current()
@@ -55,7 +55,7 @@ def cuda_nodes_here() -> list[str]:
 
 
 def test_the_unit_allows_every_node_cuda_uses_here_and_on_the_known_boards():
-    from stgcnd.device_nodes import KNOWN, Unit, describe, unit_gaps
+    from stgcnd_tools.doctor.device_nodes import KNOWN, Unit, describe, unit_gaps
 
     unit = Unit.parse(UNIT.read_text())
     assert unit.policy == "closed"
@@ -65,7 +65,7 @@ def test_the_unit_allows_every_node_cuda_uses_here_and_on_the_known_boards():
 
 
 def test_nodes_in_use_reads_maps_and_fds(tmp_path):
-    from stgcnd.device_nodes import nodes_in_use
+    from stgcnd_tools.doctor.device_nodes import nodes_in_use
 
     proc = tmp_path / "proc"
     (proc / "fd").mkdir(parents=True)
@@ -81,8 +81,8 @@ def test_nodes_in_use_reads_maps_and_fds(tmp_path):
 
 
 def test_a_unit_without_the_jetpack6_nodes_is_caught_with_its_fix(tmp_path):
-    from stgcnd.commands.doctor_unit import FAIL, OK, unit_devices
-    from stgcnd.device_nodes import KNOWN, Node, Unit, describe, unit_gaps
+    from stgcnd_tools.doctor.device_nodes import KNOWN, Node, Unit, describe, unit_gaps
+    from stgcnd_tools.doctor.unit import FAIL, OK, unit_devices
 
     # The unit before issue #31: R36's fence and render nodes, and the render group, missing.
     old = "\n".join(line for line in UNIT.read_text().splitlines()
@@ -97,7 +97,7 @@ def test_a_unit_without_the_jetpack6_nodes_is_caught_with_its_fix(tmp_path):
 
     # doctor, on nodes as this machine describes them (mode 0666: no group needed); the unit
     # allows /dev/null, not /dev/zero.
-    from stgcnd.commands.doctor_unit import UnitFile
+    from stgcnd_tools.doctor.unit import UnitFile
 
     path = tmp_path / "stgcnd.service"
     path.write_text(old)

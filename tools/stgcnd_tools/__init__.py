@@ -1,4 +1,5 @@
-"""Tools beside the daemon: benchmarks, load tests, trtexec runs, the demo, log summaries.
+"""Tools beside the daemon: the doctor, the generated docs, benchmarks, load tests, trtexec
+runs, the demo, log summaries.
 
 They use the daemon's packages (the runners it serves with, its client, its config); nothing
 in the daemon imports them (tests/test_layers.py checks it).
@@ -16,7 +17,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "camera-sim": ("stgcnd_tools.commands.camera_sim", "demo"),
     "loadtest": ("stgcnd_tools.commands.loadtest", "camera-sim"),
     "example": ("stgcnd_tools.commands.example", "loadtest"),
+    "docs": ("stgcnd_tools.commands.docs", "example"),
     "bench": ("stgcnd_tools.commands.bench", "engines"),
+    "doctor": ("stgcnd_tools.commands.doctor", "bench"),
     "tegrastats": ("stgcnd_tools.commands.tegrastats", "doctor"),
     "logs": ("stgcnd_tools.commands.logs", "tegrastats"),
     "trtexec": ("stgcnd_tools.commands.trtexec", "keys"),

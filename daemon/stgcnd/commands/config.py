@@ -15,7 +15,11 @@ from typing import Any
 
 import msgspec
 
-from stgcnd.commands.doctor_unit import (
+from stgcnd.server.config import Config, load_config
+from stgcnd.server.config_checks import check_config
+from stgcnd.server.config_docs import example, key_table
+from stgcnd.server.model_files import labels_problems
+from stgcnd.server.unit_filter import (
     INSTALLED_UNIT,
     OK,
     PACKAGED_UNIT,
@@ -23,10 +27,6 @@ from stgcnd.commands.doctor_unit import (
     peers,
     unit_addresses,
 )
-from stgcnd.server.config import Config, load_config
-from stgcnd.server.config_checks import check_config
-from stgcnd.server.config_docs import example, key_table
-from stgcnd.server.model_files import labels_problems
 
 
 def register(subparsers: Any) -> None:

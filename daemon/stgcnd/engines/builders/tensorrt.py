@@ -208,30 +208,6 @@ def precision_plan(trt: Any, precision: str, int8_mode: str = "qdq") -> Precisio
     return PrecisionPlan(flags, False, "qdq")
 
 
-def capabilities(trt: Any) -> dict[str, Any]:
-    """Every version-dependent choice, for `stgcnd doctor`, logs and the version tests."""
-    plans: dict[str, Any] = {}
-    for precision, mode in (("fp32", "qdq"), ("fp16", "qdq"), ("int8", "qdq"),
-                            ("int8", "calibrator")):
-        name = precision if precision != "int8" else f"int8-{mode}"
-        try:
-            plan = precision_plan(trt, precision, mode)
-            plans[name] = {"flags": list(plan.builder_flags),
-                           "strongly_typed": plan.strongly_typed, "onnx": plan.onnx,
-                           "calibrator": plan.calibrator,
-                           "network_flags": network_flags(trt, plan.strongly_typed)}
-        except UserError as exc:
-            plans[name] = {"error": str(exc)}
-    return {"version": str(trt.__version__), "build_api": build_api(trt),
-            "workspace_api": workspace_api(trt), "opt_level": supports_opt_level(trt),
-            "progress_monitor": supports_progress_monitor(trt),
-            "timing_cache": supports_timing_cache(trt),
-            "implicit_int8": supports_implicit_int8(trt), "plans": plans,
-            "tactic_sources_off": [n for n in EXTERNAL_TACTIC_SOURCES
-                                   if tactic_sources(trt, 0) is not None
-                                   and hasattr(trt.TacticSource, n)]}
-
-
 # --- callbacks: logger, progress, calibrator -------------------------------------------------
 
 def make_logger(trt: Any) -> Any:

@@ -11,8 +11,6 @@ from typing import Any
 
 from stgcnd import __version__
 from stgcnd.board import detect
-from stgcnd.commands.doctor_checks import jetson_stack, run_checks
-from stgcnd.commands.doctor_unit import INSTALLED_UNIT, find_unit, unit_checks
 from stgcnd.cpupower import cpu_power
 from stgcnd.engines.device import gpu_identity
 from stgcnd.engines.store import EngineStore
@@ -23,6 +21,8 @@ from stgcnd.runtimes.tensorrt_runtime import missing_api
 from stgcnd.server.config import Config, load_config
 from stgcnd.server.models import memory_plan_for
 from stgcnd.versions import module_version
+from stgcnd_tools.doctor.checks import jetson_stack, run_checks
+from stgcnd_tools.doctor.unit import INSTALLED_UNIT, find_unit, unit_checks
 
 
 def register(sub: argparse._SubParsersAction) -> None:

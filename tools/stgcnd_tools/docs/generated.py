@@ -6,7 +6,7 @@ reasons from their rows in `stgcnd_client.codes` (their tables, protocol.py's `E
 `codes.CHECK_ORDER` with the admission checks in the order server/admission.py runs them, the
 message limits from `stgcnd_client.protocol.Limits`, the configuration's keys and defaults from
 its schema (server/config.py). A part lives in a marked region of a hand-written file
-(server/doc_regions.py), or is a whole file (systemd/stgcnd.toml). tests/test_generated_docs.py
+(stgcnd_tools/docs/regions.py), or is a whole file (systemd/stgcnd.toml). tests/test_generated_docs.py
 fails while any part is stale.
 """
 
@@ -22,11 +22,11 @@ import msgspec
 from stgcnd.server.admission import CHECKS
 from stgcnd.server.config import ModelConfig, ServerConfig
 from stgcnd.server.config_docs import example, key_table
-from stgcnd.server.doc_regions import replace
 from stgcnd.server.transport import HANDSHAKE_MS
 from stgcnd_client import codes
 from stgcnd_client.codes import CHECK_ORDER, ERRORS, REASONS, Limit, checked, reasons_of, size
 from stgcnd_client.protocol import DEFAULT_LIMITS, ErrorCode
+from stgcnd_tools.docs.regions import replace
 
 FIX = "stgcnd docs --write"
 CODES = "clients/stgcnd_client/codes.py"

@@ -46,7 +46,7 @@ Check = Dict[str, Any]  # typing.Dict: evaluated at run time, and 3.8 has no dic
 # - tegrastats: on PATH or in /usr/bin;
 # - the CUDA driver, through stgcnd's ctypes layer (runtimes/cuda.py): GPU, compute capability,
 #   free memory;
-# - (the systemd unit: doctor_unit.py, after these.)
+# - (the systemd unit: unit.py, after these.)
 #
 # And with `stgcnd doctor --smoke-test`, wherever tensorrt imports: a one-layer network (ReLU on
 # a 1x3x4x4 input) built with TensorRT's network API, deserialized and run once through the

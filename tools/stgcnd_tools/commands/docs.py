@@ -1,4 +1,4 @@
-"""`stgcnd docs [--write]`: the documentation's generated parts (server/generated_docs.py).
+"""`stgcnd docs [--write]`: the documentation's generated parts (stgcnd_tools/docs/generated.py).
 
 Run in a checkout after changing what a part is made from (a configuration key, an error code,
 a busy reason, a limit): `--write` makes every part afresh; without it, the stale files are
@@ -14,7 +14,7 @@ from typing import Any
 
 import stgcnd
 from stgcnd.errors import UserError
-from stgcnd.server.generated_docs import FIX, PARTS, stale, write
+from stgcnd_tools.docs.generated import FIX, PARTS, stale, write
 
 # The checkout this package was imported from (daemon/stgcnd/__init__.py -> the root).
 CHECKOUT = Path(stgcnd.__file__).resolve().parents[2]

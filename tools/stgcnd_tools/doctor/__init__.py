@@ -1,0 +1,1 @@
+"""`stgcnd doctor`'s checks: the board, the GPU stack and the systemd unit, each with its fix."""
