@@ -6,7 +6,7 @@ reasons from their rows in `stgcnd_client.codes` (their tables, protocol.py's `E
 `codes.CHECK_ORDER` with the admission checks in the order server/admission.py runs them, the
 message limits from `stgcnd_client.protocol.Limits`, the configuration's keys and defaults from
 its schema (server/config.py). A part lives in a marked region of a hand-written file
-(stgcnd_tools/docs/regions.py), or is a whole file (systemd/stgcnd.toml). tests/test_generated_docs.py
+(docs/regions.py), or is a whole file (systemd/stgcnd.toml). tests/test_generated_docs.py
 fails while any part is stale.
 """
 
