@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from stgcnd_tools.logs.summarize import scan
+from stgcnd_tools.logs.summarize import action_spans, scan
 
 CLASSES = ["shoplifting", "fall", "fight"]
 T0 = 1764079200.0      # 2025-11-25 14:00:00 UTC
@@ -118,3 +118,31 @@ def test_the_command_writes_the_events_figure(tmp_path, stgcnd_main):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     refused = stgcnd_main("logs", "plot", str(log))
     assert refused.returncode != 0 and "--events OUT.png" in refused.stderr
+
+
+def test_events_open_at_once_on_one_camera_get_lanes_of_their_own():
+    """A fall during a fight on one camera: two bars one above the other in its row, not one
+    drawn over the other; a camera with one event at a time keeps the full row height."""
+    pytest.importorskip("matplotlib")
+    from stgcnd_tools.logs.timeline import events_figure, overlap_lanes
+
+    def event(camera: str, n: int, cls: str, start: float, end: float) -> list[str]:
+        base = {"event": "action_event", "id": f"{camera}/m/1/{n}", "camera": camera,
+                "model": "m", "class": cls, "started": T0 + start, "peak": 0.9}
+        return [json.dumps({**base, "kind": "start", "at": T0 + start + 1}),
+                json.dumps({**base, "kind": "end", "at": T0 + end, "ended": T0 + end,
+                            "reason": "below-exit"})]
+
+    log = scan([*event("cam-1", 1, "fight", 0, 100), *event("cam-1", 2, "fall", 50, 150),
+                *event("cam-1", 3, "fall", 200, 250), *event("cam-2", 1, "fall", 0, 100)])
+    spans = [s for s in action_spans(log) if s["camera"] == "cam-1"]
+    assert overlap_lanes(spans, T0 + 300) == ([0, 1, 0], 2)
+    ax = events_figure(log).axes[0]
+    bars: dict[int, set[tuple[float, float]]] = {}  # row -> its bars' (bottom, height)
+    for coll in ax.collections:
+        ys = coll.get_paths()[0].vertices[:, 1]
+        bottom, height = float(ys.min()), float(ys.max() - ys.min())
+        bars.setdefault(round(bottom + height / 2), set()).add((round(bottom, 2),
+                                                               round(height, 2)))
+    assert {h for _, h in bars[0]} == {0.3} and len({y for y, _ in bars[0]}) == 2  # 2 lanes
+    assert {h for _, h in bars[1]} == {0.6}                                      # one lane

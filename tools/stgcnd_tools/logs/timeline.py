@@ -50,6 +50,22 @@ def plot_events(log: LogScan, out_path: str | Path, title: str | None = None,
     return out
 
 
+def overlap_lanes(spans: list[dict[str, Any]], end_of_log: float) -> tuple[list[int], int]:
+    """Each span's lane in its camera's row (the first lane free at its start) and the lanes
+    the row needs: one unless events of several classes are open at once."""
+    free_at: list[float] = []  # per lane: when its last span ends
+    out = []
+    for s in spans:
+        start = s["started"]
+        end = s["ended"] if s["ended"] is not None else end_of_log
+        lane = next((i for i, t in enumerate(free_at) if t <= start), len(free_at))
+        if lane == len(free_at):
+            free_at.append(end)
+        free_at[lane] = end
+        out.append(lane)
+    return out, max(len(free_at), 1)
+
+
 def events_figure(log: LogScan, title: str | None = None, local_time: bool = False,
                   zone: tzinfo | None = None) -> Any:
     """The matplotlib Figure (headless). `local_time`: the axis in `zone` (default: this
@@ -87,17 +103,23 @@ def events_figure(log: LogScan, title: str | None = None, local_time: bool = Fal
 
     fig, ax = plt.subplots(figsize=(14, 1.8 + ROW_IN * len(cameras)))
     for row, camera in enumerate(cameras):
-        for s in (s for s in spans if s["camera"] == camera):
+        own = [s for s in spans if s["camera"] == camera]
+        lane_of, lanes = overlap_lanes(own, end_of_log)
+        height = 0.6 / lanes  # events open at once on one camera share its row, never hide
+        for s, lane in zip(own, lane_of):
             start, alarm = day(s["started"]), day(s["alarm"] or s["started"])
             end = day(s["ended"] if s["ended"] is not None else end_of_log)
             c = colour[str(s["class"])]
-            ax.broken_barh([(start, alarm - start)], (row - 0.3, 0.6), color=c, alpha=0.3)
-            ax.broken_barh([(alarm, end - alarm)], (row - 0.3, 0.6), color=c)
-            ax.plot([alarm, alarm], [row - 0.38, row + 0.38], color="black", lw=1.6)
+            y0 = row - 0.3 + lane * height
+            mid = y0 + height / 2
+            ax.broken_barh([(start, alarm - start)], (y0, height), color=c, alpha=0.3)
+            ax.broken_barh([(alarm, end - alarm)], (y0, height), color=c)
+            ax.plot([alarm, alarm], [y0 - 0.08 / lanes, y0 + height + 0.08 / lanes],
+                    color="black", lw=1.6)
             if s["ended"] is None:
-                ax.plot(end, row, marker=">", color="black", ms=7)
+                ax.plot(end, mid, marker=">", color="black", ms=7)
             elif s["reason"] in STOPPED:
-                ax.plot(end, row, marker="o", mfc="white", mec="tab:red", mew=1.8, ms=7)
+                ax.plot(end, mid, marker="o", mfc="white", mec="tab:red", mew=1.8, ms=7)
         changes = [e for e in feeds if str(e.get("camera")) == camera]
         for e, after in zip(changes, [*changes[1:], None]):
             state = str(e.get("state"))
