@@ -1,0 +1,219 @@
+"""Serve at once, upgrade in place (#45): a model whose configured artefact is not in the store
+yet is served by the quickest runtime that can serve now, READY is sent, and the artefact is
+built in the background (the build child, at the lowest CPU priority); once it is built and
+validated, its runners are made and warmed beside the serving ones and swapped in on the I/O
+loop, the queue and everything the requests and events hold on the model kept.
+
+The pieces: `serve_now_instead` picks what serves meanwhile (the one hook of the load,
+server/models.py), `Upgrades` is the loop's duty that starts the background work and swaps
+(server/server.py), `swap` is the swap itself, and `at_idle_priority` runs the build so that
+it only takes the CPU the serving runtime leaves. A failed upgrade leaves the current runners
+serving and is tried again after `build_retry_after_s`, at most `build_attempts` times (the
+store's failure record decides whether a retry builds: engines/retry.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, TypeVar
+
+from stgcnd.engines.store import EngineStore
+from stgcnd.errors import BuildCancelled, first_line
+from stgcnd.log import get_logger
+from stgcnd.model.spec import ModelSpec
+from stgcnd.provision.load import Choice
+from stgcnd.server.scheduler import Scheduler
+
+if TYPE_CHECKING:  # models.py imports this module for the load's hook
+    from stgcnd.server.models import ServedModel
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+CHECK_EVERY_S = 1.0   # the loop's duty: how soon a finished upgrade is swapped in
+IDLE_NICE = 19        # the build child's niceness where SCHED_IDLE is not allowed
+
+
+@dataclasses.dataclass
+class Pending:
+    """What a served model is still building: the choice its configuration asks for."""
+
+    choice: Choice
+    spec: ModelSpec
+    due: float = 0.0          # monotonic: the next attempt starts at or after this
+    attempts: int = 0
+    future: Future[ServedModel] | None = dataclasses.field(default=None, repr=False)
+
+    def describe(self) -> dict[str, object]:
+        return {"backend": self.choice.backend, "precision": self.choice.options.precision,
+                "device": self.choice.options.device, "attempts": self.attempts}
+
+
+def serve_now_instead(choice: Choice, spec: ModelSpec, store: EngineStore) -> Choice | None:
+    """The choice that serves at once while `choice`'s artefact is built, or None (it is in
+    the store already, or nothing quicker serves it). On a CPU an int8 (or fp16/bf16) ONNX
+    Runtime model is served by the fp32 session: its build is an export, no calibration.
+    TensorRT (the CPU while it builds) and torch's autotune plug in here."""
+    if choice.opened is not None or choice.backend != "onnxruntime" or \
+            choice.options.precision == "fp32":
+        return None
+    if store.find(spec, choice.backend, choice.options) is not None:
+        return None
+    return Choice(choice.backend, dataclasses.replace(choice.options, precision="fp32"),
+                  f"fp32 serves while {choice.options.precision} builds ({choice.why})")
+
+
+def at_idle_priority(work: Callable[[], T]) -> T:
+    """`work` on a thread of its own at the lowest CPU priority (SCHED_IDLE where allowed,
+    else nice 19), which the build child it spawns inherits. A thread of its own: Linux keeps
+    priorities per thread and an unprivileged one cannot raise its own back, and the runners
+    made after the build (whose pools' threads inherit too) must serve at normal priority."""
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        _lower_this_thread()
+        try:
+            result.append(work())
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="upgrade-build", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+def _lower_this_thread() -> None:
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
+        return
+    except (AttributeError, OSError):  # not Linux, or refused (a container's policy)
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IDLE_NICE)
+    except (AttributeError, OSError):
+        log.warning("upgrade_priority_unchanged",
+                    reason="neither SCHED_IDLE nor nice 19 is allowed here; the background "
+                           "build runs at normal priority")
+
+
+def compute_by_bucket(model: ServedModel) -> dict[str, float]:
+    first = model.executors[0] if model.executors else None
+    return {str(b): round(v, 3) for b, v in sorted(first.compute_ms.items())} if first else {}
+
+
+def swap(model: ServedModel, fresh: ServedModel) -> ServedModel:
+    """Serve `model` with `fresh`'s runtime and warmed runners; returns what it served with
+    before, as a model of its own to retire (its executors finish the batch in flight, then
+    close). Called on the I/O loop, between its passes: no batch is taken meanwhile, the
+    queue (the scheduler, with every job waiting) stays the model's and the new runners take
+    from it; the model object stays, so requests, cameras' rings and events see no change."""
+    retired = dataclasses.replace(model, executors=list(model.executors), building=None)
+    # Nothing left to take: an old executor finishes its batch in flight, finds its queue
+    # closed and empty, and closes (Executor.drive); its replies leave as any other's.
+    retired.scheduler = Scheduler(1)
+    retired.scheduler.close()
+    for ex in retired.executors:
+        ex.scheduler = retired.scheduler
+    for ex in fresh.executors:
+        ex.scheduler = model.scheduler
+        ex.labels = model.labels
+    model.runtime, model.executors = fresh.runtime, fresh.executors
+    model.why, model.buckets = fresh.why, fresh.buckets
+    model.planned_bytes, model.max_batch = fresh.planned_bytes, fresh.max_batch
+    model.building = None
+    return retired
+
+
+class Upgrades:
+    """The loop's duty (server/duties.py): start each served model's pending upgrade when due,
+    and swap in those done. `models()`: the models served now; `build(model)`: its upgrade
+    made and warmed, off the loop; `retire(model)`: an old set of runners to drain and close;
+    `retry_after_s()` and `attempts()`: [server] build_retry_after_s and build_attempts."""
+
+    def __init__(self, models: Callable[[], dict[str, ServedModel]],
+                 build: Callable[[ServedModel], ServedModel],
+                 retire: Callable[[ServedModel], None],
+                 retry_after_s: Callable[[], float], attempts: Callable[[], int]) -> None:
+        self._models, self._build, self._retire = models, build, retire
+        self._retry_after_s, self._attempts = retry_after_s, attempts
+
+    def check(self, now: float) -> None:
+        for model in list(self._models().values()):
+            pending = model.building
+            if pending is None:
+                continue
+            if pending.future is None:
+                if now >= pending.due:
+                    pending.future = _in_thread(f"upgrade-{model.name}",
+                                                functools.partial(self._build, model))
+                    log.info("upgrade_started", model=model.name, **pending.describe())
+            elif pending.future.done():
+                self._finish(model, pending, now)
+
+    def _finish(self, model: ServedModel, pending: Pending, now: float) -> None:
+        future, pending.future = pending.future, None
+        assert future is not None
+        try:
+            fresh = future.result()
+        except BuildCancelled:
+            return  # stopping: nothing to retry
+        except Exception as exc:
+            pending.attempts += 1
+            give_up = pending.attempts >= self._attempts()
+            pending.due = now + self._retry_after_s()
+            log.warning("upgrade_failed", model=model.name, error=f"{type(exc).__name__}: "
+                        f"{first_line(str(exc))[:300]}", serving=model.runtime.info.precision,
+                        attempts=pending.attempts,
+                        action="still serving the current runners; " + (
+                            "not tried again (build_attempts): `stgcnd build --rebuild` "
+                            "and a restart or reload build it" if give_up else
+                            f"tried again in {self._retry_after_s():g} s "
+                            "(build_retry_after_s)"))
+            if give_up:
+                model.building = None
+            return
+        if self._models().get(model.name) is not model or model.building is not pending:
+            fresh.close()  # a reload replaced the model meanwhile
+            return
+        before, before_ms = model.runtime.info, compute_by_bucket(model)
+        self._retire(swap(model, fresh))
+        after = model.runtime.info
+        log.info("model_upgraded", model=model.name,
+                 before={"backend": before.name, "precision": before.precision,
+                         "compute_ms": before_ms},
+                 after={"backend": after.name, "precision": after.precision,
+                        "compute_ms": compute_by_bucket(model)},
+                 attempts=pending.attempts + 1)
+
+
+def _in_thread(name: str, work: Callable[[], T]) -> Future[T]:
+    future: Future[T] = Future()
+
+    def run() -> None:
+        future.set_running_or_notify_cancel()
+        try:
+            future.set_result(work())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
+
+
+def describe_building(model: ServedModel) -> dict[str, object] | None:
+    return model.building.describe() if model.building is not None else None
+
+
+def serving(model: ServedModel) -> dict[str, object]:
+    info = model.runtime.info
+    return {"backend": info.name, "precision": info.precision, "device": info.device}

@@ -1,0 +1,27 @@
+"""Loaded by every interpreter started with this folder first on PYTHONPATH: the daemon of
+tests/server/test_upgrade.py and its spawned build child. It makes int8 builds (the ones a
+background upgrade runs) hold or fail, as a slow or broken build would, and leaves every other
+build alone. $HOLD_INT8_UNTIL (a path): an int8 build waits, after writing its artefact and
+before validating and committing it, until that file exists (at most 300 s).
+$FAIL_INT8_BUILD=1: an int8 build raises there instead."""
+
+from __future__ import annotations
+
+import os
+import time
+
+if os.environ.get("HOLD_INT8_UNTIL") or os.environ.get("FAIL_INT8_BUILD"):
+    from stgcnd.engines import build
+
+    _make_manifest = build.make_manifest
+
+    def _held(*args, **kwargs):  # make_manifest(model, builder, options, ...)
+        if args[2].precision == "int8":
+            if os.environ.get("FAIL_INT8_BUILD"):
+                raise RuntimeError("int8 build failed on purpose (test)")
+            release, deadline = os.environ["HOLD_INT8_UNTIL"], time.monotonic() + 300
+            while not os.path.exists(release) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return _make_manifest(*args, **kwargs)
+
+    build.make_manifest = _held
