@@ -21,6 +21,7 @@ import pytest
 import zmq
 
 from stgcnd.model.synthetic import synthetic_windows
+from stgcnd.server.upgrade import at_idle_priority
 from stgcnd_client.wire import decode_reply, encode_request
 from tests.server.daemon_harness import FRAMES, Daemon, stop_by_pid
 from tests.server.test_daemon import raw_request
@@ -38,17 +39,18 @@ def _models(upgrade: str | None = None) -> str:
 
 def _daemon(tmp: Path, upgrade: str | None = None, **env: str) -> Daemon:
     path = os.pathsep.join([str(SITE), os.environ.get("PYTHONPATH", "")])
-    return Daemon(tmp, models=_models(upgrade), env={"PYTHONPATH": path, **env},
+    env = {"PYTHONPATH": path, "UPGRADE_NORMAL_PRIORITY": "1", **env}
+    return Daemon(tmp, models=_models(upgrade), env=env,
                   build_retry_after_s=2.0)
 
 
 def _hello_model(d: Daemon) -> dict:
-    reply = raw_request(d.endpoint, encode_request("hello", 1, None, None, []))
+    reply = raw_request(d.endpoint, encode_request("hello", 1, "probe", None, []))
     return reply["result"]["models"][0]
 
 
 def _stats_model(d: Daemon) -> dict:
-    reply = raw_request(d.endpoint, encode_request("stats", 2, None, None, []))
+    reply = raw_request(d.endpoint, encode_request("stats", 2, "probe", None, []))
     return reply["result"]["models"]["demo"]
 
 
@@ -118,6 +120,16 @@ class Cameras:
 def _kind(logits: list[float], fp32: np.ndarray, int8: np.ndarray) -> str:
     row = np.asarray(logits)
     return "fp32" if np.abs(row - fp32).max() < np.abs(row - int8).max() else "int8"
+
+
+def test_the_background_build_runs_at_idle_priority_and_the_caller_keeps_its_own():
+    """The build child inherits the priority of the thread that spawns it: that thread is
+    SCHED_IDLE (else nice 19); the thread that then makes the runners is not lowered."""
+    before = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
+    policy, nice = at_idle_priority(lambda: (
+        os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+    assert policy == os.SCHED_IDLE or nice == 19
+    assert (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)) == before
 
 
 @pytest.mark.slow

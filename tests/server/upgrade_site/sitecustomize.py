@@ -3,7 +3,10 @@ tests/server/test_upgrade.py and its spawned build child. It makes int8 builds (
 background upgrade runs) hold or fail, as a slow or broken build would, and leaves every other
 build alone. $HOLD_INT8_UNTIL (a path): an int8 build waits, after writing its artefact and
 before validating and committing it, until that file exists (at most 300 s).
-$FAIL_INT8_BUILD=1: an int8 build raises there instead."""
+$FAIL_INT8_BUILD=1: an int8 build raises there instead. $UPGRADE_NORMAL_PRIORITY=1: the
+background build runs at normal priority: on a CPU shared with other work (this test machine)
+an idle-priority build may get no CPU at all (tests/server/test_upgrade.py tests the priority
+on its own)."""
 
 from __future__ import annotations
 
@@ -25,3 +28,8 @@ if os.environ.get("HOLD_INT8_UNTIL") or os.environ.get("FAIL_INT8_BUILD"):
         return _make_manifest(*args, **kwargs)
 
     build.make_manifest = _held
+
+if os.environ.get("UPGRADE_NORMAL_PRIORITY"):
+    from stgcnd.server import upgrade
+
+    upgrade._lower_this_thread = lambda: None
