@@ -164,7 +164,7 @@ def test_a_swap_under_load_loses_no_request_and_answers_none_twice_or_unwarmed(t
         assert replies[first_int8][0] >= _ts(upgraded) - 0.05
         assert upgraded["before"]["precision"] == "fp32"
         assert upgraded["after"]["precision"] == "int8"
-        assert set(upgraded["after"]["compute_ms"]) == {"1", "2", "4"}
+        assert {"1", "2", "4"} <= set(upgraded["after"]["compute_ms"])
         hello = _hello_model(d)
         assert hello["serving"]["precision"] == "int8" and hello["building"] is None
         assert stop_by_pid(d) == 0
