@@ -10,8 +10,8 @@ import pytest
 
 from stgcnd.errors import UserError
 from stgcnd.server.doc_regions import END, regions, replace, start_marker
-from stgcnd.server.generated_docs import FIX, PARTS, reasons, stale
-from stgcnd_client.codes import REASONS, reasons_of
+from stgcnd.server.generated_docs import FIX, PARTS, hardening_limits, reasons, stale
+from stgcnd_client.codes import REASONS, reason, reasons_of
 from stgcnd_client.protocol import ErrorCode, Reason
 from tests.conftest import REPO
 
@@ -92,3 +92,15 @@ def test_each_reason_is_a_row_of_its_codes_table(code):
     assert [row.split(" | ")[0] for row in rows] == [f"| `{r.value}`" for r in reasons_of(code)]
     assert {r for c in (ErrorCode.BUSY, ErrorCode.SHUTTING_DOWN) for r in reasons_of(c)} \
         == set(Reason) == set(REASONS)
+
+
+def test_every_busy_reason_is_a_limit_of_the_hardening_table():
+    """A `busy` reason is a limit a client runs into: docs/hardening.md's table of them names
+    each (#44: a new reason reached protocol.md's tables, generated from codes.py, but not
+    this one, whose rows are written one by one in generated_docs.hardening_limits)."""
+    limits = hardening_limits()
+    missing = [r.value for r in reasons_of(ErrorCode.BUSY) if reason(r) not in limits]
+    assert not missing, (
+        f"busy reasons {missing} are in no row of docs/hardening.md's limits table: add the "
+        "limit that says each (its key, default, what the client sees, its cost) to "
+        f"hardening_limits() in daemon/stgcnd/server/generated_docs.py, then run `{FIX}`")

@@ -106,6 +106,13 @@ REASONS: Mapping[Reason, ReasonDoc] = {
         "idle for 5 s, or sooner from a process holding more than its share, or from one of "
         "your own process's cameras idle for 1 s (docs/hardening.md, \"Camera slots\")",
         appended=False),
+    Reason.TOO_OFTEN: ReasonDoc(
+        ErrorCode.BUSY,
+        "this camera's last infer or push to this model that was let through came less than "
+        "the model's `min_interval_ms` ago (off by default; a resend of it is let through)",
+        "send this model at most one request per `min_interval_ms` from a camera (the message "
+        "says the interval); drop the frame, or keep it for the next request",
+        appended=False),
     Reason.STOPPING: ReasonDoc(
         ErrorCode.SHUTTING_DOWN,
         "the daemon is stopping (also said by a model replaced by a reload whose queue did "
@@ -146,7 +153,9 @@ CHECK_ORDER: tuple[str, ...] = (
     f"{code(ErrorCode.BAD_SIZE)} whatever the model, and one that matches its header but not "
     f"the model is {code(ErrorCode.BAD_SHAPE)}; an unknown model is said before either of them "
     "looks at the shape;",
-    f"a camera slot ({reason(Reason.NO_CAMERA_SLOT)}), then `ts` against the camera's clock "
+    f"a camera slot ({reason(Reason.NO_CAMERA_SLOT)}), then the model's `min_interval_ms` "
+    f"since the camera's last request let through ({reason(Reason.TOO_OFTEN)}), then `ts` "
+    "against the camera's clock "
     f"({code(ErrorCode.MALFORMED)}, below), then room in the camera's queue "
     f"({reason(Reason.QUEUE_FULL)}; a model that a reload is replacing: "
     f"{reason(Reason.MODEL_REPLACED)}); a `push` appends its frame before the queue, and meets "

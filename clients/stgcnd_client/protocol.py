@@ -105,6 +105,7 @@ class Reason(str, Enum):
 
     QUEUE_FULL = "queue-full"            # busy
     NO_CAMERA_SLOT = "no-camera-slot"    # busy
+    TOO_OFTEN = "too-often"              # busy: sooner than the model's min_interval_ms
     STOPPING = "stopping"                # shutting-down: the daemon is stopping
     MODEL_REPLACED = "model-replaced"    # shutting-down: a reload is replacing the model
 

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory by name; one that is gone or cannot be opened is skipped
+    (the caller's durability is best effort past that point)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -29,7 +31,7 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """Call write(tmp) on a temp file beside `path`, fsync it, then rename it over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _new_temp_file(path)
+    tmp = new_temp_file(path)
     try:
         write(tmp)
         with open(tmp, "rb+") as f:
@@ -38,10 +40,10 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_path(path.parent)
 
 
-def _new_temp_file(path: Path) -> Path:
+def new_temp_file(path: Path) -> Path:
     """An empty file beside `path`, made with the permissions any new file gets (0666 less
     the umask: 0644 under the usual 022), not mkstemp's 0600: exported models, engines and
     reports are read by other users (the daemon's, a colleague's). The writer's pid in the

@@ -67,6 +67,7 @@ def test_peek_reads_no_more_than_a_valid_header_may_hold():
 
 @pytest.mark.parametrize(("reason", "appended", "exc_type"), [
     (Reason.QUEUE_FULL, True, Busy), (Reason.NO_CAMERA_SLOT, False, Busy),
+    (Reason.TOO_OFTEN, False, Busy),
     (Reason.STOPPING, True, ShuttingDown), (Reason.MODEL_REPLACED, True, ShuttingDown)])
 def test_reason_and_appended_travel_in_the_error_map(reason, appended, exc_type):
     """8.2, 8.3: `busy` and `shutting-down` say why, a push's error whether its frame was

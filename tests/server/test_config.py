@@ -41,6 +41,8 @@ def test_env_and_flags_override(tmp_path):
     ('[[models]]\nname = "a"\ndemo = true\n[[models]]\nname = "a"\ndemo = true\n',
      "more than one model is named 'a'.*its own name"),
     ('[[models]]\nname = "a"\npersons = "two"\n', "persons: invalid.*expected an integer"),
+    ('[[models]]\nname = "a"\ndemo = true\nmin_interval_ms = -1\n',
+     r"min_interval_ms must be in 0\.\.3600000 ms \(0: off\), got -1"),
     ('[server\n', "invalid TOML"),
 ])
 def test_bad_configs(tmp_path, text, match):

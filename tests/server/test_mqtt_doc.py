@@ -38,6 +38,7 @@ enter = 0.5
 exit = 0.4
 min_duration_s = 0.0
 min_usable = 0.0
+update_interval_s = 1.0
 
 [events.mqtt]
 broker = "{broker}"
@@ -103,6 +104,9 @@ def test_the_docs_mqtt_subscriber_runs_through_feed_messages_and_restarts(tmp_pa
             client.infer(WINDOW, timeout=10.0)
             sub.wait_for("door start shoplifting", 1)
             sub.wait_for("door feed no-person", 1)  # the next stats tick
+            time.sleep(1.0)
+            client.infer(WINDOW, timeout=10.0)  # a second past the start: an update
+            sub.wait_for("door update shoplifting", 1)
         assert stop_by_pid(d) == 0
         sub.wait_for("door end shoplifting", 1)  # the shutdown's end
         sub.stop()  # away while the daemon runs again: its session keeps the messages

@@ -54,4 +54,17 @@ def admit(req: Request, peer: str, received: float, models: Mapping[str, ServedM
             f"this daemon already serves max_cameras={cameras.max_cameras} cameras and none "
             "of them can give way yet; retry in a few seconds or raise [server] max_cameras"),
             req.id, Reason.NO_CAMERA_SLOT)
+    interval_s = model.config.min_interval_ms / 1e3
+    if interval_s:
+        last = cam.let_through.get(model.name)
+        rec = cam.sent.get((req.op, model.name))
+        if rec is None or rec.req_id != req.id:  # a resend: its first attempt was let through
+            if last is not None and received - last < interval_s:
+                raise ProtocolError(ErrorCode.BUSY, (
+                    f"camera {cam.name!r} sent to model {model.name!r} "
+                    f"{(received - last) * 1e3:.0f} ms after its last request let through; "
+                    f"it takes one every min_interval_ms={model.config.min_interval_ms} ms "
+                    "from a camera: send less often, or lower that [[models]] key"),
+                    req.id, Reason.TOO_OFTEN)
+            cam.let_through[model.name] = received
     return Admitted(model, cam, evicted)

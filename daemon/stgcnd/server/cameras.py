@@ -112,6 +112,8 @@ class CameraState:
     sent: dict[tuple[str, str], Sent] = field(default_factory=dict)  # (op, model) -> its last
     ts: float | None = None               # the latest `ts` (docs/protocol.md): its clock
     untimed: bool = False                 # an infer or push without ts: never on a ts clock
+    # model -> when (the request's `received`) its last infer or push passed min_interval_ms
+    let_through: dict[str, float] = field(default_factory=dict)
 
     def ring(self, model: str, window_shape: tuple[int, ...], stride: int) -> FrameRing:
         ring = self.rings.get(model)

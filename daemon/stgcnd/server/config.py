@@ -60,6 +60,9 @@ APPLIES = ("policy", "engine", "restart")  # what a reload does with a key (the 
 # The I/O loop's longest wait (server.py): the shortest period it can keep for what it sends
 # on its own, such as heartbeats.
 LOOP_TICK_MS = 100
+# An open event's `update` messages: at most one a second each (a broker and a subscriber
+# see every one; the score's smoothing changes nothing faster that matters to a site).
+MIN_UPDATE_INTERVAL_S = 1.0
 
 
 def _key(applies: str, doc: str, rule: str, path: bool, bounds: dict[str, float]) -> Meta:
@@ -212,6 +215,7 @@ class CameraEvents(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     exit: Optional[Annotated[float, Meta(ge=0, le=1)]] = None
     min_duration_s: Optional[Annotated[float, Meta(ge=0)]] = None
     cooldown_s: Optional[Annotated[float, Meta(ge=0)]] = None
+    tags: Dict[str, str] = {}  # over the model's tags, key by key (e.g. zone = "entrance")
 
 
 class EventsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -254,7 +258,15 @@ class EventsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         "per class: [models.events.classes.NAME] enter / exit")] = {}
     cameras: Annotated[Dict[str, CameraEvents], policy_key(
         "per camera: [models.events.cameras.ID] enabled / enter / exit / min_duration_s / "
-        "cooldown_s")] = {}
+        "cooldown_s / tags (over the model's, key by key)")] = {}
+    tags: Annotated[Dict[str, str], policy_key(
+        "labels every event message of this model carries as `tags`, e.g. {site = "
+        "\"store-12\"} (a camera's [models.events.cameras.ID] tags add to them, e.g. zone)")
+        ] = {}
+    update_interval_s: Annotated[float, policy_key(
+        "while an event is open, an `update` message (score now, peak, duration) this often, "
+        "at the camera's next prediction; 0: none; else at least 1",
+        "must be 0 or from 1 to 86400 seconds", ge=0, le=86400)] = 0.0
 
 
 class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -306,6 +318,11 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         "TensorRT builds one optimization profile for each",
         "must be batch sizes >= 1, e.g. [1, 2, 4, 8]",
         min_length=1)] = DEFAULT_BUCKETS
+    min_interval_ms: Annotated[int, policy_key(
+        "the least time between one camera's infer or push requests to this model: one "
+        "that comes sooner after the last it let through is answered busy too-often, not "
+        "queued nor run (0: off)",
+        "must be in 0..3600000 ms (0: off)", ge=0, le=3_600_000)] = 0
     max_queue_delay_us: Annotated[int, policy_key(
         "how long a batch may wait to fill while the device is idle (0: never)",
         "must be in 0..1000000", ge=0, le=1_000_000)] = 0
@@ -625,6 +642,10 @@ def _check_events(ev: EventsConfig, labels: Tuple[str, ...] | None, where: str) 
                         f"({ev.enter}): an event ends below exit, after it started at enter")
     if ev.smoothing == "k-of-n" and ev.k > ev.n:
         raise UserError(f"{where}: [models.events] k ({ev.k}) must be <= n ({ev.n})")
+    if 0 < ev.update_interval_s < MIN_UPDATE_INTERVAL_S:  # each one is a message per event
+        raise UserError(f"{where}: [models.events] update_interval_s {ev.update_interval_s} "
+                        f"is shorter than {MIN_UPDATE_INTERVAL_S:g} s: set it to at least "
+                        f"{MIN_UPDATE_INTERVAL_S:g}, or 0 for no updates")
     if labels is not None:
         check_event_classes(ev, labels, where)
 

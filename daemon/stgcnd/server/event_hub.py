@@ -55,6 +55,7 @@ class Outlet(Protocol):
     """server/event_publisher.py's Publisher, as the hub uses it."""
 
     connections: Connections | None
+    restart_ends: list[Event]
 
     @property
     def socket(self) -> zmq.Socket[bytes] | None: ...
@@ -85,6 +86,8 @@ class EventHub:
         # Per request, the quality's own methods: no call of the hub's in between.
         self.frame: Callable[[str, np.ndarray], None] = self.quality.add
         self.refused: Callable[[str, bool, bool, bool], None] = self.quality.refused
+        if self.publisher is not None:  # the events a crashed run left open: ended now
+            self.emit(self.publisher.restart_ends)
 
     @property
     def socket(self) -> zmq.Socket[bytes] | None:
@@ -135,7 +138,7 @@ class EventHub:
         if self.publisher is not None:
             rules = self.rules
             self.emit(self.publisher.beat(now, rules.snapshot if rules is not None
-                                          else lambda _wall: []))
+                                          else lambda _wall: []), logged=False)
 
     def expire_silent(self, now: float, cameras: Mapping[str, CameraState]) -> None:
         """The loop's frequent check (every CHECK_EVERY_S): cameras gone silent."""
@@ -170,15 +173,16 @@ class EventHub:
         if self.publisher is not None:
             self.publisher.close()
 
-    def emit(self, events: list[Event]) -> None:
-        """Every message the daemon publishes goes through here: numbered, starts and ends
-        logged (`action_event`), feeds' changes too (`feed_health`, at warning but for a
-        recovery), then published (where a socket or a sink is)."""
+    def emit(self, events: list[Event], logged: bool = True) -> None:
+        """Every message the daemon publishes goes through here: numbered, starts, updates
+        and ends logged (`action_event`; not `logged`: a snapshot's copies), feeds' changes
+        too (`feed_health`, at warning but for a recovery), then published (where a socket
+        or a sink is)."""
         for event in events:
             self._seq += 1
             message = {**event, "seq": self._seq, "run": self.run}
             kind = event["kind"]
-            if kind in ("start", "end"):
+            if kind in ("start", "update", "end") and logged:
                 log.info("action_event", **message)
             elif kind == "feed":
                 (log.info if event["state"] == "ok" else log.warning)("feed_health", **message)

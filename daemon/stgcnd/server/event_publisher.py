@@ -19,6 +19,7 @@ from stgcnd.log import get_logger
 from stgcnd.server.config import Config
 from stgcnd.server.connections import Connections
 from stgcnd.server.curve_policy import KeyHandler
+from stgcnd.server.open_events import RESTART_REASON, OpenEventsFile, default_path
 from stgcnd.server.peers import keyed_per_connection, peer_key
 from stgcnd.server.snapshots import PEER_SUBSCRIPTION_MESSAGES, SNAPSHOT_INTERVAL_S, SnapshotAsks
 from stgcnd.server.transport import HANDSHAKE_MS, bind_endpoint
@@ -35,6 +36,7 @@ MAX_SUBSCRIPTIONS = 1024       # topics one events connection may hold
 MAX_SUBSCRIPTION_MESSAGES = 8192  # (un)subscriptions one connection may send, ever
 READ_BURST = 256               # subscriptions read per loop pass
 HEARTBEAT_TOPIC = b"\xffheartbeat"  # no camera id's topic: 0xFF is never in UTF-8
+RESTART_ENDS_S = 60.0  # how long after a start snapshots carry a crashed run's ends
 _SRCFD = int(zmq.SRCFD)
 
 
@@ -82,6 +84,12 @@ class Publisher:
         self._heartbeat_s = config.server.events_heartbeat_s
         self.snapshots = SnapshotAsks()  # who asked for one, when each may have it
         endpoint = config.server.events_endpoint
+        # The events open on the socket, on disk: a crashed run's are ended at the next start
+        # (`restart_ends`, which the hub publishes, and snapshots carry for RESTART_ENDS_S).
+        self._opened: dict[str, Event] = {}
+        self._saved = OpenEventsFile(default_path(endpoint)) if endpoint else None
+        self.restart_ends = [] if self._saved is None else self._saved.ended(time.time())
+        self._restart_until = time.monotonic() + RESTART_ENDS_S
         if endpoint:
             pub = ctx.socket(zmq.XPUB)
             pub.setsockopt(zmq.LINGER, 200)  # the shutdown's end events, if they can go
@@ -188,7 +196,10 @@ class Publisher:
         out: list[Event] = []
         topics = self.snapshots.due(now)
         if topics:
-            out = [e for e in open_events(time.time())
+            # A crashed run's ends first (a subscriber that held those events open learns
+            # they ended), then what is open now.
+            ended = self.restart_ends if now < self._restart_until else []
+            out = [e for e in [*ended, *open_events(time.time())]
                    if any(str(e["camera"]).encode().startswith(t) for t in topics)]
         if not (topics and any(HEARTBEAT_TOPIC.startswith(t) for t in topics)) and (
                 not self._heartbeat_s or now < self._next_beat):
@@ -214,6 +225,8 @@ class Publisher:
         subscribers' connections to their budget."""
         if self.connections is None:
             return
+        if self._saved is not None and self._opened:  # the crash's date: within an interval
+            self._saved.save(self._opened, time.time())
         live = self.connections.by_fd
         self.snapshots.tidy({fd: c.ino for fd, c in live.items()}, time.monotonic())
         for table in (self._subscribed, self._users):
@@ -232,15 +245,28 @@ class Publisher:
 
     def send(self, message: Mapping[str, object]) -> None:
         """One numbered message: on the socket (an XPUB drops at a subscriber's high-water
-        mark), and to the sinks but for heartbeats and snapshots (a broker keeps its own
-        state topic)."""
+        mark), and to the sinks but for heartbeats, snapshots and a crashed run's ends (a
+        broker keeps its own state topic, from which the MQTT sink ends them itself)."""
         kind = message["kind"]
         if self._pub is not None:
             topic = HEARTBEAT_TOPIC if kind == "heartbeat" else str(message["camera"]).encode()
             self._pub.send_multipart([topic, _ENCODER.encode(message)], zmq.NOBLOCK)
-        if kind not in ("heartbeat", "snapshot"):
+            if self._saved is not None and kind in ("start", "end"):
+                self._keep(message)
+        if kind not in ("heartbeat", "snapshot") and message.get("reason") != RESTART_REASON:
             for sink in self.sinks.values():
                 sink.send(message)
+
+    def _keep(self, message: Mapping[str, object]) -> None:
+        """The open events on disk: a start's message added, an end's removed (written at
+        once: a kill right after must find it)."""
+        assert self._saved is not None
+        key = str(message.get("id"))
+        if message["kind"] == "start":
+            self._opened[key] = dict(message)
+        elif self._opened.pop(key, None) is None:
+            return  # an end of nothing this run opened (a crashed run's)
+        self._saved.save(self._opened, time.time())
 
     def close(self) -> None:
         """The sinks, then the socket (its linger lets the shutdown's ends go)."""
@@ -251,6 +277,8 @@ class Publisher:
         if self._pub is not None:
             self._pub.close()
             self._pub = None
+        if self._saved is not None:
+            self._saved.close()
         if self._ipc_path is not None:
             self._ipc_path.unlink(missing_ok=True)
 

@@ -52,6 +52,8 @@ class Rule:
     alpha: float
     k: int
     n: int
+    update_s: float = 0.0  # an open event's `update` this often (0: none)
+    tags: tuple[tuple[str, str], ...] = ()  # the model's tags, the camera's over them
 
 
 def rules_for(config: EventsConfig, labels: Sequence[str], camera: str
@@ -75,7 +77,9 @@ def rules_for(config: EventsConfig, labels: Sequence[str], camera: str
             cooldown_s=_first(cam.cooldown_s if cam else None, config.cooldown_s),
             exit_hold_s=config.exit_hold_s,
             gap_s=max(config.exit_hold_s, config.event_idle_s),
-            smoothing=config.smoothing, alpha=config.ema_alpha, k=config.k, n=config.n)
+            smoothing=config.smoothing, alpha=config.ema_alpha, k=config.k, n=config.n,
+            update_s=config.update_interval_s,
+            tags=tuple(sorted({**config.tags, **(cam.tags if cam else {})}.items())))
     return out
 
 
@@ -86,12 +90,27 @@ def _first(*values: float | None) -> float:
 
 def usable_share(window: np.ndarray, visibility: float) -> float:
     """The share of a window's frames (3, T, V, M: x, y, visibility) with a person whose
-    joints' mean visibility is at least `visibility` (an empty slot is all 0). A matmul sums
-    the joints: ~30 us for 150 frames, where .mean(axis=1) took 60-400 us (M = 1-5)."""
+    joints' mean visibility is at least `visibility` (an empty slot is all 0)."""
+    return usable_and_person(window, visibility)[0]
+
+
+def usable_and_person(window: np.ndarray, visibility: float) -> tuple[float, int]:
+    """`usable_share`, and the window's leading person: the slot (0..M-1) seen, joints' mean
+    visibility at least `visibility`, in the most frames; a tie goes to the higher summed
+    visibility, then the lower slot. The model pools its M persons into one score a window
+    (the mean of their features), so no slot's own score exists: the person an event names
+    is the one most present in the window that crossed `enter`. A matmul sums the joints:
+    ~30 us for 150 frames, where .mean(axis=1) took 60-400 us (M = 1-5)."""
     vis = window[2]                                            # (T, V, M)
     sums = np.ones(vis.shape[1], vis.dtype) @ vis              # (T, M)
-    seen = (sums >= visibility * vis.shape[1]).any(axis=1)     # (T,)
-    return float(np.count_nonzero(seen)) / max(len(seen), 1)
+    seen_by = sums >= visibility * vis.shape[1]                # (T, M)
+    seen = seen_by.any(axis=1)                                 # (T,)
+    share = float(np.count_nonzero(seen)) / max(len(seen), 1)
+    if sums.shape[1] == 1:
+        return share, 0
+    frames = seen_by.sum(axis=0)                               # (M,)
+    most = frames == frames.max()
+    return share, int(np.argmax(np.where(most, sums.sum(axis=0), -np.inf)))
 
 
 def out_of_frame_share(window: np.ndarray, visibility: float) -> float:
@@ -124,6 +143,9 @@ class Track:
     below_since: float | None = None    # monotonic: the exit hold's first window
     below_wall: float = 0.0             # ... its wall time: when the event ended, if it does
     peak: float = 0.0
+    person: int = 0                     # the leading person of the window that crossed enter
+    score: float = 0.0                  # ... and its smoothed probability, which crossed
+    next_update: float = 0.0            # monotonic: an open event's next `update`
     cooldown_until: float = float("-inf")
 
     def smooth(self, p: float) -> float:
@@ -182,8 +204,9 @@ class Events:
 
     def observe(self, camera: str, model: str, probs: Sequence[float], now: float,
                 wall: float, usable: float = 1.0, heard: float | None = None,
-                framed: bool = True) -> list[Event]:
-        """`usable`: the window's usable_share (1.0: a person in every frame). `heard`: the
+                framed: bool = True, lead: int = 0) -> list[Event]:
+        """`usable`: the window's usable_share (1.0: a person in every frame); `lead`: its
+        leading person (usable_and_person), named by an event it starts. `heard`: the
         daemon's monotonic time when `now` and `wall` are the camera's clock (its `ts`).
         `framed`: False for a window out of frame (Gate), which counts as one without a
         person, with its own reason. `now` alone decides; the times reported derive from
@@ -210,6 +233,7 @@ class Events:
                 if track.state == "active":
                     out += self._hold(camera, model, labels, i, track, now, wall,
                                       "no-person" if framed else "out-of-frame")
+                    out += self._update(camera, model, labels, i, track, now, wall)
                 track.state = "idle" if track.state == "pending" else track.state
                 continue
             p = float(probs[i])
@@ -218,7 +242,7 @@ class Events:
             if track.state == "idle":
                 if s >= rule.enter and now >= track.cooldown_until:
                     track.state, track.since, track.started_wall = "pending", now, wall
-                    track.peak = p
+                    track.peak, track.person, track.score = p, lead, s
             elif track.state == "pending":
                 track.peak = max(track.peak, p)
                 if s < rule.enter:
@@ -229,12 +253,27 @@ class Events:
                 # Dated by the clock that decided: the wall clock read apart from `now` (a
                 # loaded loop's `now` is older) would report a wait shorter than it held.
                 track.state, track.started_wall = "active", wall - (now - track.since)
+                track.next_update = now + rule.update_s
                 out.append(self._event("start", camera, model, labels, i, track, wall))
+                continue
             elif track.state == "active" and s < rule.exit:
                 out += self._hold(camera, model, labels, i, track, now, wall, "below-exit")
             elif track.state == "active":
                 track.below_since = None   # back above exit: the dropout is forgiven
+            out += self._update(camera, model, labels, i, track, now, wall)
         return out
+
+    def _update(self, camera: str, model: str, labels: Sequence[str], i: int, track: Track,
+                now: float, wall: float) -> list[Event]:
+        """An open event's `update` when update_interval_s has passed since its start or its
+        last update (on the clock that decides): the smoothed probability now, the peak so
+        far and how long it has lasted."""
+        if track.state != "active" or not track.rule.update_s or now < track.next_update:
+            return []
+        track.next_update = now + track.rule.update_s
+        event = self._event("update", camera, model, labels, i, track, wall)
+        event["duration_s"] = (_ms(wall) - _ms(track.started_wall)) / 1e3
+        return [event]
 
     def observe_window(self, camera: str, model: str, probs: Sequence[float], now: float,
                        wall: float, window: np.ndarray, ts: float | None = None
@@ -246,12 +285,13 @@ class Events:
         if watched is None:
             return []
         gate = self.gate
-        usable = usable_share(window, gate.visibility)
+        usable, lead = usable_and_person(window, gate.visibility)
         framed = usable < watched[0].min_usable or \
             out_of_frame_share(window, gate.visibility) < gate.out_of_frame
-        return self.observe(camera, model, probs, now, wall, usable, framed=framed) \
-            if ts is None else \
-            self.observe(camera, model, probs, ts, ts, usable, heard=now, framed=framed)
+        return self.observe(camera, model, probs, now, wall, usable, framed=framed,
+                            lead=lead) if ts is None else \
+            self.observe(camera, model, probs, ts, ts, usable, heard=now, framed=framed,
+                         lead=lead)
 
     def _hold(self, camera: str, model: str, labels: Sequence[str], i: int, track: Track,
               now: float, wall: float, reason: str) -> list[Event]:
@@ -340,15 +380,18 @@ class Events:
     @staticmethod
     def _event(kind: str, camera: str, model: str, labels: Sequence[str], i: int,
                track: Track, wall: float) -> Event:
-        # The id: unique across restarts and forgotten cameras by its start, in milliseconds:
-        # the same milliseconds as `started` (ms / 1000), so that either gives the other.
+        # The one payload of every event message (the log, the socket, MQTT): the id, unique
+        # across restarts and forgotten cameras by its start, in milliseconds: the same
+        # milliseconds as `started` (ms / 1000), so that either gives the other.
         started_ms = _ms(track.started_wall)
+        label = labels[i] if i < len(labels) else str(i)
         return {"kind": kind, "id": f"{camera}/{model}/{i}/{started_ms}",
                 "camera": camera,
-                "model": model, "class": labels[i] if i < len(labels) else str(i),
+                "model": model, "class": label, "label": label,
                 "class_index": i, "started": started_ms / 1e3,
                 "at": round(wall, 3), "probability": round(track.smoothed or 0.0, 4),
-                "peak": round(track.peak, 4)}
+                "peak": round(track.peak, 4), "score": round(track.score, 4),
+                "person": track.person, "tags": dict(track.rule.tags)}
 
 
 def _ms(wall: float) -> int:

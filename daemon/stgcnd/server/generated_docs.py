@@ -17,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 
-from stgcnd.server.config import ServerConfig
+from stgcnd.server.config import ModelConfig, ServerConfig
 from stgcnd.server.config_docs import example, key_table
 from stgcnd.server.doc_regions import replace
 from stgcnd.server.transport import HANDSHAKE_MS
@@ -141,6 +141,11 @@ def hardening_limits() -> str:
          "#41; below, \"A bug met for one camera\")"),
         ("queued requests per camera (`queue_size`)", d["queue_size"],
          f"{codes.reason(Reason.QUEUE_FULL)} {busy_reply}", ""),
+        ("a camera's requests to a model (`[[models]] min_interval_ms`)",
+         f"{ModelConfig().min_interval_ms} ms (off)",
+         f"{codes.reason(Reason.TOO_OFTEN)} {busy_reply}",
+         "one every `min_interval_ms` from each camera, counted from its last one let through "
+         "(a resend of that one is let through too); a time per camera and model"),
         ("cameras (`max_cameras`)", f"{d['max_cameras']}, of which "
          f"{int(d['max_cameras']) // 8} (`max_cameras` // 8, at least 1 from 2 up) only for "
          "cameras served before",
