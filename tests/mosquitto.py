@@ -34,7 +34,8 @@ def free_port() -> int:
 
 
 class Broker:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, passwords: dict[str, str] | None = None) -> None:
+        """`passwords`: user -> password, the only clients let in (else anyone is)."""
         assert MOSQUITTO is not None
         self.dir, self.port = tmp, free_port()
         self.url = f"mqtt://127.0.0.1:{self.port}"
@@ -44,10 +45,19 @@ class Broker:
         # user: as root, mosquitto would become user mosquitto, who cannot write here.
         self.config.write_text(
             f"user {pwd.getpwuid(os.getuid()).pw_name}\n"
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
+            f"listener {self.port} 127.0.0.1\n{self._access(passwords)}persistence true\n"
             f"persistence_location {tmp}/\nmax_queued_messages 0\n"
             f"log_dest file {tmp}/mosquitto.log\n")
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def _access(self, passwords: dict[str, str] | None) -> str:
+        if passwords is None:
+            return "allow_anonymous true\n"
+        path = self.dir / "passwords"
+        path.write_text("")
+        for user, password in passwords.items():  # mosquitto_passwd hashes them
+            subprocess.run(["mosquitto_passwd", "-b", str(path), user, password], check=True)
+        return f"allow_anonymous false\npassword_file {path}\n"
 
     def start(self) -> Broker:
         self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.config)],

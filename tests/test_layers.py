@@ -70,6 +70,7 @@ LAZY_PLACES = {
     "stgcnd.server.server",         # start_curve(): the CURVE key handler where CURVE is on
     "stgcnd.server.models",         # Planner.for_gpu(): the memory plan, for a GPU model only
     "stgcnd_tools.logs.plot",       # matplotlib
+    "stgcnd_tools.logs.timeline",   # matplotlib (the events figure)
     "stgcnd_tools.profiling.plots",
 }
 SERVE_ENTRY = ("stgcnd.__main__", "stgcnd.commands.serve")

@@ -5,6 +5,8 @@ Each fenced block follows a marker comment:
                          commands among them are run here too (`stgcnd demo`, for real);
   <!-- run: ... -->      a Python program run here against a real demo daemon (its endpoint
                          as the first argument);
+  <!-- subscriber: ... --> an events subscriber, run against a real daemon (and broker)
+                         by tests/server/test_doc_examples.py;
   <!-- not-run: why -->  cannot run here (systemd, a user's checkpoint, the suite itself): the
                          shell must parse it, every `stgcnd` command in it must parse with the
                          real CLI, and files it names must exist.
@@ -27,7 +29,8 @@ import pytest
 from tests.conftest import REPO
 
 README = REPO / "README.md"
-BLOCK = re.compile(r"^<!-- (ci|run|not-run)(?::[^>]*)? -->\n```(\w+)\n(.*?)^```", re.M | re.S)
+BLOCK = re.compile(r"^<!-- (ci|run|not-run|subscriber)(?::[^>]*)? -->\n```(\w+)\n(.*?)^```",
+                   re.M | re.S)
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ def test_every_block_has_a_marker():
     fences = len(re.findall(r"^```", README.read_text(), re.M))
     assert fences % 2 == 0 and len(blocks()) == fences // 2, \
         "a fenced block in README.md has no <!-- ci/run/not-run --> marker before it"
-    assert {b.kind for b in blocks()} == {"ci", "run", "not-run"}
+    assert {b.kind for b in blocks()} == {"ci", "run", "not-run", "subscriber"}
 
 
 def test_quick_start_is_two_commands_and_ci_runs_them_as_written():

@@ -58,13 +58,13 @@ def test_windows_closer_than_the_gap_keep_the_wait():
 
 def feed_state(w: np.ndarray) -> str:
     """What the feed's health says of a camera that sends only frames like `w`'s."""
-    quality = SkeletonQuality(SERVER.visibility_threshold, SERVER.quality_floor)
+    quality = SkeletonQuality(SERVER.visibility_threshold)
     health = FeedHealth()
     state = "ok"
     for interval in range(SERVER.feed_intervals):
         for frame in range(w.shape[1]):
             quality.add("cam", w[:, frame])
-        records, _ = quality.drain(["cam"])
+        records = quality.drain(["cam"])
         for change in health.update(records, float(interval), SERVER):
             state = str(change["state"])
     return state

@@ -225,13 +225,14 @@ def test_the_daemon_publishes_events_and_closes_them_at_shutdown(tmp_path):
         assert d.proc.wait(30) == 0
     finally:
         stop_by_pid(d)
-    # The same empty windows (no person in any frame): the quality lines say so, and one
-    # warning per camera, not one per interval.
+    # The same empty windows (no person in any frame): the quality lines say so, and at most
+    # one warning per camera, not one per interval (it takes feed_intervals intervals of
+    # them: tests/server/test_feed_health.py).
     cam1 = [e for e in d.log_events() if e.get("event") == "skeleton_quality"
             and e.get("camera") == "cam1" and e.get("frames")]
     assert cam1 and all(e["no_person"] == 1.0 and e["usable"] == 0.0 for e in cam1)
     low = [e["camera"] for e in d.log_events() if e.get("event") == "skeleton_quality_low"]
-    assert [c for c in sorted(low) if not c.startswith("warm")] == ["cam1", "cam2"]
+    assert len(low) == len(set(low))
     logged = [e for e in d.log_events() if e.get("event") == "action_event"]
     mine = [(e["camera"], e["kind"]) for e in logged if not e["camera"].startswith("warm")]
     assert mine == [("cam1", "start"), ("cam2", "start"), ("cam1", "end"), ("cam2", "end")]

@@ -101,7 +101,9 @@ def test_a_crashed_runs_open_event_ends_and_a_camera_gone_is_removed_at_start(br
         assert ends[0]["duration_s"] == 18.0 and ends[0]["mqtt_id"].startswith(f"{sink._run}-")
         assert poll(lambda: sink.stats()["in_flight"] == 0 and sink.stats()["buffered"] == 0, 10)
         kept = retained(broker, "site/#")
-        assert sorted(kept) == ["site/door/state", "site/hall/state", "site/status"]
+        assert sorted(kept) == ["site/door/class/theft", "site/door/state", "site/hall/state",
+                                "site/status"]
+        assert kept["site/door/class/theft"] == b"OFF"   # made from the state made true
         door = json.loads(kept["site/door/state"])
         assert (door["open"], door["last"]["reason"]) == ([], "daemon-restart")
         assert json.loads(kept["site/hall/state"])["last"] == feed   # true: left as it was
@@ -118,12 +120,12 @@ def test_a_broker_restarted_without_persistence_gets_every_state_again(broker):
     try:
         sink.send({"kind": "start", "id": "cam1/demo/1/5", "camera": "cam1", "at": time.time()})
         sink.send({"kind": "feed", "camera": "cam2", "state": "silent", "at": time.time()})
-        assert poll(lambda: len(retained(broker, "stgcnd/#", 0.2)) == 3, 10)
+        assert poll(lambda: len(retained(broker, "stgcnd/#", 0.2)) == 4, 10)  # + cam2/feed
         broker.stop()
         (broker.dir / "mosquitto.db").unlink()   # what a broker without persistence forgets
         assert retained(broker.start(), "stgcnd/#", 0.2) == {}
         assert poll(lambda: sink.stats()["connects"] == 2, 20)
-        took = poll(lambda: len(retained(broker, "stgcnd/#", 0.2)) == 3, 10)
+        took = poll(lambda: len(retained(broker, "stgcnd/#", 0.2)) == 4, 10)
         assert took is not None, "the retained states did not come again within 10 s"
         kept = retained(broker, "stgcnd/#")
         assert [e["id"] for e in json.loads(kept["stgcnd/cam1/state"])["open"]] == [
@@ -195,12 +197,13 @@ def test_a_camera_quiet_past_forget_after_s_is_not_brought_back(broker):
     try:
         sink.send({"kind": "feed", "camera": "old", "state": "silent", "at": time.time() - 90})
         sink.send({"kind": "feed", "camera": "new", "state": "ok", "at": time.time()})
-        assert poll(lambda: len(retained(broker, "stgcnd/#", 0.2)) == 3, 10)
+        assert poll(lambda: len(retained(broker, "stgcnd/#", 0.2)) == 5, 10)  # + 2 feeds
         broker.stop()
         (broker.dir / "mosquitto.db").unlink()
         broker.start()
         assert poll(lambda: sink.stats()["connects"] == 2, 20)
-        assert poll(lambda: len(retained(broker, "stgcnd/#", 0.2)) == 2, 10)
-        assert sorted(retained(broker, "stgcnd/#")) == ["stgcnd/new/state", "stgcnd/status"]
+        assert poll(lambda: len(retained(broker, "stgcnd/#", 0.2)) == 3, 10)
+        assert sorted(retained(broker, "stgcnd/#")) == [
+            "stgcnd/new/feed", "stgcnd/new/state", "stgcnd/status"]
     finally:
         sink.close()

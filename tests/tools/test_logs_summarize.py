@@ -198,6 +198,7 @@ def test_action_events_become_one_span_each_in_the_table_and_the_timeline():
     pytest.importorskip("matplotlib")
     from stgcnd_tools.logs.plot import figure
     from stgcnd_tools.logs.summarize import render_text
+    from stgcnd_tools.logs.timeline import events_figure
 
     t0 = 1764079200.0  # 2025-11-25 14:00:00 UTC
 
@@ -220,10 +221,10 @@ def test_action_events_become_one_span_each_in_the_table_and_the_timeline():
     assert "cam1         14:00:10 - 14:00:18     8.5 s  shoplifting  peak 0.97  below-exit" \
         in text
     assert "cam2         14:00:20 - -             open  shoplifting  peak 0.90  still open" in text
-    fig = figure(log)
-    timeline = fig.axes[1]
+    assert len(figure(log).axes) == 2     # latency and its twin: the events are apart
+    timeline = events_figure(log).axes[0]
     assert [t.get_text() for t in timeline.get_yticklabels()] == ["cam1", "cam2"]
-    assert len(timeline.collections) == 2       # one bar collection per camera
+    assert len(timeline.collections) == 4       # each event: before and after its alarm
     assert len(scan(lines, camera="cam2").actions) == 1
 
 
@@ -251,10 +252,11 @@ def test_skeleton_quality_is_a_table_per_camera_weighted_by_frames():
 
 
 def test_the_timeline_names_each_event_s_class_and_shows_feed_health():
-    """#34: each event bar says its class; a camera's bad feed states (feed_health lines)
-    are a band under its row, named, from the change to the next (ok ends it)."""
+    """#34: each event's class is named (#42: in the legend, by its colour); a camera's bad
+    feed states (feed_health lines) are a strip under its row, from the change to the next
+    (ok ends it), named in the legend."""
     pytest.importorskip("matplotlib")
-    from stgcnd_tools.logs.plot import figure
+    from stgcnd_tools.logs.timeline import events_figure
 
     t0 = 1764079200.0  # 2025-11-25 14:00:00 UTC
 
@@ -273,7 +275,10 @@ def test_the_timeline_names_each_event_s_class_and_shows_feed_health():
                          "count": 10})]
     log = scan(lines)
     assert len(log.feeds) == 3 and len(scan(lines, camera="cam1").feeds) == 0
-    timeline = figure(log).axes[1]
+    fig = events_figure(log)
+    timeline = fig.axes[0]
     assert [t.get_text() for t in timeline.get_yticklabels()] == ["cam1", "cam2"]
-    assert [t.get_text() for t in timeline.texts] == ["shoplifting", "out-of-frame", "silent"]
-    assert len(timeline.collections) == 3      # cam1's events, cam2's two bad spells
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[0] == "shoplifting" and legend[-2:] == ["feed: out-of-frame", "feed: silent"]
+    assert "open at the log's end" in legend
+    assert len(timeline.collections) == 4      # cam1's event (2 parts), cam2's bad spells

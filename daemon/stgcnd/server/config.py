@@ -126,7 +126,8 @@ class ServerConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
         "must be in 0..1", ge=0, le=1)] = 0.5
     quality_floor: Annotated[float, restart_key(
         "skeleton quality: a camera whose usable share of joints (frames with a person x "
-        "joints not lost) falls below this in a stats interval logs one warning",
+        "joints not lost) stays below this for feed_intervals stats intervals logs one "
+        "warning, and a recovery under the feed's hysteresis (docs/logging.md)",
         "must be in 0..1", ge=0, le=1)] = 0.5
     feed_enter: Annotated[float, policy_key(
         "feed health: a camera's feed goes silent, refused, blocked, no-person, "
@@ -373,8 +374,9 @@ class MqttConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
         "the MQTT client id, which names the broker's session of this daemon (one per "
         "daemon); empty: stgcnd-HOSTNAME")] = ""
     topic_prefix: Annotated[str, restart_key(
-        "topics are PREFIX/CAMERA/event, PREFIX/CAMERA/state (retained) and PREFIX/status "
-        "(retained: online/offline)",
+        "topics are PREFIX/CAMERA/event, PREFIX/CAMERA/state, PREFIX/CAMERA/class/CLASS "
+        "(ON/OFF), PREFIX/CAMERA/feed and PREFIX/status (online/offline), all but the first "
+        "retained",
         "must be a non-empty topic", min_length=1)] = "stgcnd"
     qos: Annotated[int, restart_key(
         "1: at least once (a resend after a reconnect may repeat a message: mqtt_id tells); "
@@ -399,6 +401,13 @@ class MqttConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
         "at a connection without a session, a camera's retained topics whose last message "
         "is older than this are removed (a camera gone); 0: never", "must be >= 0",
         ge=0)] = 86400.0
+    discovery: Annotated[bool, restart_key(
+        "Home Assistant MQTT discovery: a retained config per camera x class (binary sensor "
+        "on PREFIX/CAMERA/class/CLASS) and per camera (sensor on PREFIX/CAMERA/feed), "
+        "available while PREFIX/status is online")] = False
+    discovery_prefix: Annotated[str, restart_key(
+        "where Home Assistant reads discovery configs (its discovery_prefix)",
+        "must be a non-empty topic", min_length=1)] = "homeassistant"
 
     @property
     def address(self) -> tuple[str, int, bool]:

@@ -74,7 +74,7 @@ class EventHub:
                  curve: KeyHandler | None = None, cap: int = 0) -> None:
         """`curve`, `cap`: the subscriber socket's CURVE and connection cap (Publisher)."""
         s = config.server
-        self.quality = SkeletonQuality(s.visibility_threshold, s.quality_floor)
+        self.quality = SkeletonQuality(s.visibility_threshold)
         self.health = FeedHealth()
         self.rules: Rules | None = None        # loaded by `configure`, where a model is watched
         self.publisher: Outlet | None = None
@@ -149,18 +149,20 @@ class EventHub:
              config: ServerConfig) -> None:
         """Every stats interval: the subscribers' counts tidied and their budget held (first:
         a bug in a report must not skip them), then each camera's `skeleton_quality` line,
-        its warnings, and the feeds whose health changed (not for the shutdown's stub
-        interval: `interval_s` under half of stats_interval)."""
+        and the feeds whose health changed with the quality lines that go with them (one
+        state machine decides both; not for the shutdown's stub interval: `interval_s` under
+        half of stats_interval)."""
         if self.publisher is not None:
             self.publisher.tidy(now)
-        records, notes = self.quality.drain(cameras)
+        records = self.quality.drain(cameras)
         for record in records:
             stats_log.info("skeleton_quality", **record)
-        for note in notes:
-            event = str(note.pop("event"))
-            (stats_log.warning if event.endswith("_low") else stats_log.info)(event, **note)
         if interval_s >= config.stats_interval / 2:
-            self.emit(self.health.update(records, time.time(), config))
+            changes = self.health.update(records, time.time(), config)
+            for note in self.health.notes:
+                event = str(note.pop("event"))
+                (stats_log.warning if event.endswith("_low") else stats_log.info)(event, **note)
+            self.emit(changes)
 
     def drop_revoked(self) -> None:
         if self.publisher is not None:

@@ -5,7 +5,8 @@ A run killed (SIGKILL, power) leaves its cameras' retained PREFIX/CAMERA/state s
 open then, for ever. At a connection without a session (every start, and a broker that lost
 the session) the sink reads those states back and hands them here: every event open in one
 that is not open in this run gets an `end` (reason `daemon-restart`) and its camera's state
-is cleared; a camera not heard of for `forget_after_s` has its state removed.
+is cleared; a camera not heard of for `forget_after_s` has its state removed. The plain
+topics made from a state (server/mqtt_topics.py: class ON/OFF, feed, discovery) follow it.
 """
 
 from __future__ import annotations
@@ -81,5 +82,5 @@ def reconcile(retained: Mapping[str, State], open_now: Mapping[str, set[str]],
         if forget_after_s and heard_at is not None and now - heard_at > forget_after_s:
             states[topic] = None
         elif stale:
-            states[topic] = {"camera": state.get("camera"), "open": [], "last": last}
+            states[topic] = {**state, "open": [], "last": last}  # classes, feed: kept
     return ends, states

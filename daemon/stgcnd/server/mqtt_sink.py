@@ -5,6 +5,8 @@ Every message the feed publishes goes to PREFIX/CAMERA/event (QoS 1 by default) 
 camera's state (its open events, its last message) to PREFIX/CAMERA/state, retained; and
 whether the daemon runs to PREFIX/status, retained: `online` after connecting, `offline` at a
 clean stop and, as the will the broker sends when the connection is lost, at a crash.
+After each state, the plain topics made from it (server/mqtt_topics.py: PREFIX/CAMERA/class/
+CLASS ON/OFF, PREFIX/CAMERA/feed, Home Assistant's discovery configs), those that changed.
 
 At every start and every connection without a session (a broker that lost it) the pump waits
 while the sink reads back the retained states (server/mqtt_retained.py ends what a crashed run
@@ -25,6 +27,7 @@ from __future__ import annotations
 import collections
 import json
 import socket
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -36,7 +39,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 from stgcnd.errors import UserError
 from stgcnd.log import get_logger
 from stgcnd.server.config import MqttConfig
+from stgcnd.server.mqtt_errors import REASONS, why_dropped, why_failed, why_refused
 from stgcnd.server.mqtt_retained import State, reconcile, said_at
+from stgcnd.server.mqtt_topics import Discovery, classes_of, plain_topics, topic_level
 from stgcnd.threadname import name_os_thread
 
 log = get_logger(__name__)
@@ -49,19 +54,7 @@ STATUS_S = 1.0       # ... and `offline` on the status topic to be acknowledged
 SYNC_S = 5.0         # the most the retained states may take to come back (then: go on)
 FORGET_CHECK_S = 60.0  # how often this run's states of cameras gone are looked for
 ONLINE, OFFLINE = b"online", b"offline"  # Home Assistant's availability payloads, as they are
-# Characters a topic level cannot carry as they are: the level separator, the wildcards, and
-# what brokers refuse in a topic as malformed UTF-8 (NUL, the other control characters and
-# the Unicode non-characters: Mosquitto cuts the connection, and the message that caused it
-# would be resent into the same cut at every reconnect); and % itself. A camera id is written
-# with these escaped as in a URL, each byte of their UTF-8 as %XX (%2F for /, %C2%85 for U+85).
-_UNSAFE = "%/+#" + "".join(map(chr, [
-    *range(0x20), *range(0x7F, 0xA0), *range(0xFDD0, 0xFDF0),
-    *(plane + last for plane in range(0, 0x110000, 0x10000) for last in (0xFFFE, 0xFFFF))]))
-_ESCAPE = str.maketrans({c: "".join(f"%{b:02X}" for b in c.encode()) for c in _UNSAFE})
-
-
-def topic_level(camera: str) -> str:
-    return camera.translate(_ESCAPE)
+__all__ = ["MqttSink", "topic_level"]
 
 
 class MqttSink:
@@ -69,6 +62,7 @@ class MqttSink:
 
     def __init__(self, config: MqttConfig) -> None:
         host, port, tls = config.address
+        self._tls = tls
         self.prefix, self.qos = config.topic_prefix, config.qos
         self.status_topic = f"{self.prefix}/status"
         self._forget_s = config.forget_after_s
@@ -87,12 +81,23 @@ class MqttSink:
         self._syncing = self._synced = self._ever_synced = False
         self._sync_began, self._sync_mid = 0.0, -1
         self._retained: dict[str, State] = {}
+        # The plain topics (server/mqtt_topics.py) to hand over, retained, and those handed
+        # over this connection by state topic: only what changed goes (all after a sync).
+        self._plain: collections.deque[tuple[str, bytes]] = collections.deque()
+        self._published: dict[str, dict[str, bytes]] = {}
         self._next_forget = 0.0
         self._cap = config.buffer
         self._in_flight = 0
-        self._connected = self._stopped = self._warned = self._unreachable = False
+        self._connected = self._stopped = self._warned = False
+        # Why connecting fails, said once a change (None: connected, or not failed yet), since
+        # when and how many attempts: the recovery line says them.
+        self._why: str | None = None
+        self._failing_since, self._failures = 0.0, 0
         self.counts = {"delivered": 0, "dropped": 0, "connects": 0}
         client_id = config.client_id or f"stgcnd-{socket.gethostname()}"
+        # A camera gone has its discovery configs removed even where discovery is now off.
+        self._any_discovery = Discovery(config.discovery_prefix, client_id, self.status_topic)
+        self._discovery = self._any_discovery if config.discovery else None
         client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311,
                              client_id=client_id, clean_session=False)  # a session kept
         client.max_inflight_messages_set(IN_FLIGHT)
@@ -119,7 +124,9 @@ class MqttSink:
         self._pump.start()
         log.info("mqtt_sink", broker=config.broker, client_id=client_id,
                  topics=f"{self.prefix}/CAMERA/event, {self.prefix}/CAMERA/state, "
+                        f"{self.prefix}/CAMERA/class/CLASS, {self.prefix}/CAMERA/feed, "
                         f"{self.status_topic}",
+                 discovery=config.discovery_prefix if config.discovery else "off",
                  qos=self.qos, buffer=self._cap)
 
     def send(self, message: Mapping[str, object]) -> None:
@@ -129,7 +136,8 @@ class MqttSink:
             body = self._numbered(message)
             level, state = "", None
             if isinstance(camera, str) and camera:
-                level, state = f"/{topic_level(camera)}", self._state(camera, body)
+                level = f"/{topic_level(camera)}"
+                state = self._state(camera, f"{self.prefix}{level}/state", body)
             if len(self._buffer) >= self._cap:
                 self._buffer.popleft()
                 self.counts["dropped"] += 1
@@ -156,34 +164,46 @@ class MqttSink:
             heard = said_at(state["last"])
             if not state["open"] and heard is not None and now - heard > self._forget_s:
                 del self._latest[topic]
+                self._published.pop(topic, None)
 
     def _numbered(self, message: Mapping[str, object]) -> State:
         self._seq += 1
         return {**message, "mqtt_id": f"{self._run}-{self._seq}"}
 
-    def _state(self, camera: str, body: dict[str, object]) -> dict[str, object]:
-        """The camera's retained state: its open events (their start messages) and its last
-        message, whatever its kind."""
+    def _state(self, camera: str, topic: str, body: dict[str, object]) -> dict[str, object]:
+        """The camera's retained state: its open events (their start messages), its last
+        message, whatever its kind, the classes it has had events of and its feed's state
+        (what its plain topics are made from: server/mqtt_topics.py)."""
         events = self._open.setdefault(camera, {})
-        if body.get("kind") == "start":
+        kind, cls = body.get("kind"), body.get("class")
+        if kind == "start":
             events[str(body.get("id"))] = body
-        elif body.get("kind") == "end":
+        elif kind == "end":
             events.pop(str(body.get("id")), None)
         if not events:
             del self._open[camera]  # a camera's entry lives while it has an open event
-        return {"camera": camera, "open": list(events.values()), "last": body}
+        before = self._latest.get(topic, {})
+        classes = before.get("classes", [])
+        assert isinstance(classes, list)
+        if kind in ("start", "end") and isinstance(cls, str) and cls not in classes:
+            classes = sorted([*classes, cls])
+        return {"camera": camera, "open": list(events.values()), "last": body,
+                "classes": classes,
+                "feed": body.get("state") if kind == "feed" else before.get("feed")}
 
     def stats(self) -> dict[str, object]:
         with self._cond:
             return {"connected": self._connected, "in_flight": self._in_flight,
-                    "buffered": len(self._buffer) + len(self._states), **self.counts}
+                    "buffered": len(self._buffer) + len(self._states) + len(self._plain),
+                    **self.counts}
 
     def close(self, flush_s: float = FLUSH_S) -> None:
         """Give the last messages (the shutdown's end events) `flush_s` to be acknowledged
         where the broker is there, then disconnect; what is left is said."""
         with self._cond:
             self._cond.wait_for(lambda: not self._connected or not (
-                self._buffer or self._states or self._in_flight), timeout=flush_s)
+                self._buffer or self._states or self._plain or self._in_flight),
+                timeout=flush_s)
             self._stopped = True
             left = len(self._buffer) + self._in_flight
             self._cond.notify_all()
@@ -212,7 +232,7 @@ class MqttSink:
             with self._cond:
                 ready = self._cond.wait_for(lambda: self._stopped or (
                     self._connected and self._synced and self._in_flight < IN_FLIGHT and
-                    bool(self._buffer or self._states)), timeout=SYNC_S / 5)
+                    bool(self._buffer or self._states or self._plain)), timeout=SYNC_S / 5)
                 if self._stopped:
                     return
                 # (a connection lost in a sync: the next connection syncs again)
@@ -226,9 +246,11 @@ class MqttSink:
                 continue
             with self._cond:
                 state: State | None = None
-                retain = not self._buffer
+                retain, is_state = not self._buffer, not (self._buffer or self._plain)
                 if self._buffer:
                     topic, payload = self._buffer.popleft()
+                elif self._plain:  # a state's plain topics before the next state
+                    topic, payload = self._plain.popleft()
                 else:  # the states after the events: each one the camera's latest
                     topic = next(iter(self._states))
                     state = self._states.pop(topic)
@@ -236,8 +258,10 @@ class MqttSink:
             # Outside the lock: paho calls _on_publish holding its own lock, so holding ours
             # here would invert the order. paho keeps a message handed to it while offline.
             try:
-                if retain:  # None: an empty retained message removes the topic
+                if is_state:  # None: an empty retained message removes the topic
                     payload = b"" if state is None else _json(state)
+                    if state is not None:
+                        self._queue_plain(topic, state)
                 info = self._client.publish(topic, payload, self.qos, retain=retain)
                 gone = self.qos == 0 and info.rc != mqtt.MQTT_ERR_SUCCESS  # QoS 0 offline
             except Exception as exc:  # one message lost, never the pump thread
@@ -248,16 +272,26 @@ class MqttSink:
                     self._in_flight -= 1
                     self.counts["dropped"] += 1
 
+    def _queue_plain(self, topic: str, state: State) -> None:
+        """The plain topics of `state` (published on `topic`) that changed since this
+        connection handed them over, queued after it."""
+        made = plain_topics(topic[:-len("/state")], state, self._discovery)
+        with self._cond:
+            before = self._published.get(topic, {})
+            self._plain.extend((t, p) for t, p in made.items() if before.get(t) != p)
+            self._published[topic] = made
+
     def _on_connect(self, client: mqtt.Client, userdata: object, flags: mqtt.ConnectFlags,
                     reason: mqtt.ReasonCode, properties: mqtt.Properties | None) -> None:
         if reason.is_failure:
-            log.warning("mqtt_refused", reason=str(reason))
+            self._failed(why_refused(reason), f"CONNACK: {reason}")
             return
+        self._recovered()
         # Without a session (and at every start: a crashed run's session may be there) what
         # the broker retains may lie: the pump waits while it is read back and made true.
         sync = not (self._ever_synced and flags.session_present)
         with self._cond:
-            self._connected, self._warned, self._unreachable = True, False, False
+            self._connected, self._warned = True, False
             self._synced, self._syncing = not sync, sync
             self._sync_began, self._retained = time.monotonic(), {}
             self.counts["connects"] += 1
@@ -312,6 +346,16 @@ class MqttSink:
                         if isinstance(state["open"], list)}
             ends, states = reconcile(self._retained, open_now, set(self._latest), now,
                                      self._forget_s)
+            for topic, state in self._latest.items():  # a crashed run's classes go OFF
+                kept = self._retained.get(topic)
+                classes = sorted({*classes_of(state), *(classes_of(kept) if kept else [])})
+                if kept is not None and classes != state.get("classes"):
+                    self._latest[topic] = {**state, "classes": classes}
+            for topic, gone in states.items():  # a camera gone: its plain topics too
+                if gone is None and topic in self._retained:
+                    self._plain.extend((t, b"") for t in plain_topics(
+                        topic[:-len("/state")], self._retained[topic], self._any_discovery))
+            self._published = {}  # the broker may have lost them: every one goes again
             for topic, end in ends:  # after what waits: the buffer keeps the feed's order
                 self._buffer.append((topic, _json(self._numbered(end))))
             self._states.update(states)
@@ -343,11 +387,33 @@ class MqttSink:
         if was and not self._stopped:
             log.warning("mqtt_disconnected", reason=str(reason),
                         action="buffering; reconnecting (1 to 30 s apart)")
+        elif not was and not self._stopped:  # an attempt that got no CONNACK
+            why = why_dropped(reason)
+            if why is not None:
+                self._failed(why, f"no CONNACK: {reason}")
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: object) -> None:
-        if not self._unreachable:  # once until a connection succeeds
-            self._unreachable = True
-            log.warning("mqtt_unreachable", action="buffering; retrying (1 to 30 s apart)")
+        # paho calls this inside its `except OSError:` around the attempt (loop_forever), and
+        # passes no error: the one being handled is the attempt's.
+        exc = sys.exc_info()[1]
+        self._failed(why_failed(exc, self._tls), str(exc) if exc is not None else "")
+
+    def _failed(self, why: str, error: str) -> None:
+        """(paho's thread) A connection attempt failed: said when the reason changes."""
+        if self._why is None:
+            self._failing_since, self._failures = time.monotonic(), 0
+        self._failures += 1
+        if why != self._why:
+            self._why = why
+            log.warning("mqtt_unreachable", reason=why, error=error, fix=REASONS[why],
+                        action="buffering; retrying (1 to 30 s apart), said again when the "
+                               "reason changes")
+
+    def _recovered(self) -> None:
+        if self._why is not None:
+            log.info("mqtt_recovered", reason=self._why, failed_attempts=self._failures,
+                     unreachable_s=round(time.monotonic() - self._failing_since, 1))
+            self._why = None
 
     def _on_publish(self, client: mqtt.Client, userdata: object, mid: int,
                     reason: mqtt.ReasonCode, properties: mqtt.Properties | None) -> None:

@@ -62,16 +62,14 @@ class _Counts:
 #   refused for what they held; `refused_busy`: those refused busy (any reason);
 # - `silent`: nothing sent in the interval; `blocked`: frames refused busy and none accepted.
 #
-# `usable` = (1 - no_person) x (1 - low_visibility): the share of joints the model can use. A
-# camera whose `usable` falls below the floor gets one warning (`skeleton_quality_low`), and a
-# line again only once it has recovered (`skeleton_quality_recovered`).
+# `usable` = (1 - no_person) x (1 - low_visibility): the share of joints the model can use.
+# Whether a camera's `usable` is low (`skeleton_quality_low`, `_recovered`) is judged with the
+# feed's health, under its hysteresis (server/feed_health.py).
 class SkeletonQuality:
-    def __init__(self, visibility_threshold: float = 0.5, floor: float = 0.5) -> None:
+    def __init__(self, visibility_threshold: float = 0.5) -> None:
         self.threshold = visibility_threshold
-        self.floor = floor
         self._counts: dict[str, _Counts] = {}
         self._strangers = 0  # cameras without a slot counted this interval
-        self._low: set[str] = set()   # cameras warned about, not yet recovered
 
     def add(self, camera: str, x: np.ndarray) -> None:
         """One request's pose, which counts as sent: `x`, a window (3, T, V, M), of which the
@@ -106,28 +104,15 @@ class SkeletonQuality:
         else:
             c.refused += 1
 
-    def drain(self, cameras: list[str]) -> tuple[list[Record], list[Record]]:
-        """(one record per camera in `cameras` or seen, the warnings and recoveries due)."""
+    def drain(self, cameras: list[str]) -> list[Record]:
+        """One record per camera in `cameras` or seen."""
         counts, self._counts, self._strangers = self._counts, {}, 0
-        known = set(cameras) | set(counts)
-        self._low &= known  # a camera gone is not remembered
         records: list[Record] = []
-        notes: list[Record] = []
-        for camera in sorted(known):
+        for camera in sorted(set(cameras) | set(counts)):
             c = counts.get(camera, _Counts())
             c.reduce(self.threshold)
-            record = _record(camera, c)
-            records.append(record)
-            usable = record["usable"]
-            if not isinstance(usable, float):
-                continue
-            if usable < self.floor and camera not in self._low:
-                self._low.add(camera)
-                notes.append({**record, "event": "skeleton_quality_low", "floor": self.floor})
-            elif usable >= self.floor and camera in self._low:
-                self._low.discard(camera)
-                notes.append({**record, "event": "skeleton_quality_recovered"})
-        return records, notes
+            records.append(_record(camera, c))
+        return records
 
 
 def _share(n: int, of: int) -> float | None:

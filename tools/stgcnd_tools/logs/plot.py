@@ -3,17 +3,17 @@
 Top panel: p50 (solid) and p99 (dashed) per camera and model, with CPU % (always) and GPU load
 and temperature (where the log has them) on the right axis. Bottom panel, only where the log
 has them: GPU frequency and board power, where clock drops and throttling show up. Series
-without data are left out, legend included; the legend sits outside the data.
+without data are left out, legend included; the legend sits outside the data. The action
+events and feed states are the operator's figure of their own (logs/timeline.py).
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from stgcnd.errors import UserError
-from stgcnd_tools.logs.summarize import LogScan, action_spans, gpu_temp
+from stgcnd_tools.logs.summarize import LogScan, gpu_temp
 from stgcnd_tools.stats import number
 
 # The streams' colours: matplotlib's tab10 and its light tones, without those the machine's
@@ -62,10 +62,7 @@ def figure(log: LogScan, title: str | None = None) -> Any:
         e["gpu_temp_c"] = gpu_temp(e)
 
     clock = [k for k in ("gpu_freq_mhz", "power_total_mw") if _series(system, k)[0]]
-    spans = [s for s in action_spans(log) if s["started"] is not None]
-    feeds = sorted((e for e in log.feeds if isinstance(e.get("at"), (int, float))),
-                   key=lambda e: float(e["at"]))
-    ratios = [3.0] + ([1.4] if clock else []) + ([0.8] if spans or feeds else [])
+    ratios = [3.0] + ([1.4] if clock else [])
     fig, axes = plt.subplots(len(ratios), 1, figsize=(14, 3.5 + 2.0 * len(ratios)),
                              sharex=True, squeeze=False, gridspec_kw={"height_ratios": ratios})
     ax_lat = axes[0][0]
@@ -118,8 +115,6 @@ def figure(log: LogScan, title: str | None = None) -> Any:
             ax_pow.set_ylabel("power (W)")
             ax_pow.set_ylim(bottom=0)
 
-    if spans or feeds:  # the events timeline: one row per camera, a bar per event
-        _timeline(axes[-1][0], spans, feeds, latency, system)
 
     # One legend, outside the data (it hid the p99 peaks inside).
     pairs = [ax.get_legend_handles_labels() for ax in fig.axes]
@@ -134,39 +129,3 @@ def figure(log: LogScan, title: str | None = None) -> Any:
     ax_lat.set_title(title or "stgcnd latency and machine state")
     fig.tight_layout(rect=(0, 0, 0.79, 1))
     return fig
-
-
-def _timeline(ax: Any, spans: list[dict[str, Any]], feeds: list[dict[str, Any]],
-              *series: list[dict[str, Any]]) -> None:
-    """A row per camera: its events (bars named by class) and, under them, a red band per
-    bad feed state (feed_health lines), from its line to the next change."""
-    import matplotlib.dates as mdates
-
-    def day(unix: float) -> float:
-        return float(mdates.date2num(datetime.fromtimestamp(unix, timezone.utc)))
-
-    last = max((e["_t"] for events in series for e in events), default=None)
-    end_open = (float(mdates.date2num(last)) if last is not None else
-                max([day(s["started"]) for s in spans] + [day(e["at"]) for e in feeds]))
-    cameras = sorted({s["camera"] for s in spans} | {str(e.get("camera")) for e in feeds})
-    for row, camera in enumerate(cameras):
-        bars = [(day(s["started"]), (day(s["ended"]) if s["ended"] is not None else end_open)
-                 - day(s["started"]), s["class"]) for s in spans if s["camera"] == camera]
-        if bars:
-            ax.broken_barh([b[:2] for b in bars], (row - 0.35, 0.7), color="tab:purple",
-                           alpha=0.75)
-        for x, width, name in bars:
-            ax.text(x + width / 2, row, str(name), ha="center", va="center", fontsize=7,
-                    color="white", clip_on=True)
-        changes = [e for e in feeds if str(e.get("camera")) == camera]
-        for e, after in zip(changes, [*changes[1:], None]):
-            if e.get("state") != "ok":
-                x = day(e["at"])
-                ax.broken_barh([(x, (day(after["at"]) if after else end_open) - x)],
-                               (row - 0.48, 0.1), color="tab:red", alpha=0.85)
-                ax.text(x, row - 0.36, str(e.get("state")), fontsize=6, color="tab:red",
-                        va="bottom", clip_on=True)
-    ax.set_yticks(range(len(cameras)))
-    ax.set_yticklabels(cameras)
-    ax.set_ylabel("events")
-    ax.grid(True, axis="x", alpha=0.3)

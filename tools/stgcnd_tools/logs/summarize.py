@@ -140,14 +140,17 @@ def skeleton_quality(log: LogScan) -> list[dict[str, Any]]:
 
 def action_spans(log: LogScan) -> list[dict[str, Any]]:
     """Each action event as one span (its start and end lines paired by id), by camera and
-    start; an event still open when the log ends has `ended` None."""
+    start; an event still open when the log ends has `ended` None; `alarm`: when the start
+    was said (its message's `at`; None where the log lacks the start)."""
     spans: dict[str, dict[str, Any]] = {}
     for e in log.actions:
         span = spans.setdefault(str(e.get("id")), {
             "camera": str(e.get("camera")), "model": e.get("model"), "class": e.get("class"),
             "started": number(e.get("started")), "ended": None, "peak": number(e.get("peak")),
-            "reason": None})
-        if e.get("kind") == "end":
+            "reason": None, "alarm": None})
+        if e.get("kind") == "start":
+            span["alarm"] = number(e.get("at"))
+        elif e.get("kind") == "end":
             span.update(ended=number(e.get("ended")), peak=number(e.get("peak")),
                         reason=e.get("reason"))
     return sorted(spans.values(), key=lambda s: (s["camera"], s["started"] or 0.0))
