@@ -10,6 +10,7 @@ logits: the fp32 and int8 sessions give different ones for the same window."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -224,5 +225,64 @@ def test_d_before_ready_builds_int8_first_as_before(tmp_path):
         events = [e.get("event") for e in d.log_events()]
         assert events.index("engine_rebuilt") < events.index("ready")
         assert "upgrade_started" not in events
+    finally:
+        stop_by_pid(d)
+
+
+def _closed(d: Daemon, generation: int) -> int:
+    return sum(e.get("event") == "model_closed" and e.get("generation") == generation
+               for e in d.log_events())
+
+
+def _wait_file(d: Daemon, path: Path, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < end, f"no {path.name}; log:\n" + d.log_path.read_text()[-3000:]
+        assert d.running(), d.log_path.read_text()[-3000:]
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_e_an_upgrade_made_but_not_swapped_in_is_closed_at_shutdown(tmp_path):
+    """The int8 runners are made and warmed when SIGTERM comes, and handed over during the
+    shutdown: they are closed (model_closed twice: the serving model and the upgrade)."""
+    release = tmp_path / "release"
+    d = _daemon(tmp_path, HOLD_MADE_UNTIL=str(release)).start()
+    try:
+        _wait_file(d, tmp_path / "release.made", 240)
+        d.signal(signal.SIGTERM)
+        time.sleep(1.0)
+        release.touch()
+        assert d.proc is not None and d.proc.wait(60) == 0
+        events = [e.get("event") for e in d.log_events()]
+        assert "model_upgraded" not in events and "upgrade_not_closed" not in events
+        assert _closed(d, 1) == 2, d.log_path.read_text()[-3000:]
+    finally:
+        stop_by_pid(d)
+
+
+@pytest.mark.slow
+def test_f_an_upgrade_whose_model_a_reload_replaced_is_closed_not_swapped_in(tmp_path):
+    """The int8 runners are made when a reload replaces the model (now fp32): they are
+    closed (model_closed twice for generation 1: the replaced model and its upgrade), never
+    swapped into the model the reload made."""
+    release = tmp_path / "release"
+    d = _daemon(tmp_path, HOLD_MADE_UNTIL=str(release)).start()
+    try:
+        _wait_file(d, tmp_path / "release.made", 240)
+        text = d.config_path.read_text()
+        d.config_path.write_text(text.replace('precision = "int8"', 'precision = "fp32"'))
+        d.notify.skip_seen()
+        d.signal(signal.SIGHUP)
+        assert "reloaded" in d.notify.wait_for("READY", timeout=120)["STATUS"]
+        release.touch()
+        end = time.monotonic() + 30
+        while _closed(d, 1) < 2 and time.monotonic() < end:
+            time.sleep(0.2)
+        assert _closed(d, 1) == 2, d.log_path.read_text()[-3000:]
+        assert "model_upgraded" not in [e.get("event") for e in d.log_events()]
+        hello = _hello_model(d)
+        assert hello["serving"]["precision"] == "fp32" and hello["building"] is None
+        assert stop_by_pid(d) == 0
     finally:
         stop_by_pid(d)

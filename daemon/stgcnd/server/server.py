@@ -35,6 +35,7 @@ from stgcnd.server.notify import Notifier
 from stgcnd.server.requests import RequestPath
 from stgcnd.server.transport import bind_router, make_router
 from stgcnd.server.upgrade import CHECK_EVERY_S as UPGRADE_CHECK_S
+from stgcnd.server.upgrade import CLOSE_WAIT_S as UPGRADE_CLOSE_WAIT_S
 from stgcnd.server.upgrade import Upgrades, describe_building
 from stgcnd.server.wakeup import WakeTimer, Wakeup
 from stgcnd.telemetry.sampler import SystemSampler
@@ -104,6 +105,10 @@ class Server:
         self.generation = 1
         self.started = time.monotonic()
         self.retiring: list[ServedModel] = []
+        # Background builds started, and swapped in once built and warmed (server/upgrade.py).
+        self._upgrades = Upgrades(lambda: self.models, self._load_upgrade, self.retiring.append,
+                                  lambda: self.config.server.build_retry_after_s,
+                                  lambda: self.config.server.build_attempts)
         self._reload: Future[Reloaded] | None = None  # done: it wakes the loop
         self._timer = WakeTimer()  # polled runners' next look (poll wakes on it)
         self._last_stats = time.monotonic()  # the latency lines' interval ends here
@@ -258,11 +263,7 @@ class Server:
             Duty("housekeeping", self._housekeep, lambda: self.config.server.stats_interval,
                  first=stats_s),
         ]
-        # Background builds started, and swapped in once built and warmed (server/upgrade.py).
-        upgrades = Upgrades(lambda: self.models, self._load_upgrade, self.retiring.append,
-                            lambda: self.config.server.build_retry_after_s,
-                            lambda: self.config.server.build_attempts)
-        duties.append(Duty("upgrades", upgrades.check, lambda: UPGRADE_CHECK_S))
+        duties.append(Duty("upgrades", self._upgrades.check, lambda: UPGRADE_CHECK_S))
         wd_interval = self.notifier.watchdog_interval
         if wd_interval:
             duties.append(Duty("watchdog", self._watchdog, lambda: wd_interval))
@@ -506,6 +507,7 @@ class Server:
             self._sampler.stop(2.0)
         self._tick(time.monotonic())
         self.events.close()
+        self._upgrades.close(UPGRADE_CLOSE_WAIT_S)  # made, never swapped in: never served
         if not stuck:
             for model in everything:
                 model.close()

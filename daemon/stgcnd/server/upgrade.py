@@ -19,7 +19,7 @@ import functools
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from typing import TYPE_CHECKING, TypeVar
 
 from stgcnd.engines.store import EngineStore
@@ -37,6 +37,7 @@ log = get_logger(__name__)
 T = TypeVar("T")
 
 CHECK_EVERY_S = 1.0   # the loop's duty: how soon a finished upgrade is swapped in
+CLOSE_WAIT_S = 10.0   # shutdown: how long an upgrade still warming its runners is waited for
 IDLE_NICE = 19        # the build child's niceness where SCHED_IDLE is not allowed
 
 
@@ -146,28 +147,51 @@ class Upgrades:
                  retry_after_s: Callable[[], float], attempts: Callable[[], int]) -> None:
         self._models, self._build, self._retire = models, build, retire
         self._retry_after_s, self._attempts = retry_after_s, attempts
+        # Started and not yet finished, by the model they were started for: kept here, not
+        # only on the model, so that one whose model a reload replaced meanwhile is still
+        # finished (what it made closed) and one made when shutdown comes is closed.
+        self._started: list[tuple[ServedModel, Pending]] = []
 
     def check(self, now: float) -> None:
-        for model in list(self._models().values()):
-            pending = model.building
-            if pending is None:
-                continue
-            if pending.future is None:
-                if now >= pending.due:
-                    pending.future = _in_thread(f"upgrade-{model.name}",
-                                                functools.partial(self._build, model))
-                    log.info("upgrade_started", model=model.name, **pending.describe())
-            elif pending.future.done():
+        for entry in list(self._started):
+            model, pending = entry
+            if pending.future is not None and pending.future.done():
+                self._started = [e for e in self._started if e is not entry]  # by identity
                 self._finish(model, pending, now)
+        for model in list(self._models().values()):
+            due = model.building
+            if due is not None and due.future is None and now >= due.due:
+                due.future = _in_thread(f"upgrade-{model.name}",
+                                        functools.partial(self._build, model))
+                self._started.append((model, due))
+                log.info("upgrade_started", model=model.name, **due.describe())
+
+    def close(self, timeout_s: float) -> None:
+        """At shutdown (the stop cancels a build running): close what the upgrades started
+        made and never swapped in, waiting up to `timeout_s` for those still warming."""
+        started, self._started = self._started, []
+        futures = {pending.future: model for model, pending in started
+                   if pending.future is not None}
+        done, not_done = wait(futures, timeout=timeout_s)
+        for future in done:
+            if future.exception() is None:  # a failed or cancelled one made nothing to keep
+                future.result().close()
+        for future in not_done:
+            log.warning("upgrade_not_closed", model=futures[future].name,
+                        reason=f"its runners were still being made after {timeout_s:g} s; "
+                               "the process exits without closing them")
 
     def _finish(self, model: ServedModel, pending: Pending, now: float) -> None:
         future, pending.future = pending.future, None
         assert future is not None
+        replaced = self._models().get(model.name) is not model or model.building is not pending
         try:
             fresh = future.result()
         except BuildCancelled:
             return  # stopping: nothing to retry
         except Exception as exc:
+            if replaced:  # a reload replaced the model: its own configuration builds now
+                return
             pending.attempts += 1
             give_up = pending.attempts >= self._attempts()
             pending.due = now + self._retry_after_s()
@@ -182,7 +206,7 @@ class Upgrades:
             if give_up:
                 model.building = None
             return
-        if self._models().get(model.name) is not model or model.building is not pending:
+        if replaced:
             fresh.close()  # a reload replaced the model meanwhile
             return
         before, before_ms = model.runtime.info, compute_by_bucket(model)
