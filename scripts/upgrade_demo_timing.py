@@ -102,11 +102,11 @@ class Camera(threading.Thread):
         super().__init__(daemon=True)
         self.endpoint, self.window = endpoint, window
         self.ok, self.errors, self.resends = 0, [], 0  # type: ignore[var-annotated]
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
         with Client(self.endpoint, camera_id="cam") as client:
-            while not self._stop.wait(0.2):
+            while not self._halt.wait(0.2):
                 try:
                     client.infer(self.window)
                     self.ok += 1
@@ -115,7 +115,7 @@ class Camera(threading.Thread):
             self.resends = client.reconnects
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(60)
 
 

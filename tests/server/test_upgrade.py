@@ -22,7 +22,7 @@ import pytest
 import zmq
 
 from stgcnd.model.synthetic import synthetic_windows
-from stgcnd.server.upgrade import at_idle_priority
+from stgcnd.server.serve_now import at_idle_priority
 from stgcnd_client.wire import decode_reply, encode_request
 from tests.server.daemon_harness import FRAMES, Daemon, stop_by_pid
 from tests.server.test_daemon import raw_request

@@ -20,8 +20,8 @@ from stgcnd.runtimes.base import Runtime
 from stgcnd.server.config import Config, ModelConfig, ServerConfig, check_event_classes
 from stgcnd.server.executor import Executor
 from stgcnd.server.scheduler import Job, Scheduler
+from stgcnd.server.serve_now import Pending, at_idle_priority, serve_now_instead, serving
 from stgcnd.server.serving_plan import Target, serving_plan
-from stgcnd.server.upgrade import Pending, at_idle_priority, serve_now_instead, serving
 
 if TYPE_CHECKING:  # loaded by Planner.for_gpu: a CPU-only serve never needs it
     from stgcnd.server.memory_plan import MemoryPlan
@@ -50,7 +50,7 @@ class ServedModel:
     max_batch: int = 1
     scheduler: Scheduler = field(default_factory=lambda: Scheduler(1), repr=False)
     executors: list[Executor] = field(default_factory=list, repr=False)
-    building: Pending | None = None  # what it is upgraded to in the background (upgrade.py)
+    building: Pending | None = None  # what it is upgraded to in the background (serve_now.py)
 
     @property
     def name(self) -> str:
@@ -106,7 +106,7 @@ class ServedModel:
                 "num_class": info.num_class, "labels": list(self.labels),
                 "backend": info.name, "precision": info.precision, "default": default,
                 "stride": self.config.stride, "demo": self.demo, "max_batch": self.max_batch,
-                "serving": serving(self), "building": self._building()}
+                "serving": serving(self.runtime), "building": self._building()}
 
     def _building(self) -> dict[str, object] | None:
         return self.building.describe() if self.building is not None else None
@@ -115,7 +115,7 @@ class ServedModel:
         info = self.runtime.info
         return {"backend": info.name, "precision": info.precision, "device": info.device,
                 "max_batch": self.max_batch, "queued": self.scheduler.pending,
-                "serving": serving(self), "building": self._building(),
+                "serving": serving(self.runtime), "building": self._building(),
                 "executors": [ex.stats() for ex in self.executors]}
 
 

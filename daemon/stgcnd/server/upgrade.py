@@ -16,21 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, wait
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-from stgcnd.engines.store import EngineStore
 from stgcnd.errors import BuildCancelled, first_line
 from stgcnd.log import get_logger
-from stgcnd.model.spec import ModelSpec
-from stgcnd.provision.load import Choice
+from stgcnd.server.models import ServedModel
 from stgcnd.server.scheduler import Scheduler
-
-if TYPE_CHECKING:  # models.py imports this module for the load's hook
-    from stgcnd.server.models import ServedModel
+from stgcnd.server.serve_now import Pending
 
 log = get_logger(__name__)
 
@@ -38,73 +33,6 @@ T = TypeVar("T")
 
 CHECK_EVERY_S = 1.0   # the loop's duty: how soon a finished upgrade is swapped in
 CLOSE_WAIT_S = 10.0   # shutdown: how long an upgrade still warming its runners is waited for
-IDLE_NICE = 19        # the build child's niceness where SCHED_IDLE is not allowed
-
-
-@dataclasses.dataclass
-class Pending:
-    """What a served model is still building: the choice its configuration asks for."""
-
-    choice: Choice
-    spec: ModelSpec
-    due: float = 0.0          # monotonic: the next attempt starts at or after this
-    attempts: int = 0
-    future: Future[ServedModel] | None = dataclasses.field(default=None, repr=False)
-
-    def describe(self) -> dict[str, object]:
-        return {"backend": self.choice.backend, "precision": self.choice.options.precision,
-                "device": self.choice.options.device, "attempts": self.attempts}
-
-
-def serve_now_instead(choice: Choice, spec: ModelSpec, store: EngineStore) -> Choice | None:
-    """The choice that serves at once while `choice`'s artefact is built, or None (it is in
-    the store already, or nothing quicker serves it). On a CPU an int8 (or fp16/bf16) ONNX
-    Runtime model is served by the fp32 session: its build is an export, no calibration.
-    TensorRT (the CPU while it builds) and torch's autotune plug in here."""
-    if choice.opened is not None or choice.backend != "onnxruntime" or \
-            choice.options.precision == "fp32":
-        return None
-    if store.find(spec, choice.backend, choice.options) is not None:
-        return None
-    return Choice(choice.backend, dataclasses.replace(choice.options, precision="fp32"),
-                  f"fp32 serves while {choice.options.precision} builds ({choice.why})")
-
-
-def at_idle_priority(work: Callable[[], T]) -> T:
-    """`work` on a thread of its own at the lowest CPU priority (SCHED_IDLE where allowed,
-    else nice 19), which the build child it spawns inherits. A thread of its own: Linux keeps
-    priorities per thread and an unprivileged one cannot raise its own back, and the runners
-    made after the build (whose pools' threads inherit too) must serve at normal priority."""
-    result: list[T] = []
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        _lower_this_thread()
-        try:
-            result.append(work())
-        except BaseException as exc:
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name="upgrade-build", daemon=True)
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
-    return result[0]
-
-
-def _lower_this_thread() -> None:
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
-        return
-    except (AttributeError, OSError):  # not Linux, or refused (a container's policy)
-        pass
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IDLE_NICE)
-    except (AttributeError, OSError):
-        log.warning("upgrade_priority_unchanged",
-                    reason="neither SCHED_IDLE nor nice 19 is allowed here; the background "
-                           "build runs at normal priority")
 
 
 def compute_by_bucket(model: ServedModel) -> dict[str, float]:
@@ -150,28 +78,28 @@ class Upgrades:
         # Started and not yet finished, by the model they were started for: kept here, not
         # only on the model, so that one whose model a reload replaced meanwhile is still
         # finished (what it made closed) and one made when shutdown comes is closed.
-        self._started: list[tuple[ServedModel, Pending]] = []
+        self._started: list[tuple[ServedModel, Pending, Future[ServedModel]]] = []
 
     def check(self, now: float) -> None:
         for entry in list(self._started):
-            model, pending = entry
-            if pending.future is not None and pending.future.done():
+            model, pending, future = entry
+            if future.done():
                 self._started = [e for e in self._started if e is not entry]  # by identity
-                self._finish(model, pending, now)
+                pending.started = False
+                self._finish(model, pending, future, now)
         for model in list(self._models().values()):
             due = model.building
-            if due is not None and due.future is None and now >= due.due:
-                due.future = _in_thread(f"upgrade-{model.name}",
-                                        functools.partial(self._build, model))
-                self._started.append((model, due))
+            if due is not None and not due.started and now >= due.due:
+                due.started = True
+                self._started.append((model, due, _in_thread(
+                    f"upgrade-{model.name}", functools.partial(self._build, model))))
                 log.info("upgrade_started", model=model.name, **due.describe())
 
     def close(self, timeout_s: float) -> None:
         """At shutdown (the stop cancels a build running): close what the upgrades started
         made and never swapped in, waiting up to `timeout_s` for those still warming."""
         started, self._started = self._started, []
-        futures = {pending.future: model for model, pending in started
-                   if pending.future is not None}
+        futures = {future: model for model, _, future in started}
         done, not_done = wait(futures, timeout=timeout_s)
         for future in done:
             if future.exception() is None:  # a failed or cancelled one made nothing to keep
@@ -181,9 +109,8 @@ class Upgrades:
                         reason=f"its runners were still being made after {timeout_s:g} s; "
                                "the process exits without closing them")
 
-    def _finish(self, model: ServedModel, pending: Pending, now: float) -> None:
-        future, pending.future = pending.future, None
-        assert future is not None
+    def _finish(self, model: ServedModel, pending: Pending, future: Future[ServedModel],
+                now: float) -> None:
         replaced = self._models().get(model.name) is not model or model.building is not pending
         try:
             fresh = future.result()
@@ -236,8 +163,3 @@ def _in_thread(name: str, work: Callable[[], T]) -> Future[T]:
 
 def describe_building(model: ServedModel) -> dict[str, object] | None:
     return model.building.describe() if model.building is not None else None
-
-
-def serving(model: ServedModel) -> dict[str, object]:
-    info = model.runtime.info
-    return {"backend": info.name, "precision": info.precision, "device": info.device}

@@ -51,6 +51,6 @@ if os.environ.get("HOLD_MADE_UNTIL"):
     models.load_upgrade = _made_then_held
 
 if os.environ.get("UPGRADE_NORMAL_PRIORITY"):
-    from stgcnd.server import upgrade
+    from stgcnd.server import serve_now
 
-    upgrade._lower_this_thread = lambda: None
+    serve_now._lower_this_thread = lambda: None
