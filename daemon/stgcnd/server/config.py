@@ -347,6 +347,12 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         "int8: .npz/.npy of recorded windows (N, 3, T, V, M)", path=True)] = None
     allow_synthetic_calibration: Annotated[bool, engine_key(
         "int8: calibrate on generated skeletons when no calibration file is given")] = False
+    upgrade: Annotated[Literal["background", "before-ready"], policy_key(
+        "background: when its artefact (an int8 build and calibration) is not in the store, "
+        "serve at once with what can (the fp32 session), build it at idle priority and swap "
+        "its runners in when validated, no request lost (logged: model_upgraded); "
+        "before-ready: build first, READY after (a reload changing it applies at the next "
+        "load of the model)")] = "background"
     noop_compute_us: Annotated[int, engine_key(
         "backend noop only: each batch finishes this long after it starts",
         "must be in 0..10000000 and is for backend = \"noop\" only", ge=0,

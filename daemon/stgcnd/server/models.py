@@ -20,6 +20,7 @@ from stgcnd.runtimes.base import Runtime
 from stgcnd.server.config import Config, ModelConfig, ServerConfig, check_event_classes
 from stgcnd.server.executor import Executor
 from stgcnd.server.scheduler import Job, Scheduler
+from stgcnd.server.serve_now import Pending, at_idle_priority, serve_now_instead, serving
 from stgcnd.server.serving_plan import Target, serving_plan
 
 if TYPE_CHECKING:  # loaded by Planner.for_gpu: a CPU-only serve never needs it
@@ -49,6 +50,7 @@ class ServedModel:
     max_batch: int = 1
     scheduler: Scheduler = field(default_factory=lambda: Scheduler(1), repr=False)
     executors: list[Executor] = field(default_factory=list, repr=False)
+    building: Pending | None = None  # what it is upgraded to in the background (serve_now.py)
 
     @property
     def name(self) -> str:
@@ -103,12 +105,17 @@ class ServedModel:
         return {"name": self.name, "input_shape": list(info.input_shape),
                 "num_class": info.num_class, "labels": list(self.labels),
                 "backend": info.name, "precision": info.precision, "default": default,
-                "stride": self.config.stride, "demo": self.demo, "max_batch": self.max_batch}
+                "stride": self.config.stride, "demo": self.demo, "max_batch": self.max_batch,
+                "serving": serving(self.runtime), "building": self._building()}
+
+    def _building(self) -> dict[str, object] | None:
+        return self.building.describe() if self.building is not None else None
 
     def stats(self) -> dict[str, object]:
         info = self.runtime.info
         return {"backend": info.name, "precision": info.precision, "device": info.device,
                 "max_batch": self.max_batch, "queued": self.scheduler.pending,
+                "serving": serving(self.runtime), "building": self._building(),
                 "executors": [ex.stats() for ex in self.executors]}
 
 
@@ -131,7 +138,8 @@ def _check_event_classes(mc: ModelConfig, runtime: Runtime) -> None:
 def load_models(config: Config, generation: int = 1,
                 keep: dict[str, ServedModel] | None = None,
                 start: Callable[[ServedModel], None] | None = None,
-                cancel: threading.Event | None = None) -> dict[str, ServedModel]:
+                cancel: threading.Event | None = None,
+                background: bool = False) -> dict[str, ServedModel]:
     """Build or reuse every configured model's artefact, load it, and `start` its executors
     (which warm every bucket) before returning.
 
@@ -144,6 +152,10 @@ def load_models(config: Config, generation: int = 1,
     `cancel`: when set (SIGTERM during a first-start build), a running build is abandoned
     within seconds, leaving nothing partial in the store, and BuildCancelled is raised;
     builds then run in a child process (see stgcnd.engines.child_build).
+
+    `background` (the daemon): a model with `upgrade = "background"` whose artefact must be
+    built is served at once by a quicker runtime, its upgrade left `building` for the loop
+    (server/upgrade.py, `load_upgrade`).
     """
     store = EngineStore(config.engines_dir, cancel=cancel,
                         retry=BuildRetry(config.server.build_retry_after_s,
@@ -160,7 +172,8 @@ def load_models(config: Config, generation: int = 1,
                 loaded[mc.name] = old
                 continue
             t0 = time.perf_counter()
-            served = _first_that_serves(mc, store, generation, start, planner)
+            served = _first_that_serves(mc, store, generation, start, planner,
+                                        background and mc.upgrade == "background")
             loaded[mc.name] = served
             _check_event_classes(mc, served.runtime)
             info = served.runtime.info
@@ -238,12 +251,18 @@ def camera_rate_at_risk(mc: ModelConfig, compute_ms: dict[int, float]) -> dict[s
 
 def _first_that_serves(mc: ModelConfig, store: EngineStore, generation: int,
                        start: Callable[[ServedModel], None] | None,
-                       planner: Planner) -> ServedModel:
+                       planner: Planner, background: bool = False) -> ServedModel:
     # The same plan `stgcnd build --config` prepares the store with (server/serving_plan.py).
     spec, options = serving_plan(mc)
+
+    def use(choice: Choice) -> ServedModel:
+        now = serve_now_instead(choice, spec, store) if background else None
+        served = _serve_with(mc, now or choice, spec, store, generation, start, planner)
+        if now is not None:
+            served.building = Pending(choice, spec)
+        return served
     try:
-        return first_that_serves(spec, mc.backend, options, store, lambda choice: _serve_with(
-            mc, choice, spec, store, generation, start, planner))[0]
+        return first_that_serves(spec, mc.backend, options, store, use)[0]
     except (BuildCancelled, KeyboardInterrupt):
         raise
     except Exception as exc:
@@ -301,6 +320,26 @@ def _serve_with(mc: ModelConfig, choice: Choice, spec: ModelSpec, store: EngineS
                 plan.placed.pop()  # its memory went back with it
             raise
     return served
+
+
+def load_upgrade(config: Config, served: ServedModel, start: Callable[[ServedModel], None],
+                 cancel: threading.Event, current: dict[str, ServedModel]) -> ServedModel:
+    """`served`'s pending upgrade, off the loop: its artefact built (in the build child, at
+    idle priority) and validated, then loaded and its runners made and warmed, beside the
+    serving ones (`current`'s memory is kept in the plan: memory_plan.py refuses what does
+    not fit beside it)."""
+    pending = served.building
+    assert pending is not None
+    store = EngineStore(config.engines_dir, cancel=cancel,
+                        retry=BuildRetry(config.server.build_retry_after_s,
+                                         config.server.build_attempts))
+    choice = pending.choice
+    at_idle_priority(lambda: store.prepare(pending.spec, choice.backend, choice.options))
+    planner = Planner(config, current)
+    fresh = _serve_with(served.config, choice, pending.spec, store, served.generation, start,
+                        planner)
+    planner.log()
+    return fresh
 
 
 def _hold_the_budget(plan: MemoryPlan, served: ServedModel, runners_from: int,

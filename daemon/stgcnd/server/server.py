@@ -30,10 +30,13 @@ from stgcnd.server.event_hub import EventHub
 from stgcnd.server.handshakes import Refusals, monitor_reporter
 from stgcnd.server.heap import CHECK_EVERY_S, RssWatch, give_back_free_memory
 from stgcnd.server.memory_policy import MemoryPolicy
-from stgcnd.server.models import ServedModel, load_models
+from stgcnd.server.models import ServedModel, load_models, load_upgrade
 from stgcnd.server.notify import Notifier
 from stgcnd.server.requests import RequestPath
 from stgcnd.server.transport import bind_router, make_router
+from stgcnd.server.upgrade import CHECK_EVERY_S as UPGRADE_CHECK_S
+from stgcnd.server.upgrade import CLOSE_WAIT_S as UPGRADE_CLOSE_WAIT_S
+from stgcnd.server.upgrade import Upgrades, describe_building
 from stgcnd.server.wakeup import WakeTimer, Wakeup
 from stgcnd.telemetry.sampler import SystemSampler
 from stgcnd_client.protocol import Limits
@@ -102,6 +105,10 @@ class Server:
         self.generation = 1
         self.started = time.monotonic()
         self.retiring: list[ServedModel] = []
+        # Background builds started, and swapped in once built and warmed (server/upgrade.py).
+        self._upgrades = Upgrades(lambda: self.models, self._load_upgrade, self.retiring.append,
+                                  lambda: self.config.server.build_retry_after_s,
+                                  lambda: self.config.server.build_attempts)
         self._reload: Future[Reloaded] | None = None  # done: it wakes the loop
         self._timer = WakeTimer()  # polled runners' next look (poll wakes on it)
         self._last_stats = time.monotonic()  # the latency lines' interval ends here
@@ -157,7 +164,8 @@ class Server:
         log.info("ready", endpoint=config.endpoint,
                  models={n: {"runtime": m.runtime.info.name, "precision":
                              m.runtime.info.precision, "device": m.runtime.info.device,
-                             "motion": m.config.motion, "why": m.why}
+                             "motion": m.config.motion, "why": m.why,
+                             "building": describe_building(m)}
                          for n, m in self.models.items()},
                  version=__version__, pid=os.getpid(),
                  loop_timer="timerfd" if self._timer.fd is not None else "poll-ms",
@@ -178,7 +186,7 @@ class Server:
         try:
             return load_models(config, self.generation,
                                start=lambda model: self._start_model(model, config),
-                               cancel=self.wakeup.stop)
+                               cancel=self.wakeup.stop, background=True)
         finally:
             keepalive.set()
 
@@ -255,10 +263,17 @@ class Server:
             Duty("housekeeping", self._housekeep, lambda: self.config.server.stats_interval,
                  first=stats_s),
         ]
+        duties.append(Duty("upgrades", self._upgrades.check, lambda: UPGRADE_CHECK_S))
         wd_interval = self.notifier.watchdog_interval
         if wd_interval:
             duties.append(Duty("watchdog", self._watchdog, lambda: wd_interval))
         return duties
+
+    def _load_upgrade(self, model: ServedModel) -> ServedModel:
+        """A model's pending upgrade built, loaded and warmed (the upgrade's thread)."""
+        config = self.config
+        return load_upgrade(config, model, lambda m: self._start_model(m, config),
+                            self.wakeup.stop, dict(self.models))
 
     def _guard(self, duty: str, work: Callable[..., T], *args: Any) -> T | None:
         """One of the loop's duties; None when it raised. A bug met in a duty (the silent-camera
@@ -414,7 +429,8 @@ class Server:
         # are unchanged is kept (its policy keys applied by _apply).
         return Reloaded(config, load_models(
             config, generation, keep=None if engine_changed else models,
-            start=lambda model: self._start_model(model, config), cancel=self.wakeup.stop))
+            start=lambda model: self._start_model(model, config), cancel=self.wakeup.stop,
+            background=True))
 
     def _finish_reload(self, reload: Future[Reloaded]) -> None:
         self._reload = None
@@ -491,6 +507,7 @@ class Server:
             self._sampler.stop(2.0)
         self._tick(time.monotonic())
         self.events.close()
+        self._upgrades.close(UPGRADE_CLOSE_WAIT_S)  # made, never swapped in: never served
         if not stuck:
             for model in everything:
                 model.close()

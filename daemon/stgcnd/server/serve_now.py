@@ -1,0 +1,96 @@
+"""What serves a model at once while its configured artefact is built in the background, and
+the priority that build runs at (#45; the swap itself is server/upgrade.py). Apart from
+upgrade.py so that models.py, which calls `serve_now_instead` while it loads, imports no module
+that imports it back."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from stgcnd.engines.store import EngineStore
+from stgcnd.log import get_logger
+from stgcnd.model.spec import ModelSpec
+from stgcnd.provision.load import Choice
+from stgcnd.runtimes.base import Runtime
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+IDLE_NICE = 19        # the build child's niceness where SCHED_IDLE is not allowed
+
+
+@dataclasses.dataclass
+class Pending:
+    """What a served model is still building: the choice its configuration asks for."""
+
+    choice: Choice
+    spec: ModelSpec
+    due: float = 0.0          # monotonic: the next attempt starts at or after this
+    attempts: int = 0
+    started: bool = False     # its build runs now (server/upgrade.py keeps its future)
+
+    def describe(self) -> dict[str, object]:
+        return {"backend": self.choice.backend, "precision": self.choice.options.precision,
+                "device": self.choice.options.device, "attempts": self.attempts}
+
+
+def serve_now_instead(choice: Choice, spec: ModelSpec, store: EngineStore) -> Choice | None:
+    """The choice that serves at once while `choice`'s artefact is built, or None (it is in
+    the store already, or nothing quicker serves it). On a CPU an int8 (or fp16/bf16) ONNX
+    Runtime model is served by the fp32 session: its build is an export, no calibration.
+    TensorRT (the CPU while it builds) and torch's autotune plug in here."""
+    if choice.opened is not None or choice.backend != "onnxruntime" or \
+            choice.options.precision == "fp32":
+        return None
+    if store.find(spec, choice.backend, choice.options) is not None:
+        return None
+    return Choice(choice.backend, dataclasses.replace(choice.options, precision="fp32"),
+                  f"fp32 serves while {choice.options.precision} builds ({choice.why})")
+
+
+def at_idle_priority(work: Callable[[], T]) -> T:
+    """`work` on a thread of its own at the lowest CPU priority (SCHED_IDLE where allowed,
+    else nice 19), which the build child it spawns inherits. A thread of its own: Linux keeps
+    priorities per thread and an unprivileged one cannot raise its own back, and the runners
+    made after the build (whose pools' threads inherit too) must serve at normal priority."""
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        _lower_this_thread()
+        try:
+            result.append(work())
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name="upgrade-build", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+def _lower_this_thread() -> None:
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
+        return
+    except (AttributeError, OSError):  # not Linux, or refused (a container's policy)
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IDLE_NICE)
+    except (AttributeError, OSError):
+        log.warning("upgrade_priority_unchanged",
+                    reason="neither SCHED_IDLE nor nice 19 is allowed here; the background "
+                           "build runs at normal priority")
+
+
+def serving(runtime: Runtime) -> dict[str, object]:
+    """What answers a model's requests now (hello's and stats' `serving`)."""
+    info = runtime.info
+    return {"backend": info.name, "precision": info.precision, "device": info.device}
