@@ -88,13 +88,14 @@ class RequestPath:
         self.receiver.users = True
 
     # -- reading ---------------------------------------------------------------------------
-    def read(self, limit: int = READ_BURST) -> bool:
+    def read(self, limit: int = READ_BURST, waiting: bool = False) -> bool:
         """Handle up to `limit` waiting requests (fewer while an oversized one is dropped);
-        True when none was left waiting."""
+        True when none was left waiting. `waiting`: the loop's poll said one is."""
         receiver = self.receiver
         emptied = False
         for _ in range(limit):
-            msg = receiver.read()
+            msg = receiver.read(waiting)
+            waiting = False
             if msg is None:
                 emptied = not receiver.discarding
                 break

@@ -207,14 +207,15 @@ class Server:
         # the path of every request): none can end the loop.
         while not wakeup.stop.is_set():
             reading = receiver.discarding  # the rest of an oversized message, dropped
+            waiting = False  # a request is: the poll said so
             for sock, _ in zmq_poll(polled, timeout):
                 if sock is router:
-                    reading = True
+                    reading = waiting = True
                 else:
                     handlers[sock]()
             if reading:
                 try:
-                    requests.read()
+                    requests.read(waiting=waiting)
                 except Exception as exc:
                     self._fault("requests", exc)
             now = monotonic()
