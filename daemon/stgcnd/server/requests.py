@@ -166,7 +166,11 @@ class RequestPath:
                                     "create`)", req.id)
             if key is not None and not key.allows(req.camera):
                 raise ProtocolError(ErrorCode.FORBIDDEN, forbidden(key, req.camera), req.id)
-            self._dispatch(identity, req, received, msg.peer, key)
+            op = req.op
+            if op == "infer" or op == "push":  # nearly every request
+                self._stream(identity, req, received, msg.peer)
+            else:
+                self._control(identity, req, key)
         except ProtocolError as exc:  # refused before a push's frame reached any window
             self._reject(identity, exc, req, key, appended=False)
         except Exception as exc:  # a daemon bug: that camera's, never the loop's
@@ -207,8 +211,8 @@ class RequestPath:
                            named_camera=getattr(req, "camera", None), message=exc.message)
         self.send(identity, refusal(req_id, exc, False if pushed(req) else None))
 
-    def _dispatch(self, identity: bytes, req: Request, received: float, peer: str,
-                  key: ClientKey | None = None) -> None:
+    def _control(self, identity: bytes, req: Request, key: ClientKey | None) -> None:
+        """ping, hello, stats, reset: answered at once."""
         op = req.op
         if req.model is not None and op in ("ping", "hello", "stats"):
             # These answer for the whole daemon, but a name it does not serve is the
@@ -241,7 +245,10 @@ class RequestPath:
                     self.events.forget(cam.name, "reset")  # its clock starts over
                 cam.reset(names)
             self.send(identity, encode_reply(req.id, {"reset": names}))
-            return
+
+    def _stream(self, identity: bytes, req: Request, received: float, peer: str) -> None:
+        """An infer or push: admitted, then answered or queued (its frame kept, for a push)."""
+        op = req.op
         admitted = admit(req, peer, received, self.models, self.cameras)
         cam, model = admitted.camera, admitted.model
         if admitted.evicted is not None:
