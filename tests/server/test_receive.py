@@ -3,6 +3,8 @@ the rest dropped in chunks, and the next message read whole."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import zmq
 
@@ -62,3 +64,21 @@ def test_too_many_frames_are_cut_short_then_dropped_in_chunks(pair, monkeypatch)
     assert [[f.bytes for f in m.frames] for m in got] == [[b"next"]]
     assert rx.discarded_frames == 5001 - MAX_FRAMES
     assert rx.oversized_messages == 1
+
+
+def test_the_loops_poll_saves_the_check_and_a_wrong_hint_reads_nothing(pair):
+    """`waiting`: the loop's poll said a request is there, so the receiver does not ask again
+    (issue #44); were it wrong, the read is None, never an exception out of the loop."""
+    router, dealer = pair
+    rx = Receiver(router)
+    assert rx.read(waiting=True) is None        # nothing there: no zmq.Again escapes
+    dealer.send_multipart([b"header", b"array"])
+    wait_readable(router)
+    msg = rx.read(waiting=True)
+    assert msg is not None and [f.bytes for f in msg.frames] == [b"header", b"array"]
+    assert msg.peer == f"pid:{os.getpid()}"
+    dealer.send_multipart([b"again"])
+    wait_readable(router)
+    again = rx.read()
+    assert again is not None and again.peer == msg.peer  # its key from the address's cache
+    assert rx.read() is None

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from stgcnd.model.synthetic import synthetic_windows
-from stgcnd.telemetry.skeleton_quality import SkeletonQuality
+from stgcnd.telemetry.skeleton_quality import SAMPLE_EVERY, SkeletonQuality
 
 
 def window(persons=2, present=1, seed=0):
@@ -26,7 +26,7 @@ def frames(q, w, camera="cam1"):
 
 
 def test_a_clean_camera_is_fully_usable():
-    q = SkeletonQuality()
+    q = SkeletonQuality(sample_every=1)
     w = window()
     assert (w[2, :, :, 0] > 0.5).all()                      # the generator's visibility
     frames(q, w)
@@ -39,7 +39,7 @@ def test_a_clean_camera_is_fully_usable():
 
 
 def test_empty_frames_lost_joints_and_joints_outside_the_picture_are_counted():
-    q = SkeletonQuality(visibility_threshold=0.5)
+    q = SkeletonQuality(visibility_threshold=0.5, sample_every=1)
     w = window()
     w[:, :10] = 0.0                     # nobody in the first 10 of 30 frames
     w[2, 10:, :11, 0] = 0.2             # the face's 11 joints lost in the others
@@ -55,7 +55,7 @@ def test_empty_frames_lost_joints_and_joints_outside_the_picture_are_counted():
 def test_pixel_coordinates_are_out_of_frame_and_frames_count_alike():
     """The protocol's coordinates are normalised (0..1): pixels were not judged before #34,
     and such a feed went unnoticed."""
-    q = SkeletonQuality()
+    q = SkeletonQuality(sample_every=1)
     frame = window(persons=1)[:, 0] * np.array([1280, 720, 1], np.float32)[:, None, None]
     for _ in range(5):
         q.add("cam1", frame)            # push mode: (3, V, M)
@@ -64,7 +64,7 @@ def test_pixel_coordinates_are_out_of_frame_and_frames_count_alike():
 
 
 def test_a_window_counts_its_newest_frame():
-    q = SkeletonQuality()
+    q = SkeletonQuality(sample_every=1)
     w = window()
     w[:, :-1] = 0.0                     # empty but for the newest frame
     q.add("cam1", w)
@@ -76,7 +76,7 @@ def test_a_window_counts_its_newest_frame():
 
 
 def test_silent_and_blocked_cameras():
-    q = SkeletonQuality()
+    q = SkeletonQuality(sample_every=1)
     q.refused("busy-cam", busy=True, known=True)
     records = q.drain(["quiet-cam", "busy-cam"])
     by = {r["camera"]: r for r in records}
@@ -84,3 +84,22 @@ def test_silent_and_blocked_cameras():
     assert by["busy-cam"]["blocked"] and by["busy-cam"]["refused_busy"] == 1
     assert by["quiet-cam"]["usable"] is None
 
+
+
+def test_the_shares_are_of_every_4th_frame_and_the_counts_stay_exact():
+    """The request path copies every SAMPLE_EVERY-th frame (the interval's first included):
+    the shares are of those, `frames` and `blocked` count every frame."""
+    assert SAMPLE_EVERY == 4
+    q = SkeletonQuality()
+    w = window()
+    sampled = w[:, 0].copy()
+    sampled[2] = 0.0                    # the 1st, 5th, 9th...: nobody in them
+    for t in range(40):
+        q.add("cam1", sampled if t % SAMPLE_EVERY == 0 else w[:, t % 30])
+    q.refused("cam1", busy=True, known=True)
+    record = one(q)
+    assert record["frames"] == 40 and record["sent"] == 41
+    assert record["no_person"] == 1.0   # the other 30 frames, never copied, all had a person
+    assert record["blocked"] is False and record["refused_busy"] == 1
+    q.add("cam1", w[:, 0])              # a new interval: its first frame is sampled
+    assert one(q)["no_person"] == 0.0

@@ -4,6 +4,7 @@ clock, lane, activity; the `max_cameras` table, whose slots are shared by peer (
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +97,7 @@ class Sent:
     window: np.ndarray | None = None      # the window to predict on, when one was due
     reply: list[bytes] | None = None      # the final answer, once there is one
     job: Job | None = None                # the prediction queued or running
-    waiting: list[bytes] = field(default_factory=list)
+    waiting: Sequence[bytes] = ()         # replaced whole, never appended to: no list made
 
 
 @dataclass

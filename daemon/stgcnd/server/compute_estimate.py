@@ -43,6 +43,8 @@ class ComputeEstimate:
         self.buckets = tuple(buckets)
         self._recent = {b: deque([float(warmed_ms[b])], maxlen=RECENT)
                         for b in self.buckets if b in warmed_ms}
+        # Each bucket's lower median, made when a batch is learnt: read once a batch.
+        self._ms = {b: float(warmed_ms[b]) for b in self._recent}
         self._refusing: dict[int, _Refusing] = {}
         self.probes = 0
 
@@ -53,10 +55,7 @@ class ComputeEstimate:
     def ms(self, bucket: int) -> float:
         """The bucket's estimate: the lower median of its recent batches (0: never measured,
         so nothing is refused by it)."""
-        recent = self._recent.get(bucket)
-        if not recent:
-            return 0.0
-        return sorted(recent)[(len(recent) - 1) // 2]
+        return self._ms.get(bucket, 0.0)
 
     def as_dict(self) -> dict[int, float]:
         return {b: self.ms(b) for b in self._recent}
@@ -79,9 +78,13 @@ class ComputeEstimate:
 
     def learn(self, bucket: int, compute_ms: float, probe: bool = False) -> None:
         """A batch of this bucket finished, taking compute_ms."""
-        self._refusing.pop(bucket, None)
-        recent = self._recent.setdefault(bucket, deque(maxlen=RECENT))
+        if self._refusing:
+            self._refusing.pop(bucket, None)
+        recent = self._recent.get(bucket)
+        if recent is None:
+            recent = self._recent[bucket] = deque(maxlen=RECENT)
         if probe:
             self.probes += 1
             recent.clear()
         recent.append(float(compute_ms))
+        self._ms[bucket] = sorted(recent)[(len(recent) - 1) // 2]

@@ -108,6 +108,9 @@ class Executor:
         self.scheduler = scheduler
         self.runner = runner
         self.buckets = runner.buckets
+        self._max_batch = runner.max_batch
+        # Batch size -> its bucket, looked up twice a batch (runner.bucket_for walks them).
+        self._bucket_of = {n: runner.bucket_for(n) for n in range(1, self._max_batch + 1)}
         self.estimate = ComputeEstimate(runner.buckets, runner.compute_ms)
         self.wall_s = {b: ms / 1e3 for b, ms in runner.wall_ms.items()}
         self.busy_since: float | None = None
@@ -116,7 +119,7 @@ class Executor:
         self.windows = 0
         self.next_look: float | None = None
         self._attached = False
-        self._closed = False
+        self.alive = True   # False once closed (an attribute: the loop reads it every pass)
         self._jobs: list[Job] | None = None    # the batch in flight
         self._bucket = 0
         self._started = 0.0                    # monotonic, when it was launched
@@ -145,10 +148,6 @@ class Executor:
 
     # -- what the server asks --------------------------------------------------------------
     @property
-    def alive(self) -> bool:
-        return not self._closed
-
-    @property
     def compute_ms(self) -> dict[int, float]:
         """bucket -> the compute estimate (ms) that `expired` is judged by."""
         return self.estimate.as_dict()
@@ -159,9 +158,9 @@ class Executor:
 
     def close(self) -> None:
         """Free the runner (waiting for a batch still running); idempotent."""
-        if self._closed:
+        if not self.alive:
             return
-        self._closed = True
+        self.alive = False
         if self._jobs is not None:
             self.runner.wait()
             self._jobs = None
@@ -169,14 +168,14 @@ class Executor:
 
     def close_quietly(self) -> None:
         """Out of service without touching the runner (the device may be unusable)."""
-        self._closed = True
+        self.alive = False
 
     def abandon(self, exc: BaseException, queued: Sequence[Job] = ()) -> list[Reply]:
         """After an error outside any batch (the daemon is then stopping): error replies for
         the batch in flight and `queued` (what the model's scheduler still held, when no
         other executor of the model is left). The runner is not closed: the device may be
         unusable."""
-        self._closed = True
+        self.alive = False
         jobs, self._jobs = [*(self._jobs or []), *queued], None
         self.busy_since = None
         message = (f"the executor failed ({type(exc).__name__}: {exc}); the daemon is "
@@ -189,21 +188,22 @@ class Executor:
         replies to send and when to look again (monotonic seconds; None: not before new
         work arrives or the runner wakes the loop)."""
         replies: list[Reply] = []
-        if self._closed:
+        if not self.alive:
             return replies, None
         if not self._attached:
             self.runner.attach()
             self._attached = True
+        scheduler = self.scheduler
         while True:
             if self._jobs is not None:
                 if not self._finish_if_done(now, replies):
                     return replies, self.next_look
                 now = time.monotonic()
-            if not self.scheduler.pending and not self.scheduler.closed:
+            if not scheduler.pending and not scheduler.closed:
                 return replies, None  # the common case after a batch: nothing more queued
             if not self.runner.can_launch():
                 return replies, now + BLOCKED_RETRY_S
-            jobs, wait_until = self.scheduler.take(self.runner.max_batch, now)
+            jobs, wait_until = scheduler.take(self._max_batch, now)
             if jobs is None:  # closed and drained
                 self.close()
                 return replies, None
@@ -224,10 +224,13 @@ class Executor:
             return [error_reply(j, ErrorCode.SHUTTING_DOWN, message, "shutting-down")
                     for j in jobs], []
         self._probe = False
-        bucket = self.runner.bucket_for(len(jobs))  # the estimate's buckets are the runner's
+        bucket = self._bucket_of[len(jobs)]  # the estimate's buckets are the runner's
         estimate_ms = self.estimate.ms(bucket)
         eta = now + estimate_ms / 1e3
-        if all(j.deadline is None or eta <= j.deadline for j in jobs):
+        for j in jobs:  # a loop, not all(generator): no call per job on the common path
+            if j.deadline is not None and eta > j.deadline:
+                break
+        else:
             return [], jobs  # every job can make it: the common case
         if self.estimate.probe_due(bucket, now):
             # The estimate has refused this bucket for a while and learnt nothing since:
@@ -250,14 +253,18 @@ class Executor:
     def _launch(self, jobs: list[Job], now: float, replies: list[Reply]) -> None:
         self.busy_since = now
         try:
-            self.runner.launch([j.window for j in jobs], [j.lane for j in jobs])
+            if len(jobs) == 1:  # the common batch at low load: no list comprehensions
+                job = jobs[0]
+                self.runner.launch([job.window], [job.lane])
+            else:
+                self.runner.launch([j.window for j in jobs], [j.lane for j in jobs])
         except Exception as exc:
             self.busy_since = None
             replies.extend(self._failed(jobs, exc))
             return
         self._jobs = jobs
         self._started = now
-        self._bucket = bucket = self.runner.bucket_for(len(jobs))
+        self._bucket = bucket = self._bucket_of[len(jobs)]
         self._looks = 0
         self.next_look = now + self.wall_s.get(bucket, 0.0) if not self.runner.blocking else None
 
@@ -280,7 +287,8 @@ class Executor:
             replies.extend(self._failed(jobs, exc))
         else:
             t = runner.last_timings
-            compute_ms = float(t.get("compute_ms", t.get("total_ms", 0.0)))
+            compute_ms = t.get("compute_ms")
+            compute_ms = float(t.get("total_ms", 0.0) if compute_ms is None else compute_ms)
             if not runner.blocking:  # else it wakes the loop when done
                 self._learn(now, compute_ms)
             replies.extend(self._finished(jobs, logits, compute_ms))
@@ -293,9 +301,9 @@ class Executor:
         """Keep the bucket's first look at about the 90th percentile of its finish times."""
         bucket = self._bucket
         est = self.wall_s.get(bucket, 0.0)
-        jumped = self._jumped.pop(bucket, None)
+        jumped = self._jumped.pop(bucket, None) if self._jumped else None
         if self._looks == 0:
-            pushed_by_ms = self._pushed_by_ms.get(bucket, 0.0)
+            pushed_by_ms = self._pushed_by_ms.get(bucket, 0.0) if self._pushed_by_ms else 0.0
             if jumped is not None and jumped[1] == est:
                 # The batch before jumped the look out, and this one was done at it: that one
                 # was an outlier (one slow batch under CPU contention), not a slower device.

@@ -32,10 +32,17 @@ class Incoming:
     user: str = ""               # CURVE: the sender's public key (ZAP User-Id); else ""
 
 
-def _origin(frame: zmq.Frame, loopback: dict[int, str] | None = None) -> tuple[int, str]:
+# Peer keys that follow from the address alone (an ipc client's pid, a remote IP), by address:
+# one dict lookup a request instead of peer_key's string work. Bounded: emptied when full.
+MAX_KNOWN_ADDRESSES = 4096
+
+
+def _origin(frame: zmq.Frame, loopback: dict[int, str] | None = None,
+            known: dict[str, str] | None = None) -> tuple[int, str]:
     """(fd, peer) of a received frame (`loopback`: the users of loopback tcp connections by
-    fd, Connections.loopback); libzmq knows neither for a connection whose address could not
-    be read when it was made (get raises): then (-1, "fd:-1")."""
+    fd, Connections.loopback; `known`: the address-only keys met so far); libzmq knows neither
+    for a connection whose address could not be read when it was made (get raises): then
+    (-1, "fd:-1")."""
     try:
         fd = int(frame.get(_SRCFD))
     except zmq.ZMQError:
@@ -44,7 +51,18 @@ def _origin(frame: zmq.Frame, loopback: dict[int, str] | None = None) -> tuple[i
         address = str(frame.get("Peer-Address"))
     except zmq.ZMQError:
         address = ""
-    return fd, peer_key(address, fd, loopback)
+    if known is None:
+        return fd, peer_key(address, fd, loopback)
+    peer = known.get(address)
+    if peer is None:
+        peer = peer_key(address, fd, loopback)
+        # Only the keys made of the address (not of the fd, nor of the loopback's table).
+        if peer == f"ip:{address}" or (address.startswith("localhost:")
+                                       and peer.startswith("pid:")):
+            if len(known) >= MAX_KNOWN_ADDRESSES:
+                known.clear()
+            known[address] = peer  # neither the fd nor the loopback table changes it
+    return fd, peer
 
 
 def _user(frame: zmq.Frame) -> str:
@@ -80,19 +98,26 @@ class Receiver:
         self.discarded_frames = 0     # ever, for the stats reply
         self.oversized_messages = 0
         self.last_oversized_frames = 0  # frames of the latest oversized message, once dropped
+        self._known: dict[str, str] = {}  # address -> peer key, where the address alone says
 
-    def read(self) -> Incoming | None:
+    def read(self, waiting: bool = False) -> Incoming | None:
         """The next request, or None when none is waiting, or when this call went on
-        dropping the rest of an oversized message (call again on the next loop pass)."""
+        dropping the rest of an oversized message (call again on the next loop pass).
+        `waiting`: the loop's poll has just said one is (its own check is then skipped)."""
         if self.discarding:
             self._discard_some()
             return None
         # Is a message waiting (ZMQ_EVENTS)? zmq_poll answers at 1/3 the instructions of
-        # Socket.get(EVENTS), which makes a SocketOption enum in Python first (twice a request).
-        if not zmq_poll(self._waiting, 0):
-            return None
+        # Socket.get(EVENTS), which makes a SocketOption enum in Python first (twice a request),
+        # and at a third of a failed recv's (its exception); 1.5 us, two syscalls, so not asked
+        # again where the loop's poll just answered it.
         recv = self.router.recv
-        identity = recv(NOBLOCK, copy=False)
+        if not waiting and not zmq_poll(self._waiting, 0):
+            return None
+        try:
+            identity = recv(NOBLOCK, copy=False)
+        except zmq.Again:  # the poll's answer no longer holds (it always does: a guard)
+            return None
         frames: list[zmq.Frame] = []
         more = identity.more
         while more:
@@ -106,7 +131,7 @@ class Receiver:
             frame = recv(NOBLOCK, copy=False)
             frames.append(frame)
             more = frame.more
-        return Incoming(identity.bytes, frames, *_origin(identity, self.loopback),
+        return Incoming(identity.bytes, frames, *_origin(identity, self.loopback, self._known),
                         user=_user(identity) if self.users else "")
 
     def _discard_some(self) -> None:

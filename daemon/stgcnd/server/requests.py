@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -88,13 +88,14 @@ class RequestPath:
         self.receiver.users = True
 
     # -- reading ---------------------------------------------------------------------------
-    def read(self, limit: int = READ_BURST) -> bool:
+    def read(self, limit: int = READ_BURST, waiting: bool = False) -> bool:
         """Handle up to `limit` waiting requests (fewer while an oversized one is dropped);
-        True when none was left waiting."""
+        True when none was left waiting. `waiting`: the loop's poll said one is."""
         receiver = self.receiver
         emptied = False
         for _ in range(limit):
-            msg = receiver.read()
+            msg = receiver.read(waiting)
+            waiting = False
             if msg is None:
                 emptied = not receiver.discarding
                 break
@@ -165,7 +166,11 @@ class RequestPath:
                                     "create`)", req.id)
             if key is not None and not key.allows(req.camera):
                 raise ProtocolError(ErrorCode.FORBIDDEN, forbidden(key, req.camera), req.id)
-            self._dispatch(identity, req, received, msg.peer, key)
+            op = req.op
+            if op == "infer" or op == "push":  # nearly every request
+                self._stream(identity, req, received, msg.peer)
+            else:
+                self._control(identity, req, key)
         except ProtocolError as exc:  # refused before a push's frame reached any window
             self._reject(identity, exc, req, key, appended=False)
         except Exception as exc:  # a daemon bug: that camera's, never the loop's
@@ -206,8 +211,8 @@ class RequestPath:
                            named_camera=getattr(req, "camera", None), message=exc.message)
         self.send(identity, refusal(req_id, exc, False if pushed(req) else None))
 
-    def _dispatch(self, identity: bytes, req: Request, received: float, peer: str,
-                  key: ClientKey | None = None) -> None:
+    def _control(self, identity: bytes, req: Request, key: ClientKey | None) -> None:
+        """ping, hello, stats, reset: answered at once."""
         op = req.op
         if req.model is not None and op in ("ping", "hello", "stats"):
             # These answer for the whole daemon, but a name it does not serve is the
@@ -240,7 +245,10 @@ class RequestPath:
                     self.events.forget(cam.name, "reset")  # its clock starts over
                 cam.reset(names)
             self.send(identity, encode_reply(req.id, {"reset": names}))
-            return
+
+    def _stream(self, identity: bytes, req: Request, received: float, peer: str) -> None:
+        """An infer or push: admitted, then answered or queued (its frame kept, for a push)."""
+        op = req.op
         admitted = admit(req, peer, received, self.models, self.cameras)
         cam, model = admitted.camera, admitted.model
         if admitted.evicted is not None:
@@ -342,7 +350,7 @@ class RequestPath:
         this camera's (`fault`), answered `internal`, and the batch's other replies and the
         loop go on."""
         job = reply.job
-        waiting: list[bytes] = []
+        waiting: Sequence[bytes] = ()
         try:
             cam = self.cameras.cameras.get(job.camera)
             rec = None
@@ -350,7 +358,7 @@ class RequestPath:
                 cam.in_flight -= 1
                 rec = cam.sent.get((job.op, job.model))
                 if rec is not None and rec.job is job:
-                    rec.job, waiting, rec.waiting = None, rec.waiting, []
+                    rec.job, waiting, rec.waiting = None, rec.waiting, ()
                 else:
                     rec = None
             frames = self._settle(job, reply, cam, now)
@@ -358,7 +366,8 @@ class RequestPath:
                 rec.reply = frames  # a resend's answer: its prediction is in the events
         except Exception as exc:
             frames = self.fault(job.req_id, job.camera, exc, "prediction")
-        for identity in [job.identity, *waiting]:
+        self.send(job.identity, frames)
+        for identity in waiting:  # resends of it, answered alike
             self.send(identity, frames)
 
     def _settle(self, job: Job, reply: Reply, cam: CameraState | None, now: float
@@ -369,7 +378,7 @@ class RequestPath:
         frames = encode_reply(job.req_id, reply.result, error=reply.error)
         if cam is not None and reply.outcome == "ok" and not cam.served:
             self.cameras.mark_served(cam)  # its slot is out of invented ids' reach
-        self._record(job, reply)
+        self._record(job, reply, cam is not None)
         self.events.observe(reply, now)
         return frames
 
@@ -392,18 +401,21 @@ class RequestPath:
         return encode_reply(req_id, error=(ErrorCode.INTERNAL.value,
                                            f"internal error: {type(exc).__name__}: {exc}"))
 
-    def _record(self, job: Job, reply: Reply) -> None:
+    def _record(self, job: Job, reply: Reply, in_table: bool) -> None:
+        """Count and time a finished job; `in_table`: its camera is in the table (latency is
+        kept for those only: bounded)."""
         outcome = reply.outcome
-        if outcome == "expired":
-            self.counters["expired"] += 1
-        elif outcome != "ok":
-            self.counters["errors"] += 1
-            outcome = "error"
+        if outcome != "ok":
+            if outcome == "expired":
+                self.counters["expired"] += 1
+            else:
+                self.counters["errors"] += 1
+                outcome = "error"
         t = reply.timings
         total_ms = t.get("total_ms")
         if total_ms is None:
             total_ms = (time.monotonic() - job.received) * 1e3
-        if job.camera in self.cameras.cameras:  # bounded: only cameras in the table
+        if in_table:
             self.latency.record(job.camera, job.model, total_ms, outcome, t, LATENCY_STAGES)
         # Per request, at debug level only (`--log-level debug`): exact percentiles for
         # `stgcnd logs summarize`; free when the level filters it out.
@@ -421,6 +433,9 @@ class RequestPath:
             # is a loop over it): 7k instructions a reply instead of 11k. Only the first
             # frame can be refused (routing); once it is queued the rest always is.
             send_frame(router, identity, NOBLOCK_MORE)
+            if len(frames) == 1:  # every reply: one header frame
+                send_frame(router, frames[0], NOBLOCK)
+                return True
             last = len(frames) - 1
             for i, frame in enumerate(frames):
                 send_frame(router, frame, NOBLOCK if i == last else NOBLOCK_MORE)

@@ -39,12 +39,13 @@ class Scheduler:
         self.delay_s = max_queue_delay_us / 1e6
         self._queues: dict[str, deque[Job]] = {}
         self._ready: deque[str] = deque()   # cameras with queued work, in serving order
-        self._pending = 0
-        self._closed = False
+        # Plain attributes, not properties: the executor reads both every loop pass.
+        self.pending = 0       # jobs queued, over every camera
+        self.closed = False    # close(): refuse new work
 
     def submit(self, job: Job) -> bool:
         """Queue a job; False when its camera already has queue_size jobs waiting (busy)."""
-        if self._closed:
+        if self.closed:
             return False
         q = self._queues.get(job.camera)
         if q is None:
@@ -54,36 +55,28 @@ class Scheduler:
         if not q:
             self._ready.append(job.camera)
         q.append(job)
-        self._pending += 1
+        self.pending += 1
         return True
-
-    @property
-    def pending(self) -> int:
-        return self._pending
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def close(self) -> None:
         """Refuse new work; queued work is still handed out until none is left."""
-        self._closed = True
+        self.closed = True
 
     def drain(self) -> list[Job]:
         """Remove and return every queued job."""
         jobs = [j for q in self._queues.values() for j in q]
         self._queues.clear()
         self._ready.clear()
-        self._pending = 0
+        self.pending = 0
         return jobs
 
     def take(self, max_batch: int, now: float) -> tuple[list[Job] | None, float | None]:
         """(batch, None): run it now; ([], t): max_queue_delay_us says look again at t
         (monotonic) for a fuller batch; ([], None): nothing queued; (None, None): closed and
         empty, the executor should finish."""
-        if not self._pending:
-            return (None if self._closed else []), None
-        if self.delay_s and self._pending < max_batch and not self._closed:
+        if not self.pending:
+            return (None if self.closed else []), None
+        if self.delay_s and self.pending < max_batch and not self.closed:
             # Counted from the oldest job's arrival, never beyond it: a request's added
             # latency is bounded by the configured delay whatever the traffic.
             end = min(self._queues[c][0].received for c in self._ready) + self.delay_s
@@ -103,5 +96,5 @@ class Scheduler:
                 self._ready.append(camera)
             else:
                 del self._queues[camera]
-        self._pending -= len(batch)
+        self.pending -= len(batch)
         return batch

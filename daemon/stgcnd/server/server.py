@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 import zmq
+from zmq.backend import zmq_poll
 
 from stgcnd import __version__, cpupower
 from stgcnd.log import configure_logging, debug_enabled, get_logger, logging_config
@@ -33,7 +34,7 @@ from stgcnd.server.memory_policy import MemoryPolicy
 from stgcnd.server.models import ServedModel, load_models, load_upgrade
 from stgcnd.server.notify import Notifier
 from stgcnd.server.requests import RequestPath
-from stgcnd.server.transport import bind_router, make_router
+from stgcnd.server.transport import POLLIN, bind_router, make_router
 from stgcnd.server.upgrade import CHECK_EVERY_S as UPGRADE_CHECK_S
 from stgcnd.server.upgrade import CLOSE_WAIT_S as UPGRADE_CLOSE_WAIT_S
 from stgcnd.server.upgrade import Upgrades, describe_building
@@ -201,27 +202,41 @@ class Server:
         signal, then shutdown."""
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         router, requests, feed, wakeup = self._router, self.requests, self.events, self.wakeup
+        receiver, monotonic = requests.receiver, time.monotonic
         handlers = self._socket_handlers()
-        poller = zmq.Poller()
-        for sock in (*handlers, router):  # polled, and handled, in this order: requests last
-            poller.register(sock, zmq.POLLIN)
-        self._last_stats = time.monotonic()
+        # zmq_poll on a list made once (zmq.Poller.poll is a Python call in front of it);
+        # polled, and handled, in this order: requests last.
+        polled = [(sock, POLLIN) for sock in (*handlers, router)]
+        self._last_stats = monotonic()
         duties = Duties(self._duties(), self._guard, self._last_stats)
         timeout = LOOP_TICK_MS
-        guard = self._guard  # every step below runs through it: none can end the loop
+        guard = self._guard
+        # Every step below runs as _guard runs a duty (its try/except written out here, on
+        # the path of every request): none can end the loop.
         while not wakeup.stop.is_set():
-            reading = requests.discarding  # the rest of an oversized message, dropped
-            for sock, _ in poller.poll(timeout):
+            reading = receiver.discarding  # the rest of an oversized message, dropped
+            waiting = False  # a request is: the poll said so
+            for sock, _ in zmq_poll(polled, timeout):
                 if sock is router:
-                    reading = True
+                    reading = waiting = True
                 else:
                     handlers[sock]()
             if reading:
-                guard("requests", requests.read)
-            now = time.monotonic()
-            guard("events_beat", feed.beat, now)  # snapshots for new subscribers, the heartbeat
-            drove = guard("drive", self._drive, now)
-            timeout = 0 if requests.discarding else LOOP_TICK_MS if drove is None else drove
+                try:
+                    requests.read(waiting=waiting)
+                except Exception as exc:
+                    self._fault("requests", exc)
+            now = monotonic()
+            try:
+                feed.beat(now)  # snapshots for new subscribers, the heartbeat
+            except Exception as exc:
+                self._fault("events_beat", exc)
+            try:
+                drove = self._drive(now)
+            except Exception as exc:
+                self._fault("drive", exc)
+                drove = LOOP_TICK_MS
+            timeout = 0 if receiver.discarding else drove
             if wakeup.reload.is_set():
                 wakeup.reload.clear()
                 guard("reload", self._begin_reload)
@@ -284,10 +299,14 @@ class Server:
         try:
             return work(*args)
         except Exception as exc:
-            self._faults.report(duty, event="loop_duty_failed", fault=True,
-                                error=f"{type(exc).__name__}: {exc}",
-                                traceback=traceback.format_exc(limit=8))
+            self._fault(duty, exc)
             return None
+
+    def _fault(self, duty: str, exc: Exception) -> None:
+        """A duty's failure, said as _guard says it (called in its except block)."""
+        self._faults.report(duty, event="loop_duty_failed", fault=True,
+                            error=f"{type(exc).__name__}: {exc}",
+                            traceback=traceback.format_exc(limit=8))
 
     def _drive(self, now: float) -> int:
         """Turn every executor (finish done batches, launch queued work), send their
@@ -296,7 +315,7 @@ class Server:
         next_look: float | None = None
         for model in (*self.models.values(), *self.retiring):
             for ex in model.executors:
-                if not ex.alive:
+                if not ex.alive:  # an attribute: read every pass
                     continue
                 try:
                     replies, look = ex.drive(now)
@@ -317,7 +336,8 @@ class Server:
                     next_look = look
         timer = self._timer
         if next_look is None:
-            timer.disarm()
+            if timer.armed_at is not None:  # the common case, idle between requests: no call
+                timer.disarm()
             return LOOP_TICK_MS
         if timer.fd is not None:
             timer.arm(next_look)

@@ -100,20 +100,26 @@ class LogHistogram:
         self.fold()
         wanted = sorted((p, i) for i, p in enumerate(percents))
         out: list[float | None] = [None] * len(wanted)
-        if self._count == 0:
+        if self._count == 0 or not wanted:
             return out
         ranks = [(math.floor(p / 100 * (self._count - 1)), i) for p, i in wanted]
         seen = 0
         pos = 0
-        for index in sorted(self._buckets):
-            seen += self._buckets[index]
-            while pos < len(ranks) and ranks[pos][0] < seen:
+        wanted_n = len(ranks)  # the loop below runs once per bucket: ~1,400 a histogram
+        buckets = self._buckets
+        next_rank = ranks[0][0]
+        for index in sorted(buckets):
+            seen += buckets[index]
+            if next_rank >= seen:
+                continue
+            while pos < wanted_n and ranks[pos][0] < seen:
                 value = 2 * self.gamma**index / (self.gamma + 1)
                 # The exact extremes are known; never report beyond them.
                 out[ranks[pos][1]] = min(max(value, self._min), self._max)
                 pos += 1
-            if pos == len(ranks):
+            if pos == wanted_n:
                 break
+            next_rank = ranks[pos][0]
         return out
 
 

@@ -1,8 +1,8 @@
 """Per-camera skeleton quality: whether a camera's poses are any good, not only how fast the
 daemon answers them. Each stats interval gives one `skeleton_quality` record per camera and
 a warning when `usable` falls below the floor. On the request path a frame is only copied
-into its camera's batch; the counting runs a batch at a time, since per frame it cost a
-measurable share of the daemon's CPU (docs/performance.md).
+into its camera's batch, and only every SAMPLE_EVERY-th of them; the counting runs a batch at
+a time, since per frame it cost a measurable share of the daemon's CPU (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -14,6 +14,12 @@ import numpy as np
 
 Record = Dict[str, Union[str, int, float, bool, None]]
 BATCH = 64  # frames a camera's batch holds before it is reduced: 25 KB a camera for M=1
+# The shares (no_person, visibility, low_visibility, out_of_frame) are of every 4th frame a
+# camera sends in an interval, its first included: a camera at 25 Hz gives 63 samples in 10 s,
+# and a quality floor or a feed state judged on shares needs no exact count, where the copy
+# of every frame was a few microseconds of every request (issue #44). The counts (`frames`,
+# `sent`, `refused_*`, and with them `silent` and `blocked`) stay exact.
+SAMPLE_EVERY = 4
 # Camera ids without a slot whose refusals are counted, per interval: ids invented cost
 # nothing, and a camera refused from its first frame (NaN) is still told of (feed health).
 MAX_STRANGERS = 64
@@ -21,7 +27,8 @@ MAX_STRANGERS = 64
 
 @dataclass
 class _Counts:
-    frames: int = 0
+    seen: int = 0            # frames and windows counted (exact); every SAMPLE_EVERY-th reduced
+    frames: int = 0          # frames reduced (sampled): the shares' denominator
     empty: int = 0
     joints: int = 0          # joints of present persons
     vis_sum: float = 0.0
@@ -53,7 +60,8 @@ class _Counts:
         self.outside += int(np.count_nonzero((x < 0) | (x > 1) | (y < 0) | (y > 1)))
 
 
-# - `frames`: frames counted, and `no_person`: the share with every person slot empty;
+# - `frames`: frames counted (exact), and `no_person`: the share with every person slot empty
+#   (this and the shares below: of the frames sampled, SAMPLE_EVERY);
 # - `visibility`: mean visibility of the joints of present persons, and `low_visibility`: the
 #   share of those joints below the threshold;
 # - `out_of_frame`: the share of visible joints with x or y outside 0..1 (the protocol's
@@ -66,8 +74,10 @@ class _Counts:
 # Whether a camera's `usable` is low (`skeleton_quality_low`, `_recovered`) is judged with the
 # feed's health, under its hysteresis (server/feed_health.py).
 class SkeletonQuality:
-    def __init__(self, visibility_threshold: float = 0.5) -> None:
+    def __init__(self, visibility_threshold: float = 0.5,
+                 sample_every: int = SAMPLE_EVERY) -> None:
         self.threshold = visibility_threshold
+        self.sample_every = sample_every  # 1: every frame (tests of exact shares)
         self._counts: dict[str, _Counts] = {}
         self._strangers = 0  # cameras without a slot counted this interval
 
@@ -78,6 +88,9 @@ class SkeletonQuality:
         if c is None:
             c = self._counts[camera] = _Counts()
         c.sent += 1
+        c.seen += 1
+        if (c.seen - 1) % self.sample_every:  # the 1st, (1 + N)th, ...: see SAMPLE_EVERY
+            return
         frame = x[:, -1] if x.ndim == 4 else x
         if c.batch is None or c.batch.shape[1:] != frame.shape:
             c.reduce(self.threshold)  # another model's shape: what is held goes first
@@ -126,9 +139,9 @@ def _record(camera: str, c: _Counts) -> Record:
     if no_person is not None:
         usable = round((1.0 - no_person) * (1.0 - (low if low is not None else 1.0)), 4)
     sent = c.sent
-    return {"camera": camera, "frames": c.frames, "no_person": no_person,
+    return {"camera": camera, "frames": c.seen, "no_person": no_person,
             "visibility": round(c.vis_sum / c.joints, 4) if c.joints else None,
             "low_visibility": low,
             "out_of_frame": _share(c.outside, c.joints - c.low),
             "usable": usable, "sent": sent, "refused_input": c.refused, "refused_busy": c.busy,
-            "silent": sent == 0, "blocked": c.frames == 0 and c.busy > 0}
+            "silent": sent == 0, "blocked": c.seen == 0 and c.busy > 0}
