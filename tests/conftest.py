@@ -4,6 +4,16 @@ running several `stgcnd` commands side by side; a `stgcnd` command in the test's
 
 from __future__ import annotations
 
+import os
+
+# One thread for the math libraries of the test process and of everything it starts (daemons,
+# child builds, peers), set before numpy or torch loads: the tests' tensors are small, and
+# OpenMP's and OpenBLAS's worker threads spin while they wait, which on a shared 2-core CPU
+# cost the fast tier about 3x the CPU (tests/model: 26.6 s -> 8.2 s) and as much wall time.
+# A test about threads sets them itself (`threads = N`); set these to measure otherwise.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
 import subprocess
 import sys
 import warnings
