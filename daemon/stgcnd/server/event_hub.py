@@ -4,8 +4,11 @@ besides the log (server/event_publisher.py: the subscriber socket, heartbeats, s
 MQTT). The request path tells it of each infer or push once, where it is decided (`frame` or
 `refused`), and of each prediction (`observe`); the loop calls it every pass (`read`, `beat`),
 sweep (`expire_silent`) and stats tick (`tick`); a camera reset, evicted, idle or met by a
-fault is `forget`. The rules load only where a model has [models.events], the publisher only
-where events_endpoint or [events.mqtt] is set: a daemon without events loads neither.
+fault is `forget`. A camera's first request to a model, where the rules are loaded, is
+announced to the publisher's sinks (the classes the model watches for it, its feed's state):
+an MQTT sink makes its retained topics at once, before any event. The rules load only where
+a model has [models.events], the publisher only where events_endpoint or [events.mqtt] is
+set: a daemon without events loads neither.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from stgcnd.server.config import Config, EventsConfig, ServerConfig
 from stgcnd.server.connections import Connections
 from stgcnd.server.curve_policy import KeyHandler
 from stgcnd.server.executor import Reply
-from stgcnd.server.feed_health import FeedHealth, Gate
+from stgcnd.server.feed_health import OK, FeedHealth, Gate
 from stgcnd.server.models import ServedModel
 from stgcnd.telemetry.skeleton_quality import SkeletonQuality
 
@@ -49,6 +52,7 @@ class Rules(Protocol):
     def forget(self, camera: str, now: float, wall: float, reason: str) -> list[Event]: ...
     def close_all(self, now: float, wall: float, reason: str) -> list[Event]: ...
     def snapshot(self, wall: float) -> list[Event]: ...
+    def classes(self, camera: str, model: str) -> list[str]: ...
 
 
 class Outlet(Protocol):
@@ -65,6 +69,7 @@ class Outlet(Protocol):
     def drop_revoked(self) -> None: ...
     def tidy(self, now: float) -> None: ...
     def send(self, message: Mapping[str, object]) -> None: ...
+    def announce(self, camera: str, classes: list[str], feed: str) -> None: ...
     def close(self) -> None: ...
     def stats(self) -> dict[str, object]: ...
 
@@ -81,6 +86,9 @@ class EventHub:
         if s.events_endpoint or config.events.mqtt is not None:  # restart keys: known now
             from stgcnd.server.event_publisher import Publisher
             self.publisher = Publisher(ctx, config, curve, cap)
+        # Camera -> the models it was announced with (`observe`); a forgotten camera, and
+        # every one after a reload (its watched classes may change), is announced again.
+        self._announced: dict[str, set[str]] = {}
         self.run = os.urandom(8).hex()  # a restart is a new run: its seq starts again at 1
         self._seq = 0
         # Per request, the quality's own methods: no call of the hub's in between.
@@ -111,18 +119,31 @@ class EventHub:
             self.rules = Events()
         gate = Gate(server.visibility_threshold, server.feed_enter)
         self.emit(self.rules.configure(watched, time.monotonic(), time.time(), gate))
+        self._announced.clear()
 
     def observe(self, reply: Reply, now: float) -> None:
         """A finished job: its prediction judged by the rules of its model, if watched."""
-        if self.rules is None or reply.result is None:
+        if self.rules is None:
             return
         job = reply.job
+        if self.publisher is not None and job.model not in self._announced.get(job.camera, ()):
+            self._announce(job.camera, job.model)
+        if reply.result is None:
+            return
         self.emit(self.rules.observe_window(job.camera, job.model, reply.result["probs"], now,
                                             time.time(), job.window, job.ts))
+
+    def _announce(self, camera: str, model: str) -> None:
+        """`camera`'s first request to `model` (this run, since it was last forgotten)."""
+        assert self.rules is not None and self.publisher is not None
+        self._announced.setdefault(camera, set()).add(model)
+        feed = self.health.states().get(camera, {}).get("state", OK)
+        self.publisher.announce(camera, self.rules.classes(camera, model), str(feed))
 
     def forget(self, camera: str, reason: str) -> int:
         """`camera` reset, evicted, idle or met by a fault (`reason`): its open events end
         and its tracks go; how many ended."""
+        self._announced.pop(camera, None)
         if self.rules is None:
             return 0
         ended = self.rules.forget(camera, time.monotonic(), time.time(), reason)

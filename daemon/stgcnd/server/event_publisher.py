@@ -51,6 +51,7 @@ class Sink(Protocol):
     """Where the feed's messages go besides the XPUB socket (server/mqtt_sink.py)."""
 
     def send(self, message: Mapping[str, object]) -> None: ...
+    def announce(self, camera: str, classes: list[str], feed: str) -> None: ...
     def stats(self) -> dict[str, object]: ...
     def close(self) -> None: ...
 
@@ -256,6 +257,12 @@ class Publisher:
         if kind not in ("heartbeat", "snapshot") and message.get("reason") != RESTART_REASON:
             for sink in self.sinks.values():
                 sink.send(message)
+
+    def announce(self, camera: str, classes: list[str], feed: str) -> None:
+        """A camera's first request: the sinks' retained topics of it made at once, before
+        any event (`classes`: those its models watch; `feed`: its feed's state)."""
+        for sink in self.sinks.values():
+            sink.announce(camera, classes, feed)
 
     def _keep(self, message: Mapping[str, object]) -> None:
         """The open events on disk: a start's message added, an end's removed (written at

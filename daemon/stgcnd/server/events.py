@@ -202,6 +202,13 @@ class Events:
         self.configs = dict(models)
         return ended
 
+    def classes(self, camera: str, model: str) -> list[str]:
+        """The labels of the classes `camera` has rules for under `model` (none: unwatched)."""
+        if model not in self.configs:
+            return []
+        config, labels = self.configs[model]
+        return [labels[i] for i in rules_for(config, labels, camera)]
+
     def observe(self, camera: str, model: str, probs: Sequence[float], now: float,
                 wall: float, usable: float = 1.0, heard: float | None = None,
                 framed: bool = True, lead: int = 0) -> list[Event]:

@@ -6,13 +6,17 @@ open then, for ever. At a connection without a session (every start, and a broke
 the session) the sink reads those states back and hands them here: every event open in one
 that is not open in this run gets an `end` (reason `daemon-restart`) and its camera's state
 is cleared; a camera not heard of for `forget_after_s` has its state removed. The plain
-topics made from a state (server/mqtt_topics.py: class ON/OFF, feed, discovery) follow it.
+topics made from a state (server/mqtt_topics.py: class ON/OFF, feed, discovery) follow it,
+with the class topics the broker keeps of the camera (`with_class_topics`): a state written
+after the daemon forgot the camera may lack older classes whose topics are still retained.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Dict
+
+from stgcnd.server.mqtt_topics import classes_of
 
 RESTART_REASON = "daemon-restart"
 
@@ -29,6 +33,26 @@ def said_at(message: object) -> float | None:
     """A message's `at`, where it has one."""
     at = message.get("at") if isinstance(message, dict) else None
     return float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None
+
+
+def heard_of(state: Mapping[str, object]) -> float | None:
+    """When the camera of `state` was last heard of: its last message's `at`, or when it was
+    announced (`seen`: its first request, before any message), the later."""
+    times = [t for t in (said_at(state.get("last")), said_at({"at": state.get("seen")}))
+             if t is not None]
+    return max(times) if times else None
+
+
+def with_class_topics(retained: Mapping[str, State], class_topics: Mapping[str, set[str]]
+                      ) -> dict[str, State]:
+    """`retained` (state topic -> state) with each state's `classes` grown by the classes
+    whose topics the broker keeps under the camera (`class_topics`: state topic -> names)."""
+    out = dict(retained)
+    for topic, names in class_topics.items():
+        state = out.get(topic)
+        if state is not None and not names <= set(classes_of(state)):
+            out[topic] = {**state, "classes": sorted({*classes_of(state), *names})}
+    return out
 
 
 def last_heard(states: Mapping[str, State]) -> dict[str, float]:
@@ -78,7 +102,7 @@ def reconcile(retained: Mapping[str, State], open_now: Mapping[str, set[str]],
             last = end
         if topic in current:
             continue  # this run's state of the camera goes again anyway
-        heard_at = said_at(state.get("last"))
+        heard_at = heard_of(state)
         if forget_after_s and heard_at is not None and now - heard_at > forget_after_s:
             states[topic] = None
         elif stale:

@@ -7,11 +7,16 @@ whether the daemon runs to PREFIX/status, retained: `online` after connecting, `
 clean stop and, as the will the broker sends when the connection is lost, at a crash.
 After each state, the plain topics made from it (server/mqtt_topics.py: PREFIX/CAMERA/class/
 CLASS ON/OFF, PREFIX/CAMERA/feed, Home Assistant's discovery configs), those that changed.
+A camera's first request (`announce`, from server/event_hub.py) makes its state before any
+message: every class its models watch (OFF) and its feed's state, so that a site has every
+entity at once.
 
 At every start and every connection without a session (a broker that lost it) the pump waits
-while the sink reads back the retained states (server/mqtt_retained.py ends what a crashed run
-left open and removes cameras long gone), then every state of this run goes again: what the
-broker retains is true again within a round trip of connecting.
+while the sink reads back the retained states, class topics and this node's discovery configs
+(server/mqtt_retained.py ends what a crashed run left open and removes cameras long gone,
+with every class topic the broker keeps of them; discovery off withdraws the configs an
+earlier run published), then every state of this run goes again: what the broker retains is
+true again within a round trip of connecting.
 
 Nothing here waits on the broker in the I/O loop: `send` encodes, appends to a bounded buffer
 and notifies. A pump thread hands the buffer to paho only while connected and at most
@@ -40,8 +45,8 @@ from stgcnd.errors import UserError
 from stgcnd.log import get_logger
 from stgcnd.server.config import MqttConfig
 from stgcnd.server.mqtt_errors import REASONS, why_dropped, why_failed, why_refused
-from stgcnd.server.mqtt_retained import State, reconcile, said_at
-from stgcnd.server.mqtt_topics import Discovery, classes_of, plain_topics, topic_level
+from stgcnd.server.mqtt_retained import State, heard_of, reconcile, with_class_topics
+from stgcnd.server.mqtt_topics import Discovery, classes_of, level_name, plain_topics, topic_level
 from stgcnd.threadname import name_os_thread
 
 log = get_logger(__name__)
@@ -81,6 +86,8 @@ class MqttSink:
         self._syncing = self._synced = self._ever_synced = False
         self._sync_began, self._sync_mid = 0.0, -1
         self._retained: dict[str, State] = {}
+        self._retained_classes: dict[str, set[str]] = {}  # state topic -> its class topics'
+        self._retained_configs: set[str] = set()  # this node's discovery configs
         # The plain topics (server/mqtt_topics.py) to hand over, retained, and those handed
         # over this connection by state topic: only what changed goes (all after a sync).
         self._plain: collections.deque[tuple[str, bytes]] = collections.deque()
@@ -98,6 +105,9 @@ class MqttSink:
         # A camera gone has its discovery configs removed even where discovery is now off.
         self._any_discovery = Discovery(config.discovery_prefix, client_id, self.status_topic)
         self._discovery = self._any_discovery if config.discovery else None
+        # What a sync reads back (the states first: without them nothing can be made true).
+        self._sync_filters = [f"{self.prefix}/+/state", f"{self.prefix}/+/class/+",
+                              self._any_discovery.filter, self.status_topic]
         client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311,
                              client_id=client_id, clean_session=False)  # a session kept
         client.max_inflight_messages_set(IN_FLIGHT)
@@ -155,13 +165,33 @@ class MqttSink:
             if self._connected and self._in_flight < IN_FLIGHT:  # else the pump can't send
                 self._cond.notify()
 
+    def announce(self, camera: str, classes: list[str], feed: str) -> None:
+        """`camera` made its first request (the I/O loop; server/event_hub.py): its state
+        gets `classes` (the ones its models watch: their topics say OFF until an event)
+        and, where it has none yet, `feed` (the state its feed's health holds), at once,
+        with `seen` (now) for the forgetting. A camera known with these already: nothing."""
+        topic = f"{self.prefix}/{topic_level(camera)}/state"
+        with self._cond:
+            before = self._latest.get(topic)
+            known = classes_of(before) if before is not None else []
+            merged = sorted({*known, *classes})
+            if before is not None and merged == known and before.get("feed") is not None:
+                return
+            state: State = {"camera": camera, "open": [], "last": None, **(before or {}),
+                            "classes": merged, "seen": round(time.time(), 3)}
+            if state.get("feed") is None:
+                state["feed"] = feed
+            self._states[topic] = self._latest[topic] = state
+            if self._connected and self._in_flight < IN_FLIGHT:
+                self._cond.notify()
+
     def _forget_gone(self, now: float) -> None:
         """(Lock held.) The states of cameras quiet for forget_after_s with nothing open leave
         memory, so that camera ids that come and go cost nothing for ever (the broker keeps
         their retained state until a sync finds it that old)."""
         self._next_forget = now + FORGET_CHECK_S
         for topic, state in list(self._latest.items()):
-            heard = said_at(state["last"])
+            heard = heard_of(state)
             if not state["open"] and heard is not None and now - heard > self._forget_s:
                 del self._latest[topic]
                 self._published.pop(topic, None)
@@ -187,9 +217,12 @@ class MqttSink:
         assert isinstance(classes, list)
         if kind in ("start", "end") and isinstance(cls, str) and cls not in classes:
             classes = sorted([*classes, cls])
-        return {"camera": camera, "open": list(events.values()), "last": body,
-                "classes": classes,
-                "feed": body.get("state") if kind == "feed" else before.get("feed")}
+        state: State = {"camera": camera, "open": list(events.values()), "last": body,
+                        "classes": classes,
+                        "feed": body.get("state") if kind == "feed" else before.get("feed")}
+        if "seen" in before:  # announced: kept for the forgetting (mqtt_retained.heard_of)
+            state["seen"] = before["seen"]
+        return state
 
     def stats(self) -> dict[str, object]:
         with self._cond:
@@ -294,13 +327,13 @@ class MqttSink:
             self._connected, self._warned = True, False
             self._synced, self._syncing = not sync, sync
             self._sync_began, self._retained = time.monotonic(), {}
+            self._retained_classes, self._retained_configs = {}, set()
             self.counts["connects"] += 1
             self._cond.notify_all()
         log.info("mqtt_connected", session_present=flags.session_present,
                  buffered=len(self._buffer), in_flight=self._in_flight)
         if sync:  # the retained states come after the SUBACK, before what is published after
-            self._sync_mid = client.subscribe(
-                [(f"{self.prefix}/+/state", 1), (self.status_topic, 1)])[1] or -1
+            self._sync_mid = client.subscribe([(f, 1) for f in self._sync_filters])[1] or -1
         else:
             self._publish_status(ONLINE)
 
@@ -310,13 +343,16 @@ class MqttSink:
         if mid != self._sync_mid:
             return
         self._publish_status(ONLINE)  # its echo comes after the retained states
-        refused = [str(r) for r in reasons if r.is_failure]
-        if refused:  # an ACL: nothing comes back, and nothing can be made true
-            log.warning("mqtt_retained_unread", reason=", ".join(refused),
-                        action=f"allow this client to subscribe to {self.prefix}/+/state and "
-                               f"{self.status_topic}, or a crashed run's open events stay "
-                               "retained as open")
-            self._end_sync()
+        refused = {f: str(r) for f, r in zip(self._sync_filters, reasons) if r.is_failure}
+        if refused:  # an ACL: what it keeps from coming back cannot be made true
+            log.warning("mqtt_retained_unread",
+                        reason=", ".join(f"{f}: {r}" for f, r in refused.items()),
+                        action="allow this client to subscribe to " +
+                               ", ".join(self._sync_filters) + ", or a crashed run's open "
+                               "events stay retained as open, a camera gone may keep class "
+                               "topics, discovery turned off may leave its configs")
+        if self._sync_filters[0] in refused or self.status_topic in refused:
+            self._end_sync()  # no states (or no `online` echo to end the sync): go on
 
     def _on_message(self, client: mqtt.Client, userdata: object,
                     msg: mqtt.MQTTMessage) -> None:
@@ -326,11 +362,25 @@ class MqttSink:
             if not msg.retain and msg.payload == ONLINE:  # ours: every retained one came
                 self._end_sync()
             return
+        if not (msg.retain and msg.payload):
+            return
+        if self._any_discovery.is_mine(msg.topic):
+            with self._cond:
+                self._retained_configs.add(msg.topic)
+            return
+        # PREFIX/LEVEL/state or PREFIX/LEVEL/class/CLASS (a level never holds a /)
+        parts = msg.topic[len(self.prefix) + 1:].split("/")
+        state_topic = f"{self.prefix}/{parts[0]}/state"
+        if len(parts) == 3 and parts[1] == "class":
+            with self._cond:
+                self._retained_classes.setdefault(state_topic, set()).add(
+                    level_name(parts[2]))
+            return
         try:
-            state = json.loads(msg.payload) if msg.retain and msg.payload else None
+            state = json.loads(msg.payload)
         except ValueError:
             return  # not a state this daemon wrote: left alone
-        if isinstance(state, dict):
+        if isinstance(state, dict) and len(parts) == 2:
             with self._cond:
                 self._retained[msg.topic] = state
 
@@ -344,6 +394,9 @@ class MqttSink:
             open_now = {topic: {str(e["id"]) for e in state["open"] if isinstance(e, dict)}
                         for topic, state in self._latest.items()
                         if isinstance(state["open"], list)}
+            # A state written after this daemon forgot the camera may lack classes whose
+            # topics the broker keeps: the class topics read back count as its classes.
+            self._retained = with_class_topics(self._retained, self._retained_classes)
             ends, states = reconcile(self._retained, open_now, set(self._latest), now,
                                      self._forget_s)
             for topic, state in self._latest.items():  # a crashed run's classes go OFF
@@ -351,10 +404,15 @@ class MqttSink:
                 classes = sorted({*classes_of(state), *(classes_of(kept) if kept else [])})
                 if kept is not None and classes != state.get("classes"):
                     self._latest[topic] = {**state, "classes": classes}
-            for topic, gone in states.items():  # a camera gone: its plain topics too
-                if gone is None and topic in self._retained:
-                    self._plain.extend((t, b"") for t in plain_topics(
-                        topic[:-len("/state")], self._retained[topic], self._any_discovery))
+            removed: dict[str, bytes] = {}  # topic -> b"" (one removal each)
+            for topic, gone in states.items():  # a camera gone: its plain topics too (its
+                if gone is None and topic in self._retained:  # feed's, though unsaid)
+                    removed.update((t, b"") for t in plain_topics(
+                        topic[:-len("/state")], {**self._retained[topic], "feed": ""},
+                        self._any_discovery))
+            if self._discovery is None:  # turned off: an earlier run's configs withdrawn
+                removed.update((t, b"") for t in sorted(self._retained_configs))
+            self._plain.extend(removed.items())
             self._published = {}  # the broker may have lost them: every one goes again
             for topic, end in ends:  # after what waits: the buffer keeps the feed's order
                 self._buffer.append((topic, _json(self._numbered(end))))
@@ -362,10 +420,13 @@ class MqttSink:
             self._states.update(self._latest)
             self._syncing, self._synced, self._ever_synced = False, True, True
             self._retained, republished = {}, len(self._latest)
+            withdrawn = len(self._retained_configs) if self._discovery is None else 0
+            self._retained_classes, self._retained_configs = {}, set()
             self._cond.notify_all()
-        self._client.unsubscribe([f"{self.prefix}/+/state", self.status_topic])
+        self._client.unsubscribe(self._sync_filters)
         log.info("mqtt_retained_checked", ended=len(ends),
-                 removed=sum(1 for s in states.values() if s is None), republished=republished)
+                 removed=sum(1 for s in states.values() if s is None), republished=republished,
+                 discovery_withdrawn=withdrawn)
 
     def _publish_status(self, payload: bytes) -> mqtt.MQTTMessageInfo | None:
         with self._cond:

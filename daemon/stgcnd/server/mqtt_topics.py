@@ -3,8 +3,10 @@ docs/protocol.md, "Events over MQTT", "Topics without templates"): what Home Ass
 Node-RED read as they are, without a JSON template.
 
 - PREFIX/CAMERA/class/CLASS: `ON` while an event of the class is open on the camera, else
-  `OFF`, for every class the camera has had an event of (the state's `classes`);
-- PREFIX/CAMERA/feed: the feed's health state (`ok`, `low-visibility`, ...), once said;
+  `OFF`, for every class of the state's `classes`: those its models watch, announced at its
+  first request (server/event_hub.py), and every one it has had an event of;
+- PREFIX/CAMERA/feed: the feed's health state (`ok`, `low-visibility`, ...), from its first
+  request on (the state the feed's health starts at, until it says another);
 - with [events.mqtt] discovery, Home Assistant's discovery configs for them.
 
 They are a function of the state alone (`plain_topics`), so there is one way to make them
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from urllib.parse import unquote
 
 from stgcnd import __version__
 from stgcnd.server.feed_health import OK, STATES
@@ -39,6 +42,11 @@ _ID_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345
 
 def topic_level(name: str) -> str:
     return name.translate(_ESCAPE)
+
+
+def level_name(level: str) -> str:
+    """The name `topic_level` wrote as `level` (its inverse: every % in a level escapes)."""
+    return unquote(level)
 
 
 def ha_id(name: str) -> str:
@@ -82,6 +90,16 @@ class Discovery:
 
     def __init__(self, prefix: str, node: str, status_topic: str) -> None:
         self.prefix, self.node, self.status_topic = prefix, ha_id(node), status_topic
+        # Every config of this node (this daemon): read back at a sync, to withdraw them
+        # where discovery was turned off.
+        self.filter = f"{prefix}/+/{self.node}/+/config"
+
+    def is_mine(self, topic: str) -> bool:
+        """Whether `topic` is a config of this node (as `filter` matches it)."""
+        if not topic.startswith(self.prefix + "/"):
+            return False
+        parts = topic[len(self.prefix) + 1:].split("/")
+        return len(parts) == 4 and parts[1] == self.node and parts[3] == "config"
 
     def configs(self, camera: str, level: str, classes: list[str]) -> dict[str, bytes]:
         """Topic -> config of the camera's entities (its topics: PREFIX/`level`/...)."""
