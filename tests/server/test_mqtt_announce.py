@@ -137,6 +137,40 @@ def test_a_camera_only_announced_is_forgotten_on_the_broker_too(broker):
 
 @needs_mosquitto
 @pytest.mark.slow
+def test_a_calm_camera_still_served_is_never_taken_for_one_gone(broker):
+    """A camera served for longer than forget_after_s without one message (no event, no feed
+    change): the stats ticks say it is still here, so neither the sink's memory nor the next
+    run's sync removes it (its Home Assistant entities would vanish). Without them it goes."""
+    config = MqttConfig(broker=broker.url, client_id="node", forget_after_s=3.0)
+    first = MqttSink(config)
+    try:
+        first.announce("calm", ["fall"], OK)
+        assert poll(lambda: settled(first), 10) is not None
+        for _ in range(9):  # 4.5 s, past forget_after_s; the stats tick, every 0.5 s here
+            time.sleep(0.5)
+            first.still_here(["calm"])
+        first.send({"kind": "feed", "camera": "other", "state": OK, "at": time.time()})
+        assert poll(lambda: settled(first), 10) is not None
+    finally:
+        first.close()
+    second = MqttSink(config)  # the next run: its sync judges every camera by the broker
+    try:
+        # its sync over (the retained states read back and judged), then all sent
+        assert poll(lambda: second._ever_synced and settled(second), 10) is not None
+        assert retained(broker, "stgcnd/calm/class/+") == {"stgcnd/calm/class/fall": b"OFF"}
+        time.sleep(3.5)  # no longer served (no still_here): gone after forget_after_s
+    finally:
+        second.close()
+    third = MqttSink(config)
+    try:
+        assert poll(lambda: "stgcnd/calm/state" not in retained(broker, "stgcnd/#", 0.2), 10) \
+            is not None, retained(broker, "stgcnd/#")
+    finally:
+        third.close()
+
+
+@needs_mosquitto
+@pytest.mark.slow
 def test_a_daemon_publishes_every_watched_class_and_the_feed_at_a_cameras_first_request(
         tmp_path):
     """Three labels, `normal` quiet: the noop backend's probabilities (1/3 each) never reach

@@ -398,8 +398,9 @@ class MqttConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
         "messages kept while the broker is away; when full the oldest goes (counted: stats' "
         "events_mqtt.dropped, one warning an outage)", "must be >= 1", ge=1)] = 10000
     forget_after_s: Annotated[float, restart_key(
-        "at a connection without a session, a camera's retained topics whose last message "
-        "is older than this are removed (a camera gone); 0: never", "must be >= 0",
+        "at start and at a connection without a session, the retained topics of a camera "
+        "neither served nor heard of for this long are removed (a camera gone; one still "
+        "served is never gone, however calm); 0: never", "must be >= 0",
         ge=0)] = 86400.0
     discovery: Annotated[bool, restart_key(
         "Home Assistant MQTT discovery: a retained config per camera x class (binary sensor "

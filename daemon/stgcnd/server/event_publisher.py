@@ -52,6 +52,7 @@ class Sink(Protocol):
 
     def send(self, message: Mapping[str, object]) -> None: ...
     def announce(self, camera: str, classes: list[str], feed: str) -> None: ...
+    def still_here(self, cameras: list[str]) -> None: ...
     def stats(self) -> dict[str, object]: ...
     def close(self) -> None: ...
 
@@ -263,6 +264,12 @@ class Publisher:
         any event (`classes`: those its models watch; `feed`: its feed's state)."""
         for sink in self.sinks.values():
             sink.announce(camera, classes, feed)
+
+    def still_here(self, cameras: list[str]) -> None:
+        """Every stats tick: the cameras this run serves (announced, not forgotten since), so
+        that a calm camera, one without a message for days, is never taken for one gone."""
+        for sink in self.sinks.values():
+            sink.still_here(cameras)
 
     def _keep(self, message: Mapping[str, object]) -> None:
         """The open events on disk: a start's message added, an end's removed (written at

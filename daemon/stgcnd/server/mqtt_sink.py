@@ -93,6 +93,7 @@ class MqttSink:
         self._plain: collections.deque[tuple[str, bytes]] = collections.deque()
         self._published: dict[str, dict[str, bytes]] = {}
         self._next_forget = 0.0
+        self._said_seen: dict[str, float] = {}  # state topic -> when its `seen` last went out
         self._cap = config.buffer
         self._in_flight = 0
         self._connected = self._stopped = self._warned = False
@@ -185,6 +186,30 @@ class MqttSink:
             if self._connected and self._in_flight < IN_FLIGHT:
                 self._cond.notify()
 
+    def still_here(self, cameras: list[str]) -> None:
+        """The cameras this run serves now (the stats tick; server/event_hub.py): each one's
+        `seen` is now, in memory (so `_forget_gone` keeps it), and on the broker once its
+        retained copy is half of forget_after_s old (so a sync after a restart keeps it too:
+        a calm camera's Home Assistant entities never vanish). Those not listed are left to
+        age from their last sign of life."""
+        if not self._forget_s:
+            return
+        now = time.time()
+        with self._cond:
+            for camera in cameras:
+                topic = f"{self.prefix}/{topic_level(camera)}/state"
+                state = self._latest.get(topic)
+                if state is None:
+                    continue
+                said = self._said_seen.get(topic)
+                # A new dict: the pump may be serializing the one it replaces.
+                state = self._latest[topic] = {**state, "seen": round(now, 3)}
+                if said is None or now - said > self._forget_s / 2:
+                    self._said_seen[topic] = now
+                    self._states[topic] = state
+            if self._connected and self._in_flight < IN_FLIGHT:
+                self._cond.notify()
+
     def _forget_gone(self, now: float) -> None:
         """(Lock held.) The states of cameras quiet for forget_after_s with nothing open leave
         memory, so that camera ids that come and go cost nothing for ever (the broker keeps
@@ -195,6 +220,7 @@ class MqttSink:
             if not state["open"] and heard is not None and now - heard > self._forget_s:
                 del self._latest[topic]
                 self._published.pop(topic, None)
+                self._said_seen.pop(topic, None)
 
     def _numbered(self, message: Mapping[str, object]) -> State:
         self._seq += 1
