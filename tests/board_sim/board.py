@@ -350,8 +350,7 @@ def install(spec: dict[str, Any]) -> None:
     import stgcnd.runtimes as runtimes
     import stgcnd.runtimes.cuda as cuda
     import stgcnd.runtimes.tensorrt_runtime as trt_runtime
-    from stgcnd.runtimes.base import RuntimeInfo
-    from stgcnd.runtimes.base import HostRunner
+    from stgcnd.runtimes.base import HostRunner, RuntimeInfo
     from stgcnd.runtimes.noop import NoopRunner
     from stgcnd.runtimes.onnxruntime_runtime import ort_session
 
