@@ -145,7 +145,8 @@ def test_a_failed_tensorrt_build_leaves_the_cpu_serving_and_is_retried(board, tm
                                                                         fail_at):
     env = board_env(tmp_path, fail_at)
     d = ready(board(env, build_retry_after_s=1.0, build_attempts=2))
-    assert hello(d)["serving"]["device"] == "cpu"
+    model = hello(d)  # READY on the CPU, the engine's build left for after it
+    assert model["serving"]["device"] == "cpu" and model["building"]["backend"] == "tensorrt"
     failed = wait_log(d, "upgrade_failed", 240, count=2)
     assert [f["attempts"] for f in failed] == [1, 2]
     assert "tried again in 1 s" in failed[0]["action"]
@@ -165,6 +166,7 @@ def test_a_build_that_cannot_fit_beside_what_serves_is_one_line_and_the_cpu_serv
     # 300 MB for the models: less than the builder's 384 MB workspace on a Jetson.
     d = ready(board(env, memory_budget_mb=640 + 300, build_retry_after_s=1.0,
                     build_attempts=2))
+    assert hello(d)["building"]["backend"] == "tensorrt"  # READY before any build
     failed = wait_log(d, "upgrade_failed", 240, count=2)
     assert all("failed at memory" in f["error"] and "384 MB workspace" in f["error"]
                for f in failed), failed
