@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import time
 import types
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -164,18 +165,25 @@ def _alive(pid: int) -> bool:
 
 
 def board_env(tmp: Path, fail_at: str | None = None, jetpack: str = "5.1.2",
-              cameras_gb: float = 0.5, cache_gb: float = 0.0, oom_builds: int = 0
+              cameras_gb: float = 0.5, cache_gb: float = 0.0, oom_builds: int = 0,
+              slow_build_s: float | None = None, hold_build: Path | None = None
               ) -> dict[str, str]:
     """os.environ for a daemon on the simulated board: TensorRT fails at `fail_at` (None:
     it works), the cameras hold `cameras_gb`, the page cache `cache_gb`, and the first
-    `oom_builds` TensorRT builds are killed by the out-of-memory killer (SIGKILL)."""
+    `oom_builds` TensorRT builds are killed by the out-of-memory killer (SIGKILL).
+
+    `slow_build_s` (TensorRT succeeding slowly, #45): a build takes that long (after
+    `hold_build` exists, when given), and its engine computes for real: ONNX Runtime on the
+    CPU runs the ONNX it was built from, so it is validated against the fp32 reference as on
+    a board and its outputs are right. Without it an engine answers zeros (NoopRunner)."""
     assert fail_at is None or fail_at in FAILURES, fail_at
     root = write_root(tmp / "board-root", jetpack)
     memory = Memory(root)
     if not memory.path.exists():  # a second daemon on the same board keeps its state
         memory.set(cameras=cameras_gb * 1024, cache=cache_gb * 1024, oom_builds=oom_builds)
     spec = {"root": str(root), "fail_at": fail_at, "eager_mb": EAGER_MB[jetpack],
-            "tensorrt": TENSORRT[jetpack]}
+            "tensorrt": TENSORRT[jetpack], "slow_build_s": slow_build_s,
+            "hold_build": str(hold_build) if hold_build else None}
     paths = [str(HERE), str(REPO / "daemon"), str(REPO), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "BOARD_SIM": json.dumps(spec),
             "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
@@ -247,6 +255,8 @@ def _fake_tensorrt(version: str, build: Any) -> types.ModuleType:
         Config.builder_optimization_level = 3  # type: ignore[attr-defined]
 
     class Network:
+        onnx = ""  # the file the parser read (a slowly succeeding engine runs it)
+
         def get_input(self, i: int) -> Any:
             return types.SimpleNamespace(name="input", shape=(-1, 3, 24, 33, 1))
 
@@ -264,13 +274,14 @@ def _fake_tensorrt(version: str, build: Any) -> types.ModuleType:
             return types.SimpleNamespace(set_shape=lambda *shapes: None)
 
         def build_serialized_network(self, network: Network, config: Config) -> bytes:
-            return build(config, self.logger)  # type: ignore[no-any-return]
+            return build(config, self.logger, network.onnx)  # type: ignore[no-any-return]
 
     class OnnxParser:
         def __init__(self, network: Any, logger: Any) -> None:
-            pass
+            self.network = network
 
         def parse_from_file(self, path: str) -> bool:
+            self.network.onnx = path
             return True
 
     trt.ILogger = ILogger
@@ -285,6 +296,16 @@ def libraries_mb(sources: Iterable[str]) -> int:
     return sum(mb for name, mb in LIBRARY_MB.items() if name in set(sources))
 
 
+def slow_build(spec: dict[str, Any]) -> None:
+    """A slowly succeeding build (`slow_build_s`): held until its file exists, then slow."""
+    if spec.get("slow_build_s") is None:
+        return
+    hold = spec.get("hold_build")
+    while hold and not Path(hold).exists():
+        time.sleep(0.1)
+    time.sleep(float(spec["slow_build_s"]))
+
+
 def install(spec: dict[str, Any]) -> None:
     import stgcnd.board
 
@@ -295,7 +316,7 @@ def install(spec: dict[str, Any]) -> None:
     version = spec["tensorrt"]
     fail_at = spec["fail_at"]
 
-    def build(config: Any, logger: Any) -> bytes | None:
+    def build(config: Any, logger: Any, onnx: str) -> bytes | None:
         """The build process on the board: the libraries' files fill the page cache; its
         kernel images, the workspace, the builder's own memory and the external tactic
         libraries its config enables are taken; the out-of-memory killer ends it when the
@@ -310,6 +331,7 @@ def install(spec: dict[str, Any]) -> None:
                 memory.add(oom_builds=-1)
             os.kill(os.getpid(), signal.SIGKILL)  # the out-of-memory killer
         memory.take(need)  # the peak; given back as the build ends (the parent measures
+        slow_build(spec)   # (held at its peak while it runs)
         memory.give_back(need)  # the model from then on: a dead child's share is not its)
         if fail_at == "build":  # as TensorRT fails: errors logged, then no engine
             logger.log(Severity.ERROR, "Requested amount of GPU memory (1073741824 bytes) "
@@ -318,7 +340,7 @@ def install(spec: dict[str, Any]) -> None:
                        "Code 2: Internal Error (simulated)")
             return None
         return json.dumps({"simulated": True, "tensorrt": version,
-                           "tactic_sources": sources}).encode()
+                           "tactic_sources": sources, "onnx": onnx}).encode()
 
     sys.modules["tensorrt"] = _fake_tensorrt(version, build)
 
@@ -328,8 +350,11 @@ def install(spec: dict[str, Any]) -> None:
     import stgcnd.runtimes as runtimes
     import stgcnd.runtimes.cuda as cuda
     import stgcnd.runtimes.tensorrt_runtime as trt_runtime
-    from stgcnd.runtimes.base import RuntimeInfo
+    from stgcnd.runtimes.base import HostRunner, RuntimeInfo
     from stgcnd.runtimes.noop import NoopRunner
+    from stgcnd.runtimes.onnxruntime_runtime import ort_session
+
+    runs = spec.get("slow_build_s") is not None
 
     def orin() -> dict[str, str]:
         return dict(ORIN)
@@ -353,6 +378,13 @@ def install(spec: dict[str, Any]) -> None:
     def no_validation(builder: Any, ctx: Any, draft: Any) -> Any:
         if builder.name != "tensorrt":
             return validate(builder, ctx, draft)
+        if runs:  # an engine that computes is validated, in the build child
+            try:
+                return validate(builder, ctx, draft)
+            finally:  # what it paid goes back as the child ends, before the daemon measures
+                memory.give_back(spec["eager_mb"] * len(paid) + libraries_mb(libraries))
+                paid.clear()
+                libraries.clear()
         return {"skipped": "simulated board: the engine cannot be run to validate it"}
 
     def load(self: Any, engine_path: Path, input_shape: tuple[int, ...], num_class: int,
@@ -365,6 +397,8 @@ def install(spec: dict[str, Any]) -> None:
         self.compute_us = 0
         self.sim_loaded = True
         memory.take(ENGINE_MB)
+        self.sim_session = ort_session(Path(json.loads(Path(engine_path).read_bytes())[
+            "onnx"]), "cpu", 1) if runs else None
         # Deserializing initialises the tactic libraries the engine was built with, once per
         # process (the "[MemUsageChange] Init cuBLAS/cuDNN" lines of NVIDIA/TensorRT#2217).
         built_with = json.loads(Path(engine_path).read_bytes())["tactic_sources"]
@@ -379,6 +413,9 @@ def install(spec: dict[str, Any]) -> None:
     class SimRunner(NoopRunner):
         def __init__(self, runtime: Any, buckets: Any, lanes: int) -> None:
             super().__init__(runtime, buckets, lanes)
+            self.take(runtime, buckets)
+
+        def take(self, runtime: Any, buckets: Any) -> None:
             if not paid:
                 paid.append(True)
                 memory.take(spec["eager_mb"])  # kernel images, cuDNN/cuBLAS handles
@@ -389,10 +426,30 @@ def install(spec: dict[str, Any]) -> None:
             memory.give_back(self.took)
             self.took = 0
 
+    class SimComputingRunner(HostRunner):
+        """An engine that computes: the ONNX it was built from, on ONNX Runtime (CPU)."""
+
+        def __init__(self, runtime: Any, buckets: Any, lanes: int) -> None:
+            super().__init__(runtime.info, self._run, buckets, lanes)
+            self.session = runtime.sim_session
+            self.took = 0.0
+            SimRunner.take(self, runtime, buckets)
+
+        def _run(self, batch: Any) -> Any:
+            t0 = time.perf_counter()
+            out = self.session.run(None, {self.session.get_inputs()[0].name: batch})[0]
+            return out, (time.perf_counter() - t0) * 1e3
+
+        def close(self) -> None:
+            memory.give_back(self.took)
+            self.took = 0
+
     def open_runner(self: Any, buckets: Any, lanes: int) -> Any:
         if fail_at == "context":
             raise RuntimeError("simulated: TensorRT could not create an execution context "
                                "(out of memory)")
+        if getattr(self, "sim_session", None) is not None:
+            return SimComputingRunner(self, buckets, lanes)
         return SimRunner(self, buckets, lanes)
 
     def close(self: Any) -> None:

@@ -18,8 +18,10 @@ from tests.server.daemon_harness import FRAMES, Daemon
 
 pytestmark = pytest.mark.slow
 
+# Built before READY (upgrade = "before-ready"): these tests are about the start's fallback
+# chain; serving the CPU while TensorRT builds is tests/server/test_board_upgrade.py's.
 AUTO = (f'[[models]]\nname = "cam"\ndemo = true\nframes = {FRAMES}\nprecision = "fp16"\n'
-        'labels = ["normal", "shoplifting"]\n')
+        'labels = ["normal", "shoplifting"]\nupgrade = "before-ready"\n')
 
 
 def events(d: Daemon, name: str) -> list[dict]:

@@ -32,8 +32,10 @@ pytestmark = pytest.mark.slow
 
 
 def model(name: str, persons: int) -> str:
+    # Built before READY: the start's plan is the subject here (the plan beside a CPU that
+    # serves while TensorRT builds is tests/server/test_board_upgrade.py's).
     return (f'[[models]]\nname = "{name}"\ndemo = true\nframes = {FRAMES}\npersons = {persons}\n'
-            'precision = "fp16"\nlabels = ["normal", "shoplifting"]\n')
+            'precision = "fp16"\nlabels = ["normal", "shoplifting"]\nupgrade = "before-ready"\n')
 
 
 def events(d: Daemon, name: str) -> list[dict]:

@@ -348,8 +348,9 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     allow_synthetic_calibration: Annotated[bool, engine_key(
         "int8: calibrate on generated skeletons when no calibration file is given")] = False
     upgrade: Annotated[Literal["background", "before-ready"], policy_key(
-        "background: when its artefact (an int8 build and calibration) is not in the store, "
-        "serve at once with what can (the fp32 session), build it at idle priority and swap "
+        "background: when its artefact (an int8 build and calibration, a TensorRT engine of "
+        "backend auto) is not in the store, serve at once with what can (the fp32 session, "
+        "the CPU), build it at idle priority and swap "
         "its runners in when validated, no request lost (logged: model_upgraded); "
         "before-ready: build first, READY after (a reload changing it applies at the next "
         "load of the model)")] = "background"

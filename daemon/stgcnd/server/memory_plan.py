@@ -113,6 +113,19 @@ class MemoryPlan:
         if need > self.left:
             raise RuntimeFailed(runtime, "memory", self._no_room(name, need, 1))
 
+    def check_build_beside(self, name: str, runtime: str, spec: ModelSpec, precision: str,
+                           instances: int, workspace_mb: int) -> None:
+        """Refuse a background build (server/upgrade.py) that cannot fit beside what serves:
+        the builder's workspace (it holds it while the models serve; given back when the
+        build child exits) plus the model's batch of one, against what is left of a plan
+        made with the serving models' memory taken."""
+        need = (workspace_mb * MB + weight_bytes(spec, precision)
+                + window_bytes(spec, precision) * instances)
+        if need > self.left:
+            raise RuntimeFailed(runtime, "memory", self._no_room(name, need, 1).replace(
+                "for a batch of 1", f"to build (a {workspace_mb} MB workspace) and serve a "
+                "batch of 1 beside the models serving"))
+
     def fit(self, name: str, runtime: Runtime, buckets: Sequence[int], instances: int,
             loaded_bytes: int, scale: float = 1.0) -> list[int]:
         """The buckets of `name` that fit what is left (the largest dropped first), placed.

@@ -256,7 +256,8 @@ def _first_that_serves(mc: ModelConfig, store: EngineStore, generation: int,
     spec, options = serving_plan(mc)
 
     def use(choice: Choice) -> ServedModel:
-        now = serve_now_instead(choice, spec, store) if background else None
+        now = serve_now_instead(choice, spec, store, mc.backend == "auto") if background \
+            else None
         served = _serve_with(mc, now or choice, spec, store, generation, start, planner)
         if now is not None:
             served.building = Pending(choice, spec)
@@ -327,13 +328,17 @@ def load_upgrade(config: Config, served: ServedModel, start: Callable[[ServedMod
     """`served`'s pending upgrade, off the loop: its artefact built (in the build child, at
     idle priority) and validated, then loaded and its runners made and warmed, beside the
     serving ones (`current`'s memory is kept in the plan: memory_plan.py refuses what does
-    not fit beside it)."""
+    not fit beside it, the build first: a failed upgrade, tried again later)."""
     pending = served.building
     assert pending is not None
     store = EngineStore(config.engines_dir, cancel=cancel,
                         retry=BuildRetry(config.server.build_retry_after_s,
                                          config.server.build_attempts))
     choice = pending.choice
+    if choice.options.device == "cuda":  # the build beside what serves, before minutes of it
+        Planner(config, current).for_gpu().check_build_beside(
+            served.name, choice.backend, pending.spec, choice.options.precision,
+            served.config.instances, choice.options.workspace_mb)
     at_idle_priority(lambda: store.prepare(pending.spec, choice.backend, choice.options))
     planner = Planner(config, current)
     fresh = _serve_with(served.config, choice, pending.spec, store, served.generation, start,

@@ -14,7 +14,8 @@ from typing import TypeVar
 from stgcnd.engines.store import EngineStore
 from stgcnd.log import get_logger
 from stgcnd.model.spec import ModelSpec
-from stgcnd.provision.load import Choice
+from stgcnd.provision.load import Choice, serving_options
+from stgcnd.runtimes import available
 from stgcnd.runtimes.base import Runtime
 
 log = get_logger(__name__)
@@ -39,18 +40,46 @@ class Pending:
                 "device": self.choice.options.device, "attempts": self.attempts}
 
 
-def serve_now_instead(choice: Choice, spec: ModelSpec, store: EngineStore) -> Choice | None:
+def serve_now_instead(choice: Choice, spec: ModelSpec, store: EngineStore,
+                      auto: bool = False) -> Choice | None:
     """The choice that serves at once while `choice`'s artefact is built, or None (it is in
     the store already, or nothing quicker serves it). On a CPU an int8 (or fp16/bf16) ONNX
     Runtime model is served by the fp32 session: its build is an export, no calibration.
-    TensorRT (the CPU while it builds) and torch's autotune plug in here."""
-    if choice.opened is not None or choice.backend != "onnxruntime" or \
-            choice.options.precision == "fp32":
+    `auto` (backend "auto"): TensorRT's engine is served meanwhile by the CPU runtime the
+    chain falls back to (`cpu_while_tensorrt_builds`). torch's autotune plugs in here."""
+    if choice.opened is not None:
+        return None
+    if choice.backend == "tensorrt":
+        return cpu_while_tensorrt_builds(choice, spec, store) if auto else None
+    if choice.backend != "onnxruntime" or choice.options.precision == "fp32":
         return None
     if store.find(spec, choice.backend, choice.options) is not None:
         return None
     return Choice(choice.backend, dataclasses.replace(choice.options, precision="fp32"),
                   f"fp32 serves while {choice.options.precision} builds ({choice.why})")
+
+
+def cpu_while_tensorrt_builds(choice: Choice, spec: ModelSpec, store: EngineStore
+                              ) -> Choice | None:
+    """ONNX Runtime fp32 on the CPU (else torch's) while TensorRT's engine, not in the store,
+    builds: its artefact is the export TensorRT builds from anyway, it needs no GPU memory
+    (the build and then the engine's runners get the plan's budget), and it is the runtime
+    the auto chain ends on. Only for backend "auto": a named "tensorrt" promised TensorRT,
+    and its failure stops the start as before. None where TensorRT cannot run here (the
+    chain then skips it as before)."""
+    ready = available()
+    if ready["tensorrt"] is not None:
+        return None
+    options = serving_options(choice.options)  # what the engine is looked up and built with
+    if store.find(spec, choice.backend, options, quiet=True) is not None:
+        return None
+    cpu = next((name for name in ("onnxruntime", "torch") if ready[name] is None), None)
+    if cpu is None:
+        return None
+    choice.options = options
+    return Choice(cpu, dataclasses.replace(options, device="cpu", precision="fp32",
+                                           cuda_graph=False, compile="off"),
+                  f"{cpu} fp32 on the CPU serves while tensorrt builds ({choice.why})")
 
 
 def at_idle_priority(work: Callable[[], T]) -> T:
