@@ -14,7 +14,8 @@
 #                                                 # first and second start, saturation;
 #                                                 # COMPILE=max-autotune BUCKETS="[1, 64]"
 #                                                 # serves autotuned kernels (their trial in
-#                                                 # the first start)
+#                                                 # the first start); SAT_CAMERAS="24 32"
+#                                                 # adds closed loops of 8 x K cameras
 #   OUT=dir bash scripts/device_check.sh peers    # #35: ours (torch fp16, compile auto in our
 #                                                 # graphs) against a user's static torch.compile
 #                                                 # (PEERS, default: mode default and
@@ -133,6 +134,14 @@ buckets = $BUCKETS}" ""
     grep '"torch_compile_\(failed\|unavailable\)"' "$RAW/daemon-$run.log" | head -3 \
       | tee -a "$OUT/summary-$TAG.txt"
     [ $run = warm ] && lt first saturation --model single
+    for k in ${SAT_CAMERAS:-}; do  # [ $run = warm ]: more cameras a process than the
+      [ $run = warm ] || break    # scenario's 16, so that a full batch always waits
+      echo "== first closed loop, 8 x $k cameras" | tee -a "$OUT/summary-$TAG.txt"
+      PYTHONPATH=$NEW_PATH timeout 150 python3 -m stgcnd loadtest --endpoint \
+        "ipc://$TMP/first.sock" --processes 8 --cameras "$k" --closed-loop --duration 15 \
+        --warmup 3 --model single --json "$RAW/lt-first-8x$k.json" 2>&1 | tail -14 \
+        | tee -a "$OUT/summary-$TAG.txt"
+    done
     stop
   done
   PYTHONPATH=$NEW_PATH timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu \
