@@ -16,8 +16,10 @@ from tests.server.daemon_harness import FRAMES, Daemon
 
 pytestmark = pytest.mark.slow
 
+# The plan made at start, as the engine is built before READY (with the default `upgrade`, the
+# CPU serves first and the plan comes with the background build: tests/server/test_board_upgrade.py)
 MODEL = (f'[[models]]\nname = "cam"\ndemo = true\nframes = {FRAMES}\nprecision = "fp16"\n'
-         'labels = ["normal", "shoplifting"]\n')
+         'upgrade = "before-ready"\nlabels = ["normal", "shoplifting"]\n')
 
 
 @pytest.mark.parametrize("server", [{"memory_reserve_mb": 900},
