@@ -23,6 +23,9 @@ from tests.server.test_mqtt_daemon import MODELS, WINDOW
 from tests.server.test_mqtt_plain_topics import settled, start
 from tests.server.test_mqtt_restart import poll, put_retained, retained
 
+# In-process sinks reconnect sooner (tests/server/conftest.py).
+pytestmark = pytest.mark.usefixtures("quick_reconnects")
+
 
 @pytest.fixture
 def broker(tmp_path):

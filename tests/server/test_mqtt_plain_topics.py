@@ -22,6 +22,9 @@ from tests.server.daemon_harness import Daemon, stop_by_pid
 from tests.server.test_mqtt_daemon import MODELS, WINDOW
 from tests.server.test_mqtt_restart import poll, put_retained, retained
 
+# In-process sinks reconnect sooner (tests/server/conftest.py).
+pytestmark = pytest.mark.usefixtures("quick_reconnects")
+
 HA_ID = re.compile(r"[a-zA-Z0-9_-]+")
 
 

@@ -24,6 +24,9 @@ from tests.mosquitto import Broker, Recorder, needs_mosquitto
 from tests.server.daemon_harness import Daemon, stop_by_pid
 from tests.server.test_mqtt_daemon import MODELS
 
+# In-process sinks reconnect sooner (tests/server/conftest.py).
+pytestmark = pytest.mark.usefixtures("quick_reconnects")
+
 
 def retained(broker: Broker, topic: str, quiet_s: float = 0.5) -> dict[str, bytes]:
     """Topic -> payload of what the broker retains now under `topic` (a fresh subscriber: a
