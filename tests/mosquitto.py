@@ -97,7 +97,7 @@ class Recorder:
         self.subscribed = threading.Event()
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
                                   clean_session=False, protocol=mqtt.MQTTv311)
-        self.client.reconnect_delay_set(1, 2)
+        self.client.reconnect_delay_set(0.1, 0.5)  # back soon after a broker restarted
         self.client.on_connect = lambda c, *_: c.subscribe(topic, qos=1)
         self.client.on_subscribe = lambda *_: self.subscribed.set()
         self.client.on_message = self._on_message

@@ -28,9 +28,8 @@ DEFAULT_MODELS = (f'[[models]]\nname = "demo"\ndemo = true\nframes = {FRAMES}\n'
 
 def write_config(path: Path, endpoint: str, engines: Path, models: str | None = None,
                  **server: object) -> Path:
-    lines = ["[server]", f'endpoint = "{endpoint}"', f'engines_dir = "{engines}"',
-             "stats_interval = 1.0", "warmup_runs = 1"]
-    for k, v in server.items():
+    lines = ["[server]", f'endpoint = "{endpoint}"', f'engines_dir = "{engines}"']
+    for k, v in {"stats_interval": 1.0, "warmup_runs": 1, **server}.items():
         if isinstance(v, bool):  # TOML's spelling, not Python's
             lines.append(f"{k} = {str(v).lower()}")
             continue

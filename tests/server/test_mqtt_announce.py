@@ -23,6 +23,9 @@ from tests.server.test_mqtt_daemon import MODELS, WINDOW
 from tests.server.test_mqtt_plain_topics import settled, start
 from tests.server.test_mqtt_restart import poll, put_retained, retained
 
+# In-process sinks reconnect sooner (tests/server/conftest.py).
+pytestmark = pytest.mark.usefixtures("quick_reconnects")
+
 
 @pytest.fixture
 def broker(tmp_path):
@@ -47,7 +50,7 @@ def test_an_announced_camera_has_every_class_off_and_its_feed_at_once(broker):
         now = time.time()
         sink.send(start("door/1", "fall", now))
         sink.announce("door/1", ["fall"], OK)
-        assert poll(lambda: retained(broker, "stgcnd/door%2F1/class/+", 0.2) == {
+        assert poll(lambda: retained(broker, "stgcnd/door%2F1/class/+") == {
             "stgcnd/door%2F1/class/fall": b"ON", "stgcnd/door%2F1/class/fight": b"OFF"}, 10)
         state = json.loads(retained(broker, "stgcnd/door%2F1/state")["stgcnd/door%2F1/state"])
         assert state["classes"] == ["fall", "fight"] and state["feed"] == OK
@@ -70,7 +73,7 @@ def test_discovery_turned_off_withdraws_this_nodes_configs_at_start(broker):
     sink = MqttSink(MqttConfig(broker=broker.url, client_id="edge"))
     try:
         sink.send({"kind": "feed", "camera": "cam", "state": OK, "at": time.time()})
-        assert poll(lambda: list(retained(broker, "homeassistant/#", 0.2)) == [other], 10) \
+        assert poll(lambda: list(retained(broker, "homeassistant/#")) == [other], 10) \
             is not None, retained(broker, "homeassistant/#")
         assert poll(lambda: settled(sink), 10) is not None
         assert list(retained(broker, "homeassistant/#")) == [other]   # none published anew
@@ -92,7 +95,7 @@ def test_a_camera_forgotten_and_back_then_gone_loses_every_topic(broker):
     first = MqttSink(config)
     try:
         first.send({**fight, "kind": "end", "at": now - 999})  # forgotten at once (quiet)
-        assert poll(lambda: "site/cam/class/fight" in retained(broker, "site/cam/class/+", 0.2),
+        assert poll(lambda: "site/cam/class/fight" in retained(broker, "site/cam/class/+"),
                     10) is not None
         first.send({"kind": "feed", "camera": "cam", "state": "blocked", "at": now - 998})
         assert poll(lambda: settled(first), 10) is not None
@@ -112,7 +115,7 @@ def test_a_camera_forgotten_and_back_then_gone_loses_every_topic(broker):
     third = MqttSink(config)
     try:
         assert poll(lambda: settled(third), 10) is not None
-        assert poll(lambda: sorted(retained(broker, "site/#", 0.2)) == ["site/status"], 10) \
+        assert poll(lambda: sorted(retained(broker, "site/#")) == ["site/status"], 10) \
             is not None, retained(broker, "site/#")
         assert retained(broker, "homeassistant/#") == {}
     finally:
@@ -129,7 +132,7 @@ def test_a_camera_only_announced_is_forgotten_on_the_broker_too(broker):
         "stgcnd/calm/class/fall": "OFF", "stgcnd/calm/feed": "ok"})
     sink = MqttSink(MqttConfig(broker=broker.url, client_id="node", forget_after_s=100))
     try:
-        assert poll(lambda: sorted(retained(broker, "stgcnd/#", 0.2)) == ["stgcnd/status"],
+        assert poll(lambda: sorted(retained(broker, "stgcnd/#")) == ["stgcnd/status"],
                     10) is not None, retained(broker, "stgcnd/#")
     finally:
         sink.close()
@@ -163,7 +166,7 @@ def test_a_calm_camera_still_served_is_never_taken_for_one_gone(broker):
         second.close()
     third = MqttSink(config)
     try:
-        assert poll(lambda: "stgcnd/calm/state" not in retained(broker, "stgcnd/#", 0.2), 10) \
+        assert poll(lambda: "stgcnd/calm/state" not in retained(broker, "stgcnd/#"), 10) \
             is not None, retained(broker, "stgcnd/#")
     finally:
         third.close()
@@ -190,8 +193,8 @@ def test_a_daemon_publishes_every_watched_class_and_the_feed_at_a_cameras_first_
         with Client(d.endpoint, camera_id="cam0") as client:
             client.infer(WINDOW, timeout=10.0)
         asked = time.monotonic()
-        took = poll(lambda: {**retained(broker, "stgcnd/cam0/+/+", 0.2), **retained(
-            broker, "stgcnd/cam0/feed", 0.2)} == expected, 10)
+        took = poll(lambda: {**retained(broker, "stgcnd/cam0/+/+"), **retained(
+            broker, "stgcnd/cam0/feed")} == expected, 10)
         assert took is not None, retained(broker, "stgcnd/#")
         print(f"\nevery entity of cam0 {time.monotonic() - asked:.2f} s after its request")
         assert len(retained(broker, "homeassistant/#")) == 3

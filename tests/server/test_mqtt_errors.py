@@ -18,6 +18,9 @@ from stgcnd.server.mqtt_errors import REASONS, why_failed
 from stgcnd.server.mqtt_sink import MqttSink
 from tests.mosquitto import Broker, free_port, needs_mosquitto
 
+# In-process sinks reconnect sooner (tests/server/conftest.py).
+pytestmark = pytest.mark.usefixtures("quick_reconnects")
+
 
 def wait(predicate, timeout: float = 20.0) -> bool:
     end = time.monotonic() + timeout
@@ -44,7 +47,7 @@ def test_a_wrong_password_is_said_once_however_many_retries(tmp_path):
         with capture_logs() as logs:
             sink = MqttSink(MqttConfig(broker=broker.url, username="cam", client_id="sink-pw",
                                        password_file=str(tmp_path / "password")))
-            try:   # paho retries 1, 2, 4 s apart: 3 refusals in about 3 s
+            try:   # paho retries 0.1, 0.2, 0.4 s apart here (quick_reconnects)
                 assert wait(lambda: refusals(broker) >= 3, timeout=15), refusals(broker)
             finally:
                 sink.close()

@@ -22,6 +22,9 @@ from tests.server.daemon_harness import Daemon, stop_by_pid
 from tests.server.test_mqtt_daemon import MODELS, WINDOW
 from tests.server.test_mqtt_restart import poll, put_retained, retained
 
+# In-process sinks reconnect sooner (tests/server/conftest.py).
+pytestmark = pytest.mark.usefixtures("quick_reconnects")
+
 HA_ID = re.compile(r"[a-zA-Z0-9_-]+")
 
 
@@ -50,9 +53,9 @@ def test_class_and_feed_topics_follow_an_event_and_the_feed(broker):
         opened = start("door/1", "fall", now)
         sink.send(opened)
         sink.send({"kind": "feed", "camera": "door/1", "state": "low-visibility", "at": now})
-        assert poll(lambda: retained(broker, "stgcnd/door%2F1/class/fall", 0.2) == {
+        assert poll(lambda: retained(broker, "stgcnd/door%2F1/class/fall") == {
             "stgcnd/door%2F1/class/fall": b"ON"}, 10) is not None
-        assert retained(broker, "stgcnd/door%2F1/feed", 0.2) == {
+        assert retained(broker, "stgcnd/door%2F1/feed") == {
             "stgcnd/door%2F1/feed": b"low-visibility"}
         sink.send({**opened, "kind": "end", "reason": "below-exit", "at": now + 1})
         sink.send({"kind": "feed", "camera": "door/1", "state": "ok", "at": now + 1})
@@ -61,7 +64,7 @@ def test_class_and_feed_topics_follow_an_event_and_the_feed(broker):
         assert retained(broker, "stgcnd/door%2F1/class/+") == {
             "stgcnd/door%2F1/class/fall": b"OFF"}
         # no discovery unless asked for
-        assert retained(broker, "homeassistant/#", 0.2) == {}
+        assert retained(broker, "homeassistant/#") == {}
     finally:
         sink.close()
 
@@ -88,8 +91,8 @@ def test_a_broker_without_persistence_gets_every_plain_and_discovery_topic_again
         reconnected = time.monotonic()
 
         def again() -> bool:
-            now_kept = {**retained(broker, "stgcnd/#", 0.2),
-                        **retained(broker, "homeassistant/#", 0.2)}
+            now_kept = {**retained(broker, "stgcnd/#"),
+                        **retained(broker, "homeassistant/#")}
             return {t: p for t, p in now_kept.items() if not t.endswith("/state")} == {
                 t: p for t, p in before.items() if not t.endswith("/state")}
 
@@ -119,7 +122,7 @@ def test_a_crashed_runs_on_goes_off_and_a_camera_gone_loses_its_plain_topics(bro
     sink = MqttSink(MqttConfig(broker=broker.url, client_id="sink-gone", topic_prefix="site",
                                forget_after_s=100))
     try:
-        assert poll(lambda: retained(broker, "site/door/class/fall", 0.2) == {
+        assert poll(lambda: retained(broker, "site/door/class/fall") == {
             "site/door/class/fall": b"OFF"}, 10) is not None
         assert poll(lambda: settled(sink), 10)
         assert sorted(retained(broker, "site/#")) == [
@@ -202,13 +205,13 @@ def test_sigkill_during_an_event_the_class_topic_is_off_after_the_restart(tmp_pa
         d.start()
         with Client(d.endpoint, camera_id="cam0") as client:
             client.infer(WINDOW, timeout=10.0)
-        assert poll(lambda: retained(broker, topic, 0.2) == {topic: b"ON"}, 10) is not None
+        assert poll(lambda: retained(broker, topic) == {topic: b"ON"}, 10) is not None
         d.signal(signal.SIGKILL)
         assert d.proc is not None and d.proc.wait(10) == -signal.SIGKILL
-        assert retained(broker, topic, 0.2) == {topic: b"ON"}   # what the crash left
+        assert retained(broker, topic) == {topic: b"ON"}   # what the crash left
         d.start()
         ready = time.monotonic()
-        took = poll(lambda: retained(broker, topic, 0.2) == {topic: b"OFF"}, 10)
+        took = poll(lambda: retained(broker, topic) == {topic: b"OFF"}, 10)
         assert took is not None, retained(broker, "stgcnd/#")
         print(f"\nafter the kill: {topic} OFF {time.monotonic() - ready:.2f} s after READY")
         assert len(retained(broker, "homeassistant/#")) == 2   # the binary sensor, the feed

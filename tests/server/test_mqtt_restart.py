@@ -24,26 +24,38 @@ from tests.mosquitto import Broker, Recorder, needs_mosquitto
 from tests.server.daemon_harness import Daemon, stop_by_pid
 from tests.server.test_mqtt_daemon import MODELS
 
+# In-process sinks reconnect sooner (tests/server/conftest.py).
+pytestmark = pytest.mark.usefixtures("quick_reconnects")
 
-def retained(broker: Broker, topic: str, quiet_s: float = 0.5) -> dict[str, bytes]:
+
+def retained(broker: Broker, topic: str) -> dict[str, bytes]:
     """Topic -> payload of what the broker retains now under `topic` (a fresh subscriber: a
-    clean session gets exactly the retained messages, then what is published live)."""
+    clean session gets exactly the retained messages, then what is published live). A
+    subscription's retained messages are queued to it at once, before anything published
+    after its SUBACK: a marker published then comes after the last of them."""
     got: dict[str, bytes] = {}
     done = threading.Event()
+    marker = f"peek/{uuid.uuid4().hex}"
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"peek-{uuid.uuid4().hex[:8]}",
                          clean_session=True, protocol=mqtt.MQTTv311)
-    client.on_connect = lambda c, *_: c.subscribe(topic, qos=1)
-    client.on_subscribe = lambda *_: done.set()
-    client.on_message = lambda c, u, m: got.__setitem__(m.topic, m.payload) if m.retain else None
+
+    def on_message(c: mqtt.Client, userdata: object, m: mqtt.MQTTMessage) -> None:
+        if m.topic == marker:
+            done.set()
+        elif m.retain:
+            got[m.topic] = m.payload
+
+    client.on_connect = lambda c, *_: c.subscribe([(topic, 1), (marker, 1)])
+    client.on_subscribe = lambda c, *_: c.publish(marker, b"", qos=1)
+    client.on_message = on_message
     client.connect("127.0.0.1", broker.port)
     client.loop_start()
     try:
-        assert done.wait(10), "no SUBACK"
-        time.sleep(quiet_s)
+        assert done.wait(10), "no SUBACK or no marker"
     finally:
         client.disconnect()
         client.loop_stop()
-    return got
+    return dict(got)
 
 
 def poll(predicate, timeout: float) -> float | None:
@@ -120,12 +132,12 @@ def test_a_broker_restarted_without_persistence_gets_every_state_again(broker):
     try:
         sink.send({"kind": "start", "id": "cam1/demo/1/5", "camera": "cam1", "at": time.time()})
         sink.send({"kind": "feed", "camera": "cam2", "state": "silent", "at": time.time()})
-        assert poll(lambda: len(retained(broker, "stgcnd/#", 0.2)) == 4, 10)  # + cam2/feed
+        assert poll(lambda: len(retained(broker, "stgcnd/#")) == 4, 10)  # + cam2/feed
         broker.stop()
         (broker.dir / "mosquitto.db").unlink()   # what a broker without persistence forgets
-        assert retained(broker.start(), "stgcnd/#", 0.2) == {}
+        assert retained(broker.start(), "stgcnd/#") == {}
         assert poll(lambda: sink.stats()["connects"] == 2, 20)
-        took = poll(lambda: len(retained(broker, "stgcnd/#", 0.2)) == 4, 10)
+        took = poll(lambda: len(retained(broker, "stgcnd/#")) == 4, 10)
         assert took is not None, "the retained states did not come again within 10 s"
         kept = retained(broker, "stgcnd/#")
         assert [e["id"] for e in json.loads(kept["stgcnd/cam1/state"])["open"]] == [
@@ -157,13 +169,13 @@ def test_sigkill_during_an_event_leaves_offline_and_the_restart_ends_it(tmp_path
             client.infer(WINDOW, timeout=10.0)
         started = recorder.wait_for(1, timeout=10)
         assert [e["kind"] for e in started] == ["start"]
-        assert poll(lambda: json.loads(retained(broker, "stgcnd/cam0/state", 0.2).get(
+        assert poll(lambda: json.loads(retained(broker, "stgcnd/cam0/state").get(
             "stgcnd/cam0/state", b'{"open": []}'))["open"], 10)
-        assert retained(broker, "stgcnd/status", 0.2) == {"stgcnd/status": b"online"}
+        assert retained(broker, "stgcnd/status") == {"stgcnd/status": b"online"}
 
         d.signal(signal.SIGKILL)
         assert d.proc is not None and d.proc.wait(10) == -signal.SIGKILL
-        assert poll(lambda: retained(broker, "stgcnd/status", 0.2) == {
+        assert poll(lambda: retained(broker, "stgcnd/status") == {
             "stgcnd/status": b"offline"}, 5) is not None, "no offline within 5 s of the kill"
 
         d.start()
@@ -171,7 +183,7 @@ def test_sigkill_during_an_event_leaves_offline_and_the_restart_ends_it(tmp_path
 
         def ended() -> bool:
             ends = [e for e in recorder.events() if e["kind"] == "end"]
-            state = retained(broker, "stgcnd/+/state", 0.2)
+            state = retained(broker, "stgcnd/+/state")
             return [(e["id"], e["reason"]) for e in ends] == [
                 (started[0]["id"], "daemon-restart")] and all(
                 json.loads(p)["open"] == [] for p in state.values()) and bool(state)
@@ -179,9 +191,9 @@ def test_sigkill_during_an_event_leaves_offline_and_the_restart_ends_it(tmp_path
         assert poll(ended, 10) is not None, (recorder.events(), retained(broker, "stgcnd/#"))
         print(f"\nafter the kill: the end and the cleared state {time.monotonic() - ready:.2f}"
               " s after READY")
-        assert retained(broker, "stgcnd/status", 0.2) == {"stgcnd/status": b"online"}
+        assert retained(broker, "stgcnd/status") == {"stgcnd/status": b"online"}
         assert stop_by_pid(d) == 0
-        assert retained(broker, "stgcnd/status", 0.2) == {"stgcnd/status": b"offline"}
+        assert retained(broker, "stgcnd/status") == {"stgcnd/status": b"offline"}
     finally:
         stop_by_pid(d)
         recorder.close()
@@ -197,12 +209,12 @@ def test_a_camera_quiet_past_forget_after_s_is_not_brought_back(broker):
     try:
         sink.send({"kind": "feed", "camera": "old", "state": "silent", "at": time.time() - 90})
         sink.send({"kind": "feed", "camera": "new", "state": "ok", "at": time.time()})
-        assert poll(lambda: len(retained(broker, "stgcnd/#", 0.2)) == 5, 10)  # + 2 feeds
+        assert poll(lambda: len(retained(broker, "stgcnd/#")) == 5, 10)  # + 2 feeds
         broker.stop()
         (broker.dir / "mosquitto.db").unlink()
         broker.start()
         assert poll(lambda: sink.stats()["connects"] == 2, 20)
-        assert poll(lambda: len(retained(broker, "stgcnd/#", 0.2)) == 3, 10)
+        assert poll(lambda: len(retained(broker, "stgcnd/#")) == 3, 10)
         assert sorted(retained(broker, "stgcnd/#")) == [
             "stgcnd/new/feed", "stgcnd/new/state", "stgcnd/status"]
     finally:

@@ -21,6 +21,9 @@ from stgcnd.server.mqtt_sink import MqttSink
 from stgcnd.server.server import keep_restart_keys
 from tests.mosquitto import Broker, Recorder, needs_mosquitto
 
+# In-process sinks reconnect sooner (tests/server/conftest.py).
+pytestmark = pytest.mark.usefixtures("quick_reconnects")
+
 
 def event(camera: str, kind: str, n: int) -> dict[str, object]:
     return {"kind": kind, "id": f"{camera}/demo/1/{n}", "camera": camera, "class": "theft"}

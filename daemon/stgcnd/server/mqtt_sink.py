@@ -58,6 +58,7 @@ STOP_S = 1.0         # ... and paho's thread to stop (it may be in a connect att
 STATUS_S = 1.0       # ... and `offline` on the status topic to be acknowledged
 SYNC_S = 5.0         # the most the retained states may take to come back (then: go on)
 FORGET_CHECK_S = 60.0  # how often this run's states of cameras gone are looked for
+RECONNECT_S = (1, 30)  # paho's wait before reconnecting: the first, doubled up to the second
 ONLINE, OFFLINE = b"online", b"offline"  # Home Assistant's availability payloads, as they are
 __all__ = ["MqttSink", "topic_level"]
 
@@ -114,7 +115,7 @@ class MqttSink:
         client.max_inflight_messages_set(IN_FLIGHT)
         # Set before connecting: the broker publishes it when it loses the connection unasked.
         client.will_set(self.status_topic, OFFLINE, qos=1, retain=True)
-        client.reconnect_delay_set(1, 30)
+        client.reconnect_delay_set(*RECONNECT_S)
         try:
             if config.username:
                 password = (Path(config.password_file).read_text().splitlines() or [""])[0] \
