@@ -27,13 +27,6 @@ from tests.server.test_mqtt_restart import poll, put_retained, retained
 pytestmark = pytest.mark.usefixtures("quick_reconnects")
 
 
-@pytest.fixture
-def broker(tmp_path):
-    b = Broker(tmp_path).start()
-    yield b
-    b.stop()
-
-
 @needs_mosquitto
 def test_an_announced_camera_has_every_class_off_and_its_feed_at_once(broker):
     sink = MqttSink(MqttConfig(broker=broker.url, client_id="node", discovery=True))

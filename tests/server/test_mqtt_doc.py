@@ -14,37 +14,25 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from stgcnd_client import Client
 from tests.conftest import REPO
 from tests.mosquitto import Broker, needs_mosquitto
 from tests.server.daemon_harness import Daemon, stop_by_pid
+from tests.server.test_doc_examples import MODELS as EXAMPLE_MODELS
+from tests.server.test_doc_examples import WINDOW
 
 DOC = REPO / "docs" / "protocol.md"
 CONNECT = 'client.connect("broker.example", 1883)'
-# The noop backend's zero logits: P(shoplifting) = 0.5, so a camera's first window starts an
-# event (open until the shutdown); the zero windows show nobody, so its feed goes no-person at
-# the first stats tick (feed_intervals = 1).
-MODELS = """[[models]]
-name = "demo"
-backend = "noop"
-demo = true
-frames = 30
-labels = ["normal", "shoplifting"]
-[models.events]
-enter = 0.5
-exit = 0.4
-min_duration_s = 0.0
-min_usable = 0.0
-update_interval_s = 1.0
+# test_doc_examples' noop model (every first window starts an event, the feed goes no-person
+# at the first stats tick), with updates each second and the broker.
+MODELS = EXAMPLE_MODELS + """update_interval_s = 1.0
 
 [events.mqtt]
 broker = "{broker}"
 client_id = "stgcnd-doc-test"
 """
-WINDOW = np.zeros((3, 30, 33, 1), np.float32)
 
 
 def subscriber_example() -> str:

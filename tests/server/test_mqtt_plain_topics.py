@@ -28,13 +28,6 @@ pytestmark = pytest.mark.usefixtures("quick_reconnects")
 HA_ID = re.compile(r"[a-zA-Z0-9_-]+")
 
 
-@pytest.fixture
-def broker(tmp_path):
-    b = Broker(tmp_path).start()
-    yield b
-    b.stop()
-
-
 def start(camera: str, cls: str, at: float) -> dict[str, object]:
     return {"kind": "start", "id": f"{camera}/demo/{cls}/{round(at * 1e3)}", "camera": camera,
             "model": "demo", "class": cls, "class_index": 1, "started": at, "at": at}

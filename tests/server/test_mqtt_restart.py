@@ -79,13 +79,6 @@ def put_retained(broker: Broker, topics: dict[str, object]) -> None:
     client.loop_stop()
 
 
-@pytest.fixture
-def broker(tmp_path):
-    b = Broker(tmp_path).start()
-    yield b
-    b.stop()
-
-
 @needs_mosquitto
 def test_a_crashed_runs_open_event_ends_and_a_camera_gone_is_removed_at_start(broker):
     """Retained as a run killed mid-event leaves them: door's state open, a camera last heard

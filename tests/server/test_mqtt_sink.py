@@ -19,7 +19,7 @@ from stgcnd.errors import UserError
 from stgcnd.server.config import MqttConfig, check_files, load_config
 from stgcnd.server.mqtt_sink import MqttSink
 from stgcnd.server.server import keep_restart_keys
-from tests.mosquitto import Broker, Recorder, needs_mosquitto
+from tests.mosquitto import Recorder, needs_mosquitto
 
 # In-process sinks reconnect sooner (tests/server/conftest.py).
 pytestmark = pytest.mark.usefixtures("quick_reconnects")
@@ -34,13 +34,6 @@ def wait(predicate, timeout: float = 20.0) -> bool:
     while not predicate() and time.monotonic() < end:
         time.sleep(0.05)
     return predicate()
-
-
-@pytest.fixture
-def broker(tmp_path):
-    b = Broker(tmp_path).start()
-    yield b
-    b.stop()
 
 
 @needs_mosquitto

@@ -6,8 +6,9 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from stgcnd.engines.retry import BuildRetry
 from stgcnd.engines.store import EngineStore
@@ -25,6 +26,8 @@ from stgcnd.server.serving_plan import Target, serving_plan
 
 if TYPE_CHECKING:  # loaded by Planner.for_gpu: a CPU-only serve never needs it
     from stgcnd.server.memory_plan import MemoryPlan
+
+T = TypeVar("T")
 
 log = get_logger(__name__)
 
@@ -133,6 +136,22 @@ def _check_event_classes(mc: ModelConfig, runtime: Runtime) -> None:
     checkpoint without configured labels may carry them: config._check could not tell)."""
     if mc.events is not None:
         check_event_classes(mc.events, labels_for(mc, runtime), f"model {mc.name!r}")
+
+
+def in_thread(name: str, work: Callable[[], T]) -> Future[T]:
+    """Run `work` on a thread of its own; its Future. A daemon thread: a stop abandons a
+    build in progress (load_models' cancel) without waiting for it at exit."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        future.set_running_or_notify_cancel()
+        try:
+            future.set_result(work())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future
 
 
 def load_models(config: Config, generation: int = 1,

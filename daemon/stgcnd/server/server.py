@@ -31,7 +31,7 @@ from stgcnd.server.event_hub import EventHub
 from stgcnd.server.handshakes import Refusals, monitor_reporter
 from stgcnd.server.heap import CHECK_EVERY_S, RssWatch, give_back_free_memory
 from stgcnd.server.memory_policy import MemoryPolicy
-from stgcnd.server.models import ServedModel, load_models, load_upgrade
+from stgcnd.server.models import ServedModel, in_thread, load_models, load_upgrade
 from stgcnd.server.notify import Notifier
 from stgcnd.server.requests import RequestPath
 from stgcnd.server.transport import POLLIN, bind_router, make_router
@@ -71,22 +71,6 @@ def start_curve(ctx: zmq.Context[zmq.Socket[bytes]], config: Config) -> KeyHandl
         return None
     from stgcnd.server.curve import Curve
     return Curve(ctx, config)
-
-
-def in_thread(name: str, work: Callable[[], T]) -> Future[T]:
-    """Run `work` on a thread of its own; its Future. A daemon thread: a stop abandons a
-    build in progress (load_models' cancel) without waiting for it at exit."""
-    future: Future[T] = Future()
-
-    def run() -> None:
-        future.set_running_or_notify_cancel()
-        try:
-            future.set_result(work())
-        except BaseException as exc:
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return future
 
 
 class Server:

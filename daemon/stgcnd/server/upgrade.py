@@ -16,20 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, wait
-from typing import TypeVar
 
 from stgcnd.errors import BuildCancelled, first_line
 from stgcnd.log import get_logger
-from stgcnd.server.models import ServedModel
+from stgcnd.server.models import ServedModel, in_thread
 from stgcnd.server.scheduler import Scheduler
 from stgcnd.server.serve_now import Pending
 
 log = get_logger(__name__)
-
-T = TypeVar("T")
 
 CHECK_EVERY_S = 1.0   # the loop's duty: how soon a finished upgrade is swapped in
 CLOSE_WAIT_S = 10.0   # shutdown: how long an upgrade still warming its runners is waited for
@@ -91,7 +87,7 @@ class Upgrades:
             due = model.building
             if due is not None and not due.started and now >= due.due:
                 due.started = True
-                self._started.append((model, due, _in_thread(
+                self._started.append((model, due, in_thread(
                     f"upgrade-{model.name}", functools.partial(self._build, model))))
                 log.info("upgrade_started", model=model.name, **due.describe())
 
@@ -145,20 +141,6 @@ class Upgrades:
                  after={"backend": after.name, "precision": after.precision,
                         "compute_ms": compute_by_bucket(model)},
                  attempts=pending.attempts + 1)
-
-
-def _in_thread(name: str, work: Callable[[], T]) -> Future[T]:
-    future: Future[T] = Future()
-
-    def run() -> None:
-        future.set_running_or_notify_cancel()
-        try:
-            future.set_result(work())
-        except BaseException as exc:
-            future.set_exception(exc)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return future
 
 
 def describe_building(model: ServedModel) -> dict[str, object] | None:

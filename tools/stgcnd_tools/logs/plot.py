@@ -28,15 +28,20 @@ def _series(events: list[dict[str, Any]], key: str) -> tuple[list[Any], list[flo
 
 
 def plot(log: LogScan, out_path: str | Path, title: str | None = None) -> Path:
+    return save(figure(log, title), out_path, "--plot")
+
+
+def save(fig: Any, out_path: str | Path, option: str) -> Path:
+    """`fig` written to `out_path` and closed; a path that cannot be written is the user's
+    error, naming the `option` that gave it."""
     import matplotlib.pyplot as plt
 
-    fig = figure(log, title)
     out = Path(out_path)
     try:
         fig.savefig(out, dpi=110)
     except OSError as exc:
         raise UserError(f"cannot write the plot to {out}: {exc.strerror or exc}; "
-                        "choose a writable path for --plot") from None
+                        f"choose a writable path for {option}") from None
     finally:
         plt.close(fig)
     return out

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from stgcnd.errors import UserError
+from stgcnd_tools.logs.plot import save
 from stgcnd_tools.logs.summarize import LogScan, action_spans
 
 # Ends that say the daemon stopped, not that the activity did: the event may still be going on.
@@ -36,18 +37,7 @@ def natural(name: str) -> list[Any]:
 
 def plot_events(log: LogScan, out_path: str | Path, title: str | None = None,
                 local_time: bool = False) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig = events_figure(log, title, local_time)
-    out = Path(out_path)
-    try:
-        fig.savefig(out, dpi=110)
-    except OSError as exc:
-        raise UserError(f"cannot write the plot to {out}: {exc.strerror or exc}; "
-                        "choose a writable path for --events") from None
-    finally:
-        plt.close(fig)
-    return out
+    return save(events_figure(log, title, local_time), out_path, "--events")
 
 
 def overlap_lanes(spans: list[dict[str, Any]], end_of_log: float) -> tuple[list[int], int]:
