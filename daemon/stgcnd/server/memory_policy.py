@@ -36,12 +36,20 @@ class MemoryPolicy:
         self._errors = errors
         self._next_trim = 0.0
         self._growth_deferred = 0  # checks in a row that put a growth cut off (_may_cut)
+        self._was_discarding = False
 
     def check(self, now: float, trim_asked: bool = False, reloading: bool = False) -> None:
         """One check. `trim_asked`: an oversized message or a reply was dropped (trim once
         due). `reloading`: a reload's new models grow the heap as fast as a peer's message,
         and are not a peer's."""
         watch = self.watch
+        discarding = self._discarding()
+        if discarding and not self._was_discarding:
+            # The growth so far was the message now being dropped, whole: it cuts nobody (the
+            # requests queued behind it are not read until it is dropped, and their senders
+            # would count as never delivering). Growth from here on is another peer's.
+            watch.restart_growth()
+        self._was_discarding = discarding
         rss = watch.sample(now, sum(c.accepted for c in self._connections()))
         if trim_asked:
             watch.trim_soon()
@@ -59,7 +67,7 @@ class MemoryPolicy:
             # GROWTH_QUIET_S (a message still arriving, whatever was sent before it), never
             # one owed a reply; and while a message is dropped, only one that never
             # delivered: the requests queued behind it cannot be read meanwhile.
-            quiet_s = None if self._discarding() else GROWTH_QUIET_S
+            quiet_s = None if discarding else GROWTH_QUIET_S
             closed = sum(c.shed_quiet(now, quiet_s, GROWTH_SPARES_NEW_S, sending=True)
                          if grown else c.shed_quiet(now, CLOSE_IDLE_S)
                          for c in self._connections())
