@@ -16,6 +16,15 @@
 #                                                 # serves autotuned kernels (their trial in
 #                                                 # the first start); SAT_CAMERAS="24 32"
 #                                                 # adds closed loops of 8 x K cameras
+#   OUT=dir bash scripts/device_check.sh tune     # #45: compile auto, default buckets: READY
+#                                                 # cold, 64 cameras at 25 Hz in 90 s chunks
+#                                                 # while the buckets are tuned in the
+#                                                 # background, until two chunks after the swap
+#                                                 # (or TUNE_S, 1200), READY warm, then the
+#                                                 # bench (M=1, batch 64): ours tuned, ours
+#                                                 # default, a user's static max-autotune.
+#                                                 # Longer than one device call: start it with
+#                                                 # setsid; $OUT/done marks its end
 #   OUT=dir bash scripts/device_check.sh peers    # #35: ours (torch fp16, compile auto in our
 #                                                 # graphs) against a user's static torch.compile
 #                                                 # (PEERS, default: mode default and
@@ -149,6 +158,52 @@ buckets = $BUCKETS}" ""
   tail -8 "$RAW/pytest.txt" | tee -a "$OUT/summary-$TAG.txt"
   [ -n "${NO_BENCH:-}" ] || BENCH_S=200 bench --backends torch-cudagraph \
     torch-compile-cudagraph torch.compile --batch 1 64 --persons 1 5
+fi
+
+if [ "$PART" = tune ]; then
+  config tune "$MODEL_M1" ""
+  t0=$(date +%s.%N)
+  start tune "$NEW_PATH" 300 || { touch "$OUT/done"; exit 1; }
+  ready=$(date +%s.%N)
+  echo "READY cold: $(python3 -c "print(round($ready - $t0, 1))") s" | tee -a "$OUT/summary-$TAG.txt"
+  deadline=$(( SECONDS + ${TUNE_S:-1200} )); n=0; after=0
+  while [ $SECONDS -lt $deadline ]; do
+    n=$((n + 1))
+    PYTHONPATH=$NEW_PATH timeout 150 python3 -m stgcnd loadtest --endpoint "ipc://$TMP/tune.sock" \
+      --processes 8 --cameras 8 --rate 25 --duration 90 --warmup 2 --model single \
+      --json "$RAW/lt-tune-$n.json" >"$RAW/lt-tune-$n.txt" 2>&1
+    python3 - "$RAW/lt-tune-$n.json" "$RAW/daemon-tune.log" "$ready" <<'EOF2' | tee -a "$OUT/summary-$TAG.txt"
+import json, sys, time
+try:
+    r = json.load(open(sys.argv[1]))
+except Exception as exc:
+    print(f"chunk: no report ({exc})"); sys.exit()
+log = open(sys.argv[2]).read()
+rt = r["round_trip_ms"]
+print(f"chunk ending {time.time() - float(sys.argv[3]):.0f} s after READY: "
+      f"{r['windows_per_s']:.0f} windows/s, requests {r['requests']}, replies {r['replies']}, "
+      f"lost {r['lost_replies']}, error replies {r['error_replies']}, errors {r['errors']}, "
+      f"round trip p50 {rt.get('p50')} p99 {rt.get('p99')} max {rt.get('max')} ms; "
+      f"buckets tried {log.count('torch_autotune_bucket')}, upgraded "
+      f"{log.count('model_upgraded')}")
+EOF2
+    if grep -q '"model_upgraded"' "$RAW/daemon-tune.log"; then
+      after=$((after + 1)); [ $after -ge 2 ] && break
+    fi
+    grep -q '"upgrade_failed"' "$RAW/daemon-tune.log" && break
+  done
+  grep '"torch_autotune_bucket"\|"model_upgraded"\|"upgrade_failed"\|"upgrade_started"' \
+    "$RAW/daemon-tune.log" | cut -c1-700 | tee -a "$OUT/summary-$TAG.txt"
+  stop
+  t0=$(date +%s.%N)
+  start tune "$NEW_PATH" 300 && {
+    echo "READY warm: $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s" \
+      | tee -a "$OUT/summary-$TAG.txt"
+    stop
+  }
+  BENCH_S=500 bench --store "$TMP/engines-tune" --backends torch-autotune-cudagraph \
+    torch-compile-cudagraph torch.compile-max-autotune --batch 64 --persons 1 --iterations 50
+  touch "$OUT/done"
 fi
 
 if [ "$PART" = peers ]; then

@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import time
 
 import pytest
 
-from stgcnd.engines.builders.torch_autotune import FALLBACK, TUNED, try_buckets, tuned_buckets
+from stgcnd.engines.builders.torch_autotune import (
+    FALLBACK,
+    TUNED,
+    _time_in_turns,
+    _verdict,
+    try_buckets,
+    tuned_buckets,
+)
 from stgcnd.engines.options import BuildOptions
 from stgcnd.model.reference import torch_installed
 from stgcnd.model.spec import ModelSpec
@@ -79,3 +87,30 @@ def test_max_autotune_is_part_of_a_torch_key_on_cuda_only():
     assert "compile" not in tuned.key_dict("onnxruntime")
     cpu = BuildOptions(precision="fp32", max_batch=8, device="cpu", compile="max-autotune")
     assert "compile" not in cpu.key_dict("torch")
+
+
+REFERENCE_OK = {"finite": True, "max_abs_diff": 1e-3}
+
+
+def test_tuned_kernels_serve_only_where_they_measured_faster_than_the_default_ones():
+    kept = _verdict(REFERENCE_OK, 2e-2, 80.0, False, tuned_ms=6.0, default_ms=7.7)
+    assert (kept["mode"], kept["tuned_ms"], kept["default_ms"]) == (TUNED, 6.0, 7.7)
+    slower = _verdict(REFERENCE_OK, 2e-2, 80.0, False, tuned_ms=7.8, default_ms=7.7)
+    assert slower["mode"] == FALLBACK
+    assert slower["why"] == ("its autotuned kernels took 7.800 ms against the default "
+                             "kernels' 7.700 ms")
+    wrong = _verdict({"finite": True, "max_abs_diff": 1.0}, 2e-2, 80.0, False, 6.0, 7.7)
+    assert wrong["mode"] == FALLBACK and "reference" in wrong["why"]
+    assert _verdict(REFERENCE_OK, 2e-2, 80.0, True, 6.0, 7.7)["mode"] == FALLBACK
+
+
+def test_runners_timed_in_turns_keep_their_order():
+    def slow() -> None:
+        time.sleep(0.002)
+
+    def quick() -> None:
+        time.sleep(0.0002)
+
+    slow_ms, quick_ms = _time_in_turns([slow, quick])
+    assert quick_ms < slow_ms
+    assert slow_ms >= 2.0

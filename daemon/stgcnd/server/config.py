@@ -335,11 +335,13 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     cuda_graph: Annotated[bool, engine_key(
         "on CUDA: one graph per bucket, captured before READY")] = True
     compile: Annotated[Literal["auto", "off", "reduce-overhead", "max-autotune"], engine_key(
-        "torch on CUDA: torch.compile's kernels inside the graphs (auto: reduce-overhead "
-        "where Triton is installed; seconds a bucket, cached in engines_dir). max-autotune: "
-        "kernels benchmarked per bucket at build (minutes a bucket, once), each tried "
-        "against the reference in a process of its own; a bucket that fails serves the "
-        "default kernels")] = "auto"
+        "torch on CUDA: torch.compile's kernels inside the graphs. auto: where Triton is "
+        "installed, inductor's default kernels (seconds a bucket, cached in engines_dir) "
+        "and, with upgrade = \"background\", every bucket autotuned in the background and "
+        "swapped in (a start after that serves them at READY); max-autotune: the tuning "
+        "before READY (minutes a bucket, once). Tuned kernels are tried against the "
+        "reference in a process of their own and kept only where faster than the default "
+        "ones")] = "auto"
     threads: Annotated[int, engine_key(
         "CPU runtimes' intra-op threads (0: all cores; leave some to the cameras on a Jetson)",
         "must be >= 0", ge=0)] = 0
@@ -349,8 +351,9 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         "int8: calibrate on generated skeletons when no calibration file is given")] = False
     upgrade: Annotated[Literal["background", "before-ready"], policy_key(
         "background: when its artefact (an int8 build and calibration, a TensorRT engine of "
-        "backend auto) is not in the store, serve at once with what can (the fp32 session, "
-        "the CPU), build it at idle priority and swap "
+        "backend auto, compile auto's tuned kernels) is not in the store, serve at once with "
+        "what can (the fp32 session, the CPU, the default kernels), build it at idle "
+        "priority and swap "
         "its runners in when validated, no request lost (logged: model_upgraded); "
         "before-ready: build first, READY after (a reload changing it applies at the next "
         "load of the model)")] = "background"

@@ -12,10 +12,11 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from stgcnd.engines.store import EngineStore
+from stgcnd.errors import BackendUnavailable
 from stgcnd.log import get_logger
 from stgcnd.model.spec import ModelSpec
 from stgcnd.provision.load import Choice, serving_options
-from stgcnd.runtimes import available
+from stgcnd.runtimes import available, runtime_module
 from stgcnd.runtimes.base import Runtime
 
 log = get_logger(__name__)
@@ -36,8 +37,12 @@ class Pending:
     started: bool = False     # its build runs now (server/upgrade.py keeps its future)
 
     def describe(self) -> dict[str, object]:
-        return {"backend": self.choice.backend, "precision": self.choice.options.precision,
-                "device": self.choice.options.device, "attempts": self.attempts}
+        o = self.choice.options
+        out: dict[str, object] = {"backend": self.choice.backend, "precision": o.precision,
+                                  "device": o.device, "attempts": self.attempts}
+        if self.choice.backend == "torch":  # what tells the tuned kernels from the default
+            out["compile"] = o.compile
+        return out
 
 
 def serve_now_instead(choice: Choice, spec: ModelSpec, store: EngineStore,
@@ -46,11 +51,18 @@ def serve_now_instead(choice: Choice, spec: ModelSpec, store: EngineStore,
     the store already, or nothing quicker serves it). On a CPU an int8 (or fp16/bf16) ONNX
     Runtime model is served by the fp32 session: its build is an export, no calibration.
     `auto` (backend "auto"): TensorRT's engine is served meanwhile by the CPU runtime the
-    chain falls back to (`cpu_while_tensorrt_builds`). torch's autotune plugs in here."""
+    chain falls back to (`cpu_while_tensorrt_builds`). torch with compile "auto" on CUDA is
+    served by inductor's default kernels while its buckets are autotuned
+    (`default_kernels_while_tuning`)."""
     if choice.opened is not None:
         return None
     if choice.backend == "tensorrt":
         return cpu_while_tensorrt_builds(choice, spec, store) if auto else None
+    if choice.backend == "torch":
+        o = choice.options
+        if o.compile != "auto" or o.device != "cuda" or not o.cuda_graph:
+            return None
+        return default_kernels_while_tuning(choice, spec, store, _why_not_tuned())
     if choice.backend != "onnxruntime" or choice.options.precision == "fp32":
         return None
     if store.find(spec, choice.backend, choice.options) is not None:
@@ -80,6 +92,36 @@ def cpu_while_tensorrt_builds(choice: Choice, spec: ModelSpec, store: EngineStor
     return Choice(cpu, dataclasses.replace(options, device="cpu", precision="fp32",
                                            cuda_graph=False, compile="off"),
                   f"{cpu} fp32 on the CPU serves while tensorrt builds ({choice.why})")
+
+
+def default_kernels_while_tuning(choice: Choice, spec: ModelSpec, store: EngineStore,
+                                 why_not_tuned: str | None) -> Choice | None:
+    """compile "auto" on CUDA (with CUDA graphs) means: serve inductor's default kernels now
+    and autotune every bucket in the background (max-autotune's trials, the build child at idle
+    priority), a bucket kept tuned only where its kernels passed the fp32 reference and
+    measured faster than the default ones (engines/builders/torch_autotune.py); once the trials
+    are in the store a start serves them at READY. `choice` becomes that target. None (the
+    default kernels serve, as before) where max-autotune cannot run (`why_not_tuned`: no
+    Triton, as with JetPack's torch), or where the trials are stored: the choice serves them."""
+    if why_not_tuned is not None:
+        return None
+    now = choice.options
+    choice.options = dataclasses.replace(now, compile="max-autotune")
+    if store.find(spec, choice.backend, choice.options, quiet=True) is not None:
+        return None
+    return Choice(choice.backend, dataclasses.replace(now, compile="reduce-overhead"),
+                  f"the default kernels serve while each bucket is autotuned ({choice.why})")
+
+
+def _why_not_tuned() -> str | None:
+    """Why max-autotune cannot run on this machine's CUDA device, or None (imports torch:
+    only asked for a torch model on CUDA)."""
+    try:
+        torch_runtime = runtime_module("torch")
+        why: str | None = torch_runtime.torch_compile.unavailable(torch_runtime.cuda_device())
+        return why
+    except BackendUnavailable as exc:  # no CUDA: the load says so, as before
+        return str(exc)
 
 
 def at_idle_priority(work: Callable[[], T]) -> T:
@@ -122,4 +164,8 @@ def _lower_this_thread() -> None:
 def serving(runtime: Runtime) -> dict[str, object]:
     """What answers a model's requests now (hello's and stats' `serving`)."""
     info = runtime.info
-    return {"backend": info.name, "precision": info.precision, "device": info.device}
+    out: dict[str, object] = {"backend": info.name, "precision": info.precision,
+                              "device": info.device}
+    if "compile" in info.details:  # torch on CUDA: the default kernels, or the tuned ones
+        out["compile"] = info.details["compile"]
+    return out

@@ -4,7 +4,8 @@ of their own before they serve.
 A kernel that faults on the GPU ends the CUDA context of its process, so no process that serves
 may run one first. A trial process compiles each bucket with max-autotune inside the runner's
 CUDA graph, replays it and compares the logits with the fp32 reference; a bucket whose trial
-fails, faults or runs out of time serves inductor's default kernels. Inductor's caches live in
+fails, faults, runs out of time or is not faster than inductor's default kernels (timed in
+turns with them, same bucket, same runner) serves the default kernels. Inductor's caches live in
 the engine store, so the daemon's own compile of a tried bucket reads them (seconds).
 """
 
@@ -17,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Dict
 
@@ -111,18 +112,45 @@ def tuned_buckets(manifest: dict[str, Any]) -> frozenset[int]:
     return frozenset(int(b) for b, t in trials.items() if t.get("mode") == TUNED)
 
 
-def _verdict(result: dict[str, Any], bound: float, seconds: float, compile_failed: bool
-             ) -> dict[str, Any]:
-    """A bucket's verdict from its comparison with the fp32 reference (engines/validate.py)."""
+def _verdict(result: dict[str, Any], bound: float, seconds: float, compile_failed: bool,
+             tuned_ms: float | None = None, default_ms: float | None = None) -> dict[str, Any]:
+    """A bucket's verdict from its comparison with the fp32 reference (engines/validate.py)
+    and, where both were timed, with the default kernels: autotuned kernels that are not
+    faster serve nothing (a bucket keeps the default ones, and its compile takes seconds)."""
     if compile_failed:  # the runtime fell back to the uncompiled module: say so
         return {"mode": FALLBACK, "why": "max-autotune failed to compile it (the "
                 "torch_compile_failed log line says why)"}
     ok = result["finite"] and result["max_abs_diff"] <= bound
-    verdict = {"mode": TUNED if ok else FALLBACK, "max_abs_diff": result["max_abs_diff"],
-               "bound": bound, "seconds": round(seconds, 1)}
+    faster = tuned_ms is None or default_ms is None or tuned_ms < default_ms
+    verdict = {"mode": TUNED if ok and faster else FALLBACK,
+               "max_abs_diff": result["max_abs_diff"], "bound": bound,
+               "seconds": round(seconds, 1)}
+    if tuned_ms is not None and default_ms is not None:
+        verdict.update(tuned_ms=round(tuned_ms, 3), default_ms=round(default_ms, 3))
     if not ok:
         verdict["why"] = "its logits differ from the fp32 reference beyond the bound"
+    elif not faster:
+        verdict["why"] = (f"its autotuned kernels took {tuned_ms:.3f} ms against the default "
+                          f"kernels' {default_ms:.3f} ms")
     return verdict
+
+
+TIMED_ROUNDS = 5     # a bucket's two runners are timed in turns: drift hits both alike
+TIMED_CALLS = 10     # calls a round; the verdict compares the medians of all of them
+
+
+def _time_in_turns(runners: list[Callable[[], object]]) -> list[float]:
+    """Each runner's median call in ms, the runners called in turns (after one warm call)."""
+    calls: list[list[float]] = [[] for _ in runners]
+    for run in runners:
+        run()
+    for _ in range(TIMED_ROUNDS):
+        for run, times in zip(runners, calls):
+            for _ in range(TIMED_CALLS):
+                t0 = time.perf_counter()
+                run()
+                times.append((time.perf_counter() - t0) * 1e3)
+    return [float(np.median(times)) for times in calls]
 
 
 def _trial_main(job_path: str) -> None:
@@ -157,12 +185,26 @@ def _trial_main(job_path: str) -> None:
                                    compile_cache=Path(job["store_root"]),
                                    tuned_batches=frozenset({b}))
             runner = runtime.open_runner([b], 0)  # the runner that serves
-            got = runner.run(list(windows[:b]))
-            runner.close()
+            batch = list(windows[:b])
+            got = runner.run(batch)
+            seconds = time.perf_counter() - t0
             ref = reference_logits(model, windows[:b])
-            verdict = _verdict(compare_logits(ref, got),
-                               RELATIVE_TOLERANCE * float(np.abs(ref).max()),
-                               time.perf_counter() - t0, runtime.compile_failed)
+            compared = compare_logits(ref, got)  # before the timed calls reuse its buffer
+            times: list[float | None] = [None, None]
+            if not runtime.compile_failed:
+                # The default kernels of the same bucket in the same runner, timed in turns
+                # with the tuned ones: tuning keeps only what is faster.
+                default = TorchRuntime(model, job["precision"], "cuda", cuda_graph=True,
+                                       max_batch=b, compile_mode=FALLBACK,
+                                       compile_cache=Path(job["store_root"]))
+                default_runner = default.open_runner([b], 0)
+                times = list(_time_in_turns([lambda: runner.run(batch),
+                                             lambda: default_runner.run(batch)]))
+                default_runner.close()
+                default.close()
+            runner.close()
+            verdict = _verdict(compared, RELATIVE_TOLERANCE * float(np.abs(ref).max()),
+                               seconds, runtime.compile_failed, *times)
             runtime.close()
         print(json.dumps({"trial": 1, "bucket": b, "verdict": verdict}), flush=True)
     os._exit(0)  # inductor's compile workers: no slow interpreter teardown
