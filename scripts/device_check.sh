@@ -22,7 +22,9 @@
 #                                                 # background, until two chunks after the swap
 #                                                 # (or TUNE_S, 1200), READY warm, then the
 #                                                 # bench (M=1, batch 64): ours tuned, ours
-#                                                 # default, a user's static max-autotune.
+#                                                 # default, a user's static max-autotune
+#                                                 # (NO_BENCH=1: none). BUCKETS, CHUNK_S,
+#                                                 # TUNE_PROCESSES x TUNE_CAMERAS: a smaller run.
 #                                                 # Longer than one device call: start it with
 #                                                 # setsid; $OUT/done marks its end
 #   OUT=dir bash scripts/device_check.sh peers    # #35: ours (torch fp16, compile auto in our
@@ -161,7 +163,9 @@ buckets = $BUCKETS}" ""
 fi
 
 if [ "$PART" = tune ]; then
-  config tune "$MODEL_M1" ""
+  config tune "$MODEL_M1${BUCKETS:+
+max_batch = $(echo "$BUCKETS" | tr -d '[] ' | tr ',' '\n' | sort -n | tail -1)
+buckets = $BUCKETS}" ""
   t0=$(date +%s.%N)
   start tune "$NEW_PATH" 300 || { touch "$OUT/done"; exit 1; }
   ready=$(date +%s.%N)
@@ -170,7 +174,8 @@ if [ "$PART" = tune ]; then
   while [ $SECONDS -lt $deadline ]; do
     n=$((n + 1))
     PYTHONPATH=$NEW_PATH timeout 150 python3 -m stgcnd loadtest --endpoint "ipc://$TMP/tune.sock" \
-      --processes 8 --cameras 8 --rate 25 --duration 90 --warmup 2 --model single \
+      --processes ${TUNE_PROCESSES:-8} --cameras ${TUNE_CAMERAS:-8} --rate 25 \
+      --duration ${CHUNK_S:-90} --warmup 2 --model single \
       --json "$RAW/lt-tune-$n.json" >"$RAW/lt-tune-$n.txt" 2>&1
     python3 - "$RAW/lt-tune-$n.json" "$RAW/daemon-tune.log" "$ready" <<'EOF2' | tee -a "$OUT/summary-$TAG.txt"
 import json, sys, time
@@ -201,8 +206,9 @@ EOF2
       | tee -a "$OUT/summary-$TAG.txt"
     stop
   }
-  BENCH_S=500 bench --store "$TMP/engines-tune" --backends torch-autotune-cudagraph \
-    torch-compile-cudagraph torch.compile-max-autotune --batch 64 --persons 1 --iterations 50
+  [ -n "${NO_BENCH:-}" ] || BENCH_S=500 bench --store "$TMP/engines-tune" --backends \
+    torch-autotune-cudagraph torch-compile-cudagraph torch.compile-max-autotune --batch 64 \
+    --persons 1 --iterations 50
   touch "$OUT/done"
 fi
 

@@ -12,6 +12,7 @@ built from, so its answers are checked against the CPU's."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -174,4 +175,43 @@ def test_a_build_that_cannot_fit_beside_what_serves_is_one_line_and_the_cpu_serv
     with Client(d.endpoint) as client:
         assert client.infer(WINDOW).label_name in ("normal", "shoplifting")
     assert hello(d)["serving"]["device"] == "cpu"
+    assert stop_by_pid(d) == 0
+
+
+def test_a_reload_that_changes_the_engine_serves_the_old_engine_while_the_new_one_builds(
+        board, tmp_path):
+    """A named TensorRT model (built before READY) is reloaded with max_batch 4 (a new
+    engine): the reload is done while the new engine's build is held, the old engine serving
+    (TensorRT still: no CPU stand-in for a model that has an engine), then the new one is
+    swapped in, a camera served throughout."""
+    release = tmp_path / "release-build"
+    release.touch()  # the start's build is not held
+    env = board_env(tmp_path, cameras_gb=3, cache_gb=3, slow_build_s=1, hold_build=release)
+    d = board(env, memory_budget_mb=BUDGET_MB)
+    d.config_path.write_text(d.config_path.read_text().replace(
+        'precision = "fp16"\n', 'precision = "fp16"\nbackend = "tensorrt"\n'))
+    ready(d)
+    before = hello(d)
+    assert before["serving"]["backend"] == "tensorrt" and before["max_batch"] > 4
+    with Camera(d.endpoint) as camera:
+        release.unlink()
+        d.config_path.write_text(d.config_path.read_text().replace(
+            'backend = "tensorrt"\n', 'backend = "tensorrt"\nmax_batch = 4\n'))
+        d.notify.skip_seen()
+        d.signal(signal.SIGHUP)
+        assert "reloaded" in d.notify.wait_for("READY", timeout=60, alive=d.running)["STATUS"]
+        model = hello(d)
+        assert model["serving"]["backend"] == "tensorrt"
+        assert model["max_batch"] == before["max_batch"]
+        assert model["building"]["backend"] == "tensorrt"
+        time.sleep(1.0)
+        release.touch()
+        (upgraded,) = wait_log(d, "model_upgraded", 240)
+        time.sleep(1.0)
+    assert not camera.errors, camera.errors[:3]
+    assert len(camera.logits) >= 5
+    assert upgraded["before"]["backend"] == upgraded["after"]["backend"] == "tensorrt"
+    assert max(map(int, upgraded["after"]["compute_ms"])) == 4
+    model = hello(d)
+    assert model["max_batch"] == 4 and model["building"] is None
     assert stop_by_pid(d) == 0

@@ -294,3 +294,55 @@ def test_f_an_upgrade_whose_model_a_reload_replaced_is_closed_not_swapped_in(tmp
         assert stop_by_pid(d) == 0
     finally:
         stop_by_pid(d)
+
+
+@pytest.mark.slow
+def test_g_a_reload_that_needs_a_build_keeps_the_runners_serving_then_swaps(tmp_path):
+    """fp32 serves; a reload asks for int8 (a new engine key, its build held): the reload is
+    done at once and the fp32 runners serve on (no new ones made for it), a second reload of
+    the same file starts nothing more, and the int8 runners are swapped in once built, with
+    every camera request answered once and none failed."""
+    release = tmp_path / "release"
+    d = _daemon(tmp_path, HOLD_INT8_UNTIL=str(release))
+    d.config_path.write_text(d.config_path.read_text().replace('precision = "int8"',
+                                                               'precision = "fp32"'))
+    d.start()
+    try:
+        assert _hello_model(d)["serving"]["precision"] == "fp32"
+        with Cameras(d.endpoint) as cams:
+            text = d.config_path.read_text()
+            d.config_path.write_text(text.replace('precision = "fp32"', 'precision = "int8"'))
+            d.notify.skip_seen()
+            d.signal(signal.SIGHUP)
+            assert "reloaded" in d.notify.wait_for("READY", timeout=120)["STATUS"]
+            kept = _wait_log(d, "model_kept_while_building", 5)
+            assert kept["serving"]["precision"] == "fp32"
+            assert kept["building"]["precision"] == "int8"
+            hello = _hello_model(d)
+            assert hello["serving"]["precision"] == "fp32"
+            assert hello["building"]["precision"] == "int8"
+            d.notify.skip_seen()
+            d.signal(signal.SIGHUP)  # the same file again: the build under way is the one
+            assert "reloaded" in d.notify.wait_for("READY", timeout=120)["STATUS"]
+            release.touch()
+            upgraded = _wait_log(d, "model_upgraded", 240)
+            time.sleep(1.0)
+        events = [e.get("event") for e in d.log_events()]
+        assert events.count("upgrade_started") == 1, events
+        assert events.count("model_ready") == 1  # the start's: the reloads made no runners
+        assert upgraded["before"]["precision"] == "fp32"
+        assert upgraded["after"]["precision"] == "int8"
+        answered = Counter(i for _, i, _ in cams.replies)
+        assert set(answered) == set(cams.sent), "a request was never answered"
+        assert max(answered.values()) == 1, "a request was answered twice"
+        errors = [r for _, _, r in cams.replies if r.error is not None]
+        assert not errors, errors[:3]
+        hello = _hello_model(d)
+        assert hello["serving"]["precision"] == "int8" and hello["building"] is None
+        end = time.monotonic() + 30
+        while _closed(d, 1) < 1 and time.monotonic() < end:  # the fp32 runners, retired
+            time.sleep(0.2)
+        assert _closed(d, 1) == 1, d.log_path.read_text()[-3000:]
+        assert stop_by_pid(d) == 0
+    finally:
+        stop_by_pid(d)

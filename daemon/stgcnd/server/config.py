@@ -355,8 +355,9 @@ class ModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
         "what can (the fp32 session, the CPU, the default kernels), build it at idle "
         "priority and swap "
         "its runners in when validated, no request lost (logged: model_upgraded); "
-        "before-ready: build first, READY after (a reload changing it applies at the next "
-        "load of the model)")] = "background"
+        "a reload that changes an engine key builds the same way while the runners serving "
+        "now serve on; before-ready: build first, READY after (a reload changing it applies "
+        "at the next load of the model)")] = "background"
     noop_compute_us: Annotated[int, engine_key(
         "backend noop only: each batch finishes this long after it starts",
         "must be in 0..10000000 and is for backend = \"noop\" only", ge=0,

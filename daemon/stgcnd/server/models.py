@@ -21,7 +21,13 @@ from stgcnd.runtimes.base import Runtime
 from stgcnd.server.config import Config, ModelConfig, ServerConfig, check_event_classes
 from stgcnd.server.executor import Executor
 from stgcnd.server.scheduler import Job, Scheduler
-from stgcnd.server.serve_now import Pending, at_idle_priority, serve_now_instead, serving
+from stgcnd.server.serve_now import (
+    Pending,
+    at_idle_priority,
+    needs_build,
+    serve_now_instead,
+    serving,
+)
 from stgcnd.server.serving_plan import Target, serving_plan
 
 if TYPE_CHECKING:  # loaded by Planner.for_gpu: a CPU-only serve never needs it
@@ -54,6 +60,9 @@ class ServedModel:
     scheduler: Scheduler = field(default_factory=lambda: Scheduler(1), repr=False)
     executors: list[Executor] = field(default_factory=list, repr=False)
     building: Pending | None = None  # what it is upgraded to in the background (serve_now.py)
+    # The configuration (ModelConfig.engine) its runners were made for, as themselves or as
+    # what serves at once instead: a reload keeps the model when it asks for this again.
+    made_for: tuple[object, ...] = ()
 
     @property
     def name(self) -> str:
@@ -158,7 +167,8 @@ def load_models(config: Config, generation: int = 1,
                 keep: dict[str, ServedModel] | None = None,
                 start: Callable[[ServedModel], None] | None = None,
                 cancel: threading.Event | None = None,
-                background: bool = False) -> dict[str, ServedModel]:
+                background: bool = False,
+                deferred: dict[str, Pending] | None = None) -> dict[str, ServedModel]:
     """Build or reuse every configured model's artefact, load it, and `start` its executors
     (which warm every bucket) before returning.
 
@@ -174,7 +184,10 @@ def load_models(config: Config, generation: int = 1,
 
     `background` (the daemon): a model with `upgrade = "background"` whose artefact must be
     built is served at once by a quicker runtime, its upgrade left `building` for the loop
-    (server/upgrade.py, `load_upgrade`).
+    (server/upgrade.py, `load_upgrade`). With `deferred` (a reload), a kept model whose new
+    engine keys need a build and whose runners serve the same model (checkpoint, shape) keeps
+    them meanwhile: it is returned as it is, and what it is upgraded to goes into `deferred`
+    (the loop sets it as the model's `building` when it applies the reload).
     """
     store = EngineStore(config.engines_dir, cancel=cancel,
                         retry=BuildRetry(config.server.build_retry_after_s,
@@ -186,15 +199,23 @@ def load_models(config: Config, generation: int = 1,
             if cancel is not None and cancel.is_set():
                 raise BuildCancelled("start-up cancelled")
             old = (keep or {}).get(mc.name)
-            if old is not None and old.config.engine == mc.engine:
+            if old is not None and (old.made_for == mc.engine or (
+                    old.building is not None and old.building.engine == mc.engine)):
                 _check_event_classes(mc, old.runtime)  # the reload's labels, its events
                 loaded[mc.name] = old
                 continue
             t0 = time.perf_counter()
-            served = _first_that_serves(mc, store, generation, start, planner,
-                                        background and mc.upgrade == "background")
+            upgrade = background and mc.upgrade == "background"
+            served = _first_that_serves(mc, store, generation, start, planner, upgrade,
+                                        keeps=old if upgrade and deferred is not None else None,
+                                        deferred=deferred)
             loaded[mc.name] = served
             _check_event_classes(mc, served.runtime)
+            if served is old:
+                assert deferred is not None
+                log.info("model_kept_while_building", model=mc.name,
+                         serving=serving(old.runtime), building=deferred[mc.name].describe())
+                continue
             info = served.runtime.info
             first = served.executors[0] if served.executors else None
             log.info("model_ready", model=mc.name, backend=info.name, why=served.why,
@@ -270,13 +291,22 @@ def camera_rate_at_risk(mc: ModelConfig, compute_ms: dict[int, float]) -> dict[s
 
 def _first_that_serves(mc: ModelConfig, store: EngineStore, generation: int,
                        start: Callable[[ServedModel], None] | None,
-                       planner: Planner, background: bool = False) -> ServedModel:
+                       planner: Planner, background: bool = False,
+                       keeps: ServedModel | None = None,
+                       deferred: dict[str, Pending] | None = None) -> ServedModel:
+    """`keeps` (a reload, with `deferred`): the model's current version, returned as it is
+    while the new configuration's artefact builds, where its runners serve the same model."""
     # The same plan `stgcnd build --config` prepares the store with (server/serving_plan.py).
     spec, options = serving_plan(mc)
+    same_model = keeps is not None and serving_plan(keeps.config)[0] == spec
 
     def use(choice: Choice) -> ServedModel:
         now = serve_now_instead(choice, spec, store, mc.backend == "auto") if background \
             else None
+        if keeps is not None and deferred is not None and same_model and (
+                now is not None or needs_build(choice, spec, store)):
+            deferred[mc.name] = Pending(choice, spec, engine=mc.engine)
+            return keeps
         served = _serve_with(mc, now or choice, spec, store, generation, start, planner)
         if now is not None:
             served.building = Pending(choice, spec)
@@ -327,7 +357,7 @@ def _serve_with(mc: ModelConfig, choice: Choice, spec: ModelSpec, store: EngineS
         planned = plan.placed[-1].total
     served = ServedModel(mc, runtime, labels_for(mc, runtime), demo=mc.checkpoint is None,
                          generation=generation, why=choice.why, buckets=tuple(buckets),
-                         planned_bytes=planned, max_batch=max(buckets))
+                         planned_bytes=planned, max_batch=max(buckets), made_for=mc.engine)
     if start is not None:
         try:
             runners_from = plan.free_now() if plan is not None else 0

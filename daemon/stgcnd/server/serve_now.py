@@ -32,6 +32,9 @@ class Pending:
 
     choice: Choice
     spec: ModelSpec
+    # A reload's (ModelConfig.engine): the configuration the upgrade serves, while the runners
+    # of the one before serve meanwhile; None at a start (the runners stand in for it already).
+    engine: tuple[object, ...] | None = None
     due: float = 0.0          # monotonic: the next attempt starts at or after this
     attempts: int = 0
     started: bool = False     # its build runs now (server/upgrade.py keeps its future)
@@ -92,6 +95,16 @@ def cpu_while_tensorrt_builds(choice: Choice, spec: ModelSpec, store: EngineStor
     return Choice(cpu, dataclasses.replace(options, device="cpu", precision="fp32",
                                            cuda_graph=False, compile="off"),
                   f"{cpu} fp32 on the CPU serves while tensorrt builds ({choice.why})")
+
+
+def needs_build(choice: Choice, spec: ModelSpec, store: EngineStore) -> bool:
+    """Whether serving `choice` would first build an artefact that is not in the store (a
+    TensorRT engine, an ONNX Runtime export): what a reload's model keeps its runners for."""
+    if choice.opened is not None or choice.backend not in ("tensorrt", "onnxruntime"):
+        return False
+    options = serving_options(choice.options) if choice.backend == "tensorrt" else \
+        choice.options
+    return store.find(spec, choice.backend, options, quiet=True) is None
 
 
 def default_kernels_while_tuning(choice: Choice, spec: ModelSpec, store: EngineStore,

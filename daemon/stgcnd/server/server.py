@@ -34,6 +34,7 @@ from stgcnd.server.memory_policy import MemoryPolicy
 from stgcnd.server.models import ServedModel, in_thread, load_models, load_upgrade
 from stgcnd.server.notify import Notifier
 from stgcnd.server.requests import RequestPath
+from stgcnd.server.serve_now import Pending
 from stgcnd.server.transport import POLLIN, bind_router, make_router
 from stgcnd.server.upgrade import CHECK_EVERY_S as UPGRADE_CHECK_S
 from stgcnd.server.upgrade import CLOSE_WAIT_S as UPGRADE_CLOSE_WAIT_S
@@ -63,6 +64,9 @@ class Reloaded(NamedTuple):
 
     config: Config
     models: dict[str, ServedModel]
+    # Kept models whose new engine keys build in the background while their runners serve:
+    # what each is upgraded to (models.load_models), set as its `building` when applied.
+    deferred: dict[str, Pending]
 
 
 def start_curve(ctx: zmq.Context[zmq.Socket[bytes]], config: Config) -> KeyHandler | None:
@@ -431,10 +435,11 @@ class Server:
         # A [server] engine key (engines_dir, memory plan, warm-up) is what every model is
         # loaded with: every model is loaded anew. Otherwise a model whose own engine keys
         # are unchanged is kept (its policy keys applied by _apply).
+        deferred: dict[str, Pending] = {}
         return Reloaded(config, load_models(
             config, generation, keep=None if engine_changed else models,
             start=lambda model: self._start_model(model, config), cancel=self.wakeup.stop,
-            background=True))
+            background=True, deferred=deferred), deferred)
 
     def _finish_reload(self, reload: Future[Reloaded]) -> None:
         self._reload = None
@@ -452,7 +457,7 @@ class Server:
     def _apply(self, reloaded: Reloaded) -> None:
         """Serve the reloaded models and apply the policy keys; replaced models finish their
         queued work, then close."""
-        old, (config, models) = self.models, reloaded
+        old, (config, models, deferred) = self.models, reloaded
         self.generation += 1
         self.models = self.requests.models = models
         if self._follow_log_level and config.server.log_level != self.config.server.log_level:
@@ -463,6 +468,8 @@ class Server:
         for name, model in models.items():
             if old.get(name) is model:
                 model.apply_policy(config.model(name) or model.config)
+                if name in deferred:  # its runners serve on until the upgrade swaps
+                    model.building = deferred[name]
             model.scheduler.queue_size = server.queue_size
         if self._sampler is not None:
             self._sampler.interval_s = server.stats_interval

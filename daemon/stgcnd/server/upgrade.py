@@ -55,7 +55,7 @@ def swap(model: ServedModel, fresh: ServedModel) -> ServedModel:
     model.runtime, model.executors = fresh.runtime, fresh.executors
     model.why, model.buckets = fresh.why, fresh.buckets
     model.planned_bytes, model.max_batch = fresh.planned_bytes, fresh.max_batch
-    model.building = None
+    model.made_for, model.building = fresh.made_for, None
     return retired
 
 
