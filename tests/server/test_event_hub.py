@@ -31,7 +31,7 @@ held = lambda: sorted(m for m in {optional!r} if m in sys.modules)
 config, watched = load_config(sys.argv[1]), load_config(sys.argv[2])
 server = Server(config, Wakeup(), Notifier(env={{}}), lambda: config)
 made = held()
-server._apply(Reloaded(watched, load_models(watched, 2, keep=server.models), {}))
+server._apply(Reloaded(watched, load_models(watched, 2, keep=server.models), {{}}))
 assert list(server.events.rules.configs) == ["demo"]  # the reload's rules hold
 print(json.dumps([made, held(), server.events.socket is not None]))
 """

@@ -24,7 +24,7 @@ from stgcnd.server.scheduler import Job, Scheduler
 from stgcnd.server.serve_now import (
     Pending,
     at_idle_priority,
-    needs_build,
+    engine_to_build,
     serve_now_instead,
     serving,
 )
@@ -184,10 +184,11 @@ def load_models(config: Config, generation: int = 1,
 
     `background` (the daemon): a model with `upgrade = "background"` whose artefact must be
     built is served at once by a quicker runtime, its upgrade left `building` for the loop
-    (server/upgrade.py, `load_upgrade`). With `deferred` (a reload), a kept model whose new
-    engine keys need a build and whose runners serve the same model (checkpoint, shape) keeps
-    them meanwhile: it is returned as it is, and what it is upgraded to goes into `deferred`
-    (the loop sets it as the model's `building` when it applies the reload).
+    (server/upgrade.py, `load_upgrade`). With `deferred` (a reload), a model whose new engine
+    keys ask for what a start would build in the background, or for a TensorRT engine not in
+    the store, and whose runners serve the same model (checkpoint, shape), keeps them
+    meanwhile: it is returned as it is, and what it is upgraded to goes into `deferred` (the
+    loop sets it as the model's `building` when it applies the reload).
     """
     store = EngineStore(config.engines_dir, cancel=cancel,
                         retry=BuildRetry(config.server.build_retry_after_s,
@@ -304,7 +305,7 @@ def _first_that_serves(mc: ModelConfig, store: EngineStore, generation: int,
         now = serve_now_instead(choice, spec, store, mc.backend == "auto") if background \
             else None
         if keeps is not None and deferred is not None and same_model and (
-                now is not None or needs_build(choice, spec, store)):
+                now is not None or engine_to_build(choice, spec, store)):
             deferred[mc.name] = Pending(choice, spec, engine=mc.engine)
             return keeps
         served = _serve_with(mc, now or choice, spec, store, generation, start, planner)

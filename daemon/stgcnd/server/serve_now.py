@@ -97,13 +97,14 @@ def cpu_while_tensorrt_builds(choice: Choice, spec: ModelSpec, store: EngineStor
                   f"{cpu} fp32 on the CPU serves while tensorrt builds ({choice.why})")
 
 
-def needs_build(choice: Choice, spec: ModelSpec, store: EngineStore) -> bool:
-    """Whether serving `choice` would first build an artefact that is not in the store (a
-    TensorRT engine, an ONNX Runtime export): what a reload's model keeps its runners for."""
-    if choice.opened is not None or choice.backend not in ("tensorrt", "onnxruntime"):
+def engine_to_build(choice: Choice, spec: ModelSpec, store: EngineStore) -> bool:
+    """Whether serving `choice` first builds a TensorRT engine that is not in the store
+    (minutes on a board). A start builds a named TensorRT model's engine before READY, having
+    nothing else to serve it with; a reload has the model's current runners, which serve on
+    (models.load_models). Exports (seconds) are not deferred, at a start or a reload."""
+    if choice.opened is not None or choice.backend != "tensorrt":
         return False
-    options = serving_options(choice.options) if choice.backend == "tensorrt" else \
-        choice.options
+    options = serving_options(choice.options)
     return store.find(spec, choice.backend, options, quiet=True) is None
 
 
