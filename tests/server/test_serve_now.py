@@ -4,6 +4,8 @@ is autotuned, and serves the tuned ones once their trials are stored."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from stgcnd.engines.options import BuildOptions
@@ -11,7 +13,11 @@ from stgcnd.engines.store import EngineStore
 from stgcnd.model.reference import torch_installed
 from stgcnd.model.spec import ModelSpec
 from stgcnd.provision.load import Choice
-from stgcnd.server.serve_now import default_kernels_while_tuning, serve_now_instead
+from stgcnd.server.serve_now import (
+    current_runners_serve_on,
+    default_kernels_while_tuning,
+    serve_now_instead,
+)
 
 CUDA_AUTO = BuildOptions(precision="fp16", max_batch=4, device="cuda", compile="auto",
                          cuda_graph=True)
@@ -63,3 +69,21 @@ def test_once_the_trials_are_stored_a_start_serves_them(tmp_path):
     again = Choice("torch", CUDA_AUTO, "configured")
     assert default_kernels_while_tuning(again, spec, store, None) is None
     assert again.options.compile == "max-autotune"
+
+
+def test_a_reload_keeps_the_current_runners_only_for_a_lesser_stand_in_or_an_engine(tmp_path):
+    """What a reload does while the new configuration's artefact builds: the model's current
+    runners serve on instead of a lesser stand-in (the fp32 session for int8), or while a
+    TensorRT engine not in the store builds; torch's default kernels serve the new
+    configuration at once (seconds a bucket) while it is tuned, and an export is made by the
+    reload."""
+    store, spec = EngineStore(tmp_path), ModelSpec(persons=1)
+    int8 = Choice("onnxruntime", BuildOptions(precision="int8", device="cpu"), "named")
+    fp32 = Choice("onnxruntime", BuildOptions(precision="fp32", device="cpu"), "stand-in")
+    assert current_runners_serve_on(int8, fp32, spec, store)
+    tuned = Choice("torch", dataclasses.replace(CUDA_AUTO, compile="max-autotune"), "named")
+    default = Choice("torch", dataclasses.replace(CUDA_AUTO, compile="reduce-overhead"), "now")
+    assert not current_runners_serve_on(tuned, default, spec, store)
+    engine = Choice("tensorrt", BuildOptions(precision="fp32", device="cuda"), "named")
+    assert current_runners_serve_on(engine, None, spec, store)  # not in the store
+    assert not current_runners_serve_on(fp32, None, spec, store)  # an export: the reload's

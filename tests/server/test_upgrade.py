@@ -346,3 +346,39 @@ def test_g_a_reload_that_needs_a_build_keeps_the_runners_serving_then_swaps(tmp_
         assert stop_by_pid(d) == 0
     finally:
         stop_by_pid(d)
+
+
+@pytest.mark.slow
+def test_h_a_reload_back_to_what_serves_calls_the_upgrade_off(tmp_path):
+    """fp32 serves; a reload asks for int8 (held), a second reload asks for fp32 again: the
+    upgrade is off (`building` null), and the int8 runners, once made, are closed, never
+    swapped in."""
+    release = tmp_path / "release"
+    d = _daemon(tmp_path, HOLD_INT8_UNTIL=str(release))
+    fp32 = d.config_path.read_text().replace('precision = "int8"', 'precision = "fp32"')
+    d.config_path.write_text(fp32)
+    d.start()
+    try:
+        d.config_path.write_text(fp32.replace('precision = "fp32"', 'precision = "int8"'))
+        d.notify.skip_seen()
+        d.signal(signal.SIGHUP)
+        assert "reloaded" in d.notify.wait_for("READY", timeout=120)["STATUS"]
+        assert _hello_model(d)["building"]["precision"] == "int8"
+        _wait_log(d, "upgrade_started", 30)  # its build runs (held)
+        d.config_path.write_text(fp32)
+        d.notify.skip_seen()
+        d.signal(signal.SIGHUP)
+        assert "reloaded" in d.notify.wait_for("READY", timeout=120)["STATUS"]
+        hello = _hello_model(d)
+        assert hello["serving"]["precision"] == "fp32" and hello["building"] is None
+        release.touch()
+        end = time.monotonic() + 120  # the int8 runners made, then closed (the fp32 serve)
+        while _closed(d, 1) < 1 and time.monotonic() < end:
+            time.sleep(0.2)
+        assert _closed(d, 1) == 1, d.log_path.read_text()[-3000:]
+        events = [e.get("event") for e in d.log_events()]
+        assert "model_upgraded" not in events
+        assert _hello_model(d)["serving"]["precision"] == "fp32"
+        assert stop_by_pid(d) == 0
+    finally:
+        stop_by_pid(d)

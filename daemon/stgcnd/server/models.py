@@ -24,7 +24,7 @@ from stgcnd.server.scheduler import Job, Scheduler
 from stgcnd.server.serve_now import (
     Pending,
     at_idle_priority,
-    engine_to_build,
+    current_runners_serve_on,
     serve_now_instead,
     serving,
 )
@@ -168,7 +168,8 @@ def load_models(config: Config, generation: int = 1,
                 start: Callable[[ServedModel], None] | None = None,
                 cancel: threading.Event | None = None,
                 background: bool = False,
-                deferred: dict[str, Pending] | None = None) -> dict[str, ServedModel]:
+                deferred: dict[str, Pending | None] | None = None
+                ) -> dict[str, ServedModel]:
     """Build or reuse every configured model's artefact, load it, and `start` its executors
     (which warm every bucket) before returning.
 
@@ -188,7 +189,8 @@ def load_models(config: Config, generation: int = 1,
     keys ask for what a start would build in the background, or for a TensorRT engine not in
     the store, and whose runners serve the same model (checkpoint, shape), keeps them
     meanwhile: it is returned as it is, and what it is upgraded to goes into `deferred` (the
-    loop sets it as the model's `building` when it applies the reload).
+    loop sets it as the model's `building` when it applies the reload; None: a reload asked
+    for what its runners serve again, and the upgrade under way is off).
     """
     store = EngineStore(config.engines_dir, cancel=cancel,
                         retry=BuildRetry(config.server.build_retry_after_s,
@@ -200,10 +202,14 @@ def load_models(config: Config, generation: int = 1,
             if cancel is not None and cancel.is_set():
                 raise BuildCancelled("start-up cancelled")
             old = (keep or {}).get(mc.name)
+            building = old.building if old is not None else None
             if old is not None and (old.made_for == mc.engine or (
-                    old.building is not None and old.building.engine == mc.engine)):
+                    building is not None and building.engine == mc.engine)):
                 _check_event_classes(mc, old.runtime)  # the reload's labels, its events
                 loaded[mc.name] = old
+                if deferred is not None and building is not None and \
+                        building.engine not in (None, mc.engine):
+                    deferred[mc.name] = None  # asked for what serves: the upgrade is off
                 continue
             t0 = time.perf_counter()
             upgrade = background and mc.upgrade == "background"
@@ -213,9 +219,10 @@ def load_models(config: Config, generation: int = 1,
             loaded[mc.name] = served
             _check_event_classes(mc, served.runtime)
             if served is old:
-                assert deferred is not None
+                upgrade_to = (deferred or {}).get(mc.name)
+                assert upgrade_to is not None
                 log.info("model_kept_while_building", model=mc.name,
-                         serving=serving(old.runtime), building=deferred[mc.name].describe())
+                         serving=serving(old.runtime), building=upgrade_to.describe())
                 continue
             info = served.runtime.info
             first = served.executors[0] if served.executors else None
@@ -294,7 +301,7 @@ def _first_that_serves(mc: ModelConfig, store: EngineStore, generation: int,
                        start: Callable[[ServedModel], None] | None,
                        planner: Planner, background: bool = False,
                        keeps: ServedModel | None = None,
-                       deferred: dict[str, Pending] | None = None) -> ServedModel:
+                       deferred: dict[str, Pending | None] | None = None) -> ServedModel:
     """`keeps` (a reload, with `deferred`): the model's current version, returned as it is
     while the new configuration's artefact builds, where its runners serve the same model."""
     # The same plan `stgcnd build --config` prepares the store with (server/serving_plan.py).
@@ -304,8 +311,8 @@ def _first_that_serves(mc: ModelConfig, store: EngineStore, generation: int,
     def use(choice: Choice) -> ServedModel:
         now = serve_now_instead(choice, spec, store, mc.backend == "auto") if background \
             else None
-        if keeps is not None and deferred is not None and same_model and (
-                now is not None or engine_to_build(choice, spec, store)):
+        if keeps is not None and deferred is not None and same_model and \
+                current_runners_serve_on(choice, now, spec, store):
             deferred[mc.name] = Pending(choice, spec, engine=mc.engine)
             return keeps
         served = _serve_with(mc, now or choice, spec, store, generation, start, planner)

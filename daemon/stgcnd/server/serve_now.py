@@ -97,11 +97,17 @@ def cpu_while_tensorrt_builds(choice: Choice, spec: ModelSpec, store: EngineStor
                   f"{cpu} fp32 on the CPU serves while tensorrt builds ({choice.why})")
 
 
-def engine_to_build(choice: Choice, spec: ModelSpec, store: EngineStore) -> bool:
-    """Whether serving `choice` first builds a TensorRT engine that is not in the store
-    (minutes on a board). A start builds a named TensorRT model's engine before READY, having
-    nothing else to serve it with; a reload has the model's current runners, which serve on
-    (models.load_models). Exports (seconds) are not deferred, at a start or a reload."""
+def current_runners_serve_on(choice: Choice, now: Choice | None, spec: ModelSpec,
+                             store: EngineStore) -> bool:
+    """A reload that asks for `choice`: whether the model's current runners serve on while it
+    is built, rather than `now` (serve_now_instead's answer, made fresh). They do where `now`
+    is a lesser stand-in (the CPU for a TensorRT engine, the fp32 session for int8), and
+    where there is none and a TensorRT engine not in the store must be built (a start builds
+    a named TensorRT model's engine before READY, having nothing else to serve it with).
+    torch's default kernels (seconds a bucket) serve the new configuration at once, as at a
+    start, while its buckets are tuned; exports (seconds) are made by the reload."""
+    if now is not None:
+        return not (now.backend == choice.backend == "torch")
     if choice.opened is not None or choice.backend != "tensorrt":
         return False
     options = serving_options(choice.options)

@@ -66,7 +66,7 @@ class Reloaded(NamedTuple):
     models: dict[str, ServedModel]
     # Kept models whose new engine keys build in the background while their runners serve:
     # what each is upgraded to (models.load_models), set as its `building` when applied.
-    deferred: dict[str, Pending]
+    deferred: dict[str, Pending | None]
 
 
 def start_curve(ctx: zmq.Context[zmq.Socket[bytes]], config: Config) -> KeyHandler | None:
@@ -435,7 +435,7 @@ class Server:
         # A [server] engine key (engines_dir, memory plan, warm-up) is what every model is
         # loaded with: every model is loaded anew. Otherwise a model whose own engine keys
         # are unchanged is kept (its policy keys applied by _apply).
-        deferred: dict[str, Pending] = {}
+        deferred: dict[str, Pending | None] = {}
         return Reloaded(config, load_models(
             config, generation, keep=None if engine_changed else models,
             start=lambda model: self._start_model(model, config), cancel=self.wakeup.stop,
@@ -469,7 +469,7 @@ class Server:
             if old.get(name) is model:
                 model.apply_policy(config.model(name) or model.config)
                 if name in deferred:  # its runners serve on until the upgrade swaps
-                    model.building = deferred[name]
+                    model.building = deferred[name]  # (None: asked for what serves)
             model.scheduler.queue_size = server.queue_size
         if self._sampler is not None:
             self._sampler.interval_s = server.stats_interval
