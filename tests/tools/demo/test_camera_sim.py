@@ -113,7 +113,7 @@ def test_request_errors_are_grouped_by_cause_with_their_count(short_dir):
 
     daemon = FakeDaemon(endpoint, busy_on_push).start()
     try:
-        proc = camera_sim(endpoint, "--cameras", "2", "--duration", "1.5", "--fps", "20")
+        proc = camera_sim(endpoint, "--cameras", "2", "--duration", "3", "--fps", "20")
     finally:
         daemon.stop()
     assert proc.returncode == 1

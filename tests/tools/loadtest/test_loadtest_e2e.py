@@ -69,9 +69,14 @@ def check_cpu(r: dict, stats: dict) -> None:
     assert cpu["us_per_request"] is not None and math.isfinite(cpu["us_per_request"])
     # Over the requests the daemon itself read between the samples: this load's (those
     # sent around a sample's instant may fall on either side) and the second stats call.
+    # The samples are the parent's stats calls, the interval's edges the load processes'
+    # clocks: on a loaded machine they lie milliseconds apart, each a few requests at a
+    # closed loop's rate (11 of 12,100 once on the 2-core VM, with 4 cameras), so the
+    # bound is the cameras' in-flight requests or 0.5 % of the replies, whichever is more.
     assert cpu["us_per_request"] > 0 and cpu["load_replies"] == r["replies"]
     cameras = len(r["cameras"])
-    assert abs(cpu["requests"] - r["replies"]) <= 2 * cameras + 1, (cpu, r["replies"])
+    bound = max(2 * cameras + 1, 0.005 * r["replies"])
+    assert abs(cpu["requests"] - r["replies"]) <= bound, (cpu, r["replies"])
     assert cpu["other_clients"] is False
     agrees_with_proc(cpu)
 
