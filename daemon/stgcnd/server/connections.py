@@ -129,15 +129,6 @@ def _still_sending(conn: Connection, now: float) -> bool:
     return False
 
 
-def _still_silent(conn: Connection, now: float) -> bool:
-    """`conn`, which never delivered a request, was found so at an earlier growth check too:
-    a camera's first request that a busy I/O thread had not passed on yet is read by then."""
-    if 0 < conn.silent_at < now:
-        return True
-    conn.silent_at = now
-    return False
-
-
 def _libc_shutdown() -> Callable[[int, int], int] | None:
     try:
         fn = ctypes.CDLL(None, use_errno=True).shutdown
@@ -157,7 +148,6 @@ class Connection:
     last_request: float = 0.0    # monotonic: its last request; 0 = none yet
     owed: int = 0                # its requests not answered yet: never shed while it waits
     sending_at: float = 0.0      # monotonic: a growth check that found it sending, quiet
-    silent_at: float = 0.0       # monotonic: a growth check that found it never delivered
     identity: bytes = b""        # its ROUTER routing id, which its replies are sent to
 
     def quiet_since(self) -> float:
@@ -372,15 +362,13 @@ class Connections:
         valid request is not delivered either) and, if `sending`, that have sent bytes
         libzmq has not read at this check and the one before, delivering nothing between:
         a camera's request waiting there is read within one check (cutting an idle camera
-        loses the request it sends meanwhile), and, if `sending`, one that never delivered
-        only at the second check that finds it so; whatever the cap; how many were closed. A
+        loses the request it sends meanwhile); whatever the cap; how many were closed. A
         connection owed a reply stays (a camera waiting for it would lose it), and so do
         those accepted within `spare_new_s`: a camera's first request may be on its way."""
         quiet_before = now - quiet_s if quiet_s is not None else 0.0
         new_after = now - spare_new_s
         quiet = [c for c in self.by_fd.values()
-                 if not c.owed and ((not c.last_request and c.since <= new_after
-                                     and (not sending or _still_silent(c, now)))
+                 if not c.owed and ((not c.last_request and c.since <= new_after)
                                     or (0 < c.last_request <= quiet_before
                                         and (not sending or _still_sending(c, now))))]
         for conn in quiet:

@@ -223,8 +223,7 @@ def hardening_limits() -> str:
          "check in all)"),
         ("memory growth", "16 MB within 0.5 s, beyond 64 KB per connection accepted meanwhile "
          "(not during a reload)",
-         "connections that never delivered a request (after 20 ms, and at two checks in a row), "
-         "and those, whatever they "
+         "connections that never delivered a request (after 20 ms), and those, whatever they "
          "delivered before, quiet for 50 ms with bytes unread in the kernel at two checks in a "
          "row, are closed: a message of millions of frames is cut before it is complete",
          "never a connection owed a reply (a batch's own allocations grow as fast: 43 MB for "
