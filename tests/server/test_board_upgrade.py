@@ -15,6 +15,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,6 +82,11 @@ class Camera:
         self.stop.set()
         self.thread.join(60)
 
+    def check_served(self) -> None:
+        """No request failed, and it was served throughout (5 replies at least)."""
+        assert not self.errors, self.errors[:3]
+        assert len(self.logits) >= 5
+
     def _run(self) -> None:
         with Client(self.endpoint, timeout=30) as client:
             while not self.stop.is_set():
@@ -89,6 +95,16 @@ class Camera:
                 except Exception as exc:  # counted: the test is that there are none
                     self.errors.append(repr(exc))
                 time.sleep(0.2)
+
+
+def released_and_swapped(d: Daemon, release: Path) -> dict:
+    """The held build released a second into the camera's run; its `model_upgraded` line,
+    a second after which the camera stops."""
+    time.sleep(1.0)
+    release.touch()
+    (upgraded,) = wait_log(d, "model_upgraded", 240)
+    time.sleep(1.0)
+    return upgraded
 
 
 @pytest.fixture
@@ -116,12 +132,8 @@ def test_tensorrt_builds_while_the_cpu_serves_then_swaps_within_the_6_gb_plan(bo
     assert model["building"]["backend"] == "tensorrt"
     assert not release.exists() and not events(d, "model_upgraded")
     with Camera(d.endpoint) as camera:
-        time.sleep(1.0)
-        release.touch()
-        (upgraded,) = wait_log(d, "model_upgraded", 240)
-        time.sleep(1.0)
-    assert not camera.errors, camera.errors[:3]
-    assert len(camera.logits) >= 5
+        upgraded = released_and_swapped(d, release)
+    camera.check_served()
     # The engine computes what the CPU computed (its ONNX, run as the board would run it).
     np.testing.assert_allclose(camera.logits[-1], camera.logits[0], atol=1e-3)
     assert upgraded["before"]["backend"] == "onnxruntime"
@@ -204,12 +216,8 @@ def test_a_reload_that_changes_the_engine_serves_the_old_engine_while_the_new_on
         assert model["serving"]["backend"] == "tensorrt"
         assert model["max_batch"] == before["max_batch"]
         assert model["building"]["backend"] == "tensorrt"
-        time.sleep(1.0)
-        release.touch()
-        (upgraded,) = wait_log(d, "model_upgraded", 240)
-        time.sleep(1.0)
-    assert not camera.errors, camera.errors[:3]
-    assert len(camera.logits) >= 5
+        upgraded = released_and_swapped(d, release)
+    camera.check_served()
     assert upgraded["before"]["backend"] == upgraded["after"]["backend"] == "tensorrt"
     assert max(map(int, upgraded["after"]["compute_ms"])) == 4
     model = hello(d)

@@ -67,6 +67,13 @@ def _wait_log(d: Daemon, event: str, timeout: float) -> dict:
                          d.log_path.read_text()[-3000:])
 
 
+def _reload(d: Daemon) -> None:
+    """SIGHUP, and the READY that says the reload is done."""
+    d.notify.skip_seen()
+    d.signal(signal.SIGHUP)
+    assert "reloaded" in d.notify.wait_for("READY", timeout=120)["STATUS"]
+
+
 def _ts(line: dict) -> float:
     return datetime.fromisoformat(str(line["timestamp"]).replace("Z", "+00:00")).timestamp()
 
@@ -280,9 +287,7 @@ def test_f_an_upgrade_whose_model_a_reload_replaced_is_closed_not_swapped_in(tmp
         _wait_file(d, tmp_path / "release.made", 240)
         text = d.config_path.read_text()
         d.config_path.write_text(text.replace('precision = "int8"', 'precision = "fp32"'))
-        d.notify.skip_seen()
-        d.signal(signal.SIGHUP)
-        assert "reloaded" in d.notify.wait_for("READY", timeout=120)["STATUS"]
+        _reload(d)
         release.touch()
         end = time.monotonic() + 30
         while _closed(d, 1) < 2 and time.monotonic() < end:
@@ -312,18 +317,14 @@ def test_g_a_reload_that_needs_a_build_keeps_the_runners_serving_then_swaps(tmp_
         with Cameras(d.endpoint) as cams:
             text = d.config_path.read_text()
             d.config_path.write_text(text.replace('precision = "fp32"', 'precision = "int8"'))
-            d.notify.skip_seen()
-            d.signal(signal.SIGHUP)
-            assert "reloaded" in d.notify.wait_for("READY", timeout=120)["STATUS"]
+            _reload(d)
             kept = _wait_log(d, "model_kept_while_building", 5)
             assert kept["serving"]["precision"] == "fp32"
             assert kept["building"]["precision"] == "int8"
             hello = _hello_model(d)
             assert hello["serving"]["precision"] == "fp32"
             assert hello["building"]["precision"] == "int8"
-            d.notify.skip_seen()
-            d.signal(signal.SIGHUP)  # the same file again: the build under way is the one
-            assert "reloaded" in d.notify.wait_for("READY", timeout=120)["STATUS"]
+            _reload(d)  # the same file again: the build under way is the one
             release.touch()
             upgraded = _wait_log(d, "model_upgraded", 240)
             time.sleep(1.0)
@@ -360,15 +361,11 @@ def test_h_a_reload_back_to_what_serves_calls_the_upgrade_off(tmp_path):
     d.start()
     try:
         d.config_path.write_text(fp32.replace('precision = "fp32"', 'precision = "int8"'))
-        d.notify.skip_seen()
-        d.signal(signal.SIGHUP)
-        assert "reloaded" in d.notify.wait_for("READY", timeout=120)["STATUS"]
+        _reload(d)
         assert _hello_model(d)["building"]["precision"] == "int8"
         _wait_log(d, "upgrade_started", 30)  # its build runs (held)
         d.config_path.write_text(fp32)
-        d.notify.skip_seen()
-        d.signal(signal.SIGHUP)
-        assert "reloaded" in d.notify.wait_for("READY", timeout=120)["STATUS"]
+        _reload(d)
         hello = _hello_model(d)
         assert hello["serving"]["precision"] == "fp32" and hello["building"] is None
         release.touch()

@@ -306,12 +306,13 @@ def _first_that_serves(mc: ModelConfig, store: EngineStore, generation: int,
     while the new configuration's artefact builds, where its runners serve the same model."""
     # The same plan `stgcnd build --config` prepares the store with (server/serving_plan.py).
     spec, options = serving_plan(mc)
-    same_model = keeps is not None and serving_plan(keeps.config)[0] == spec
+    if keeps is not None and serving_plan(keeps.config)[0] != spec:
+        keeps = None  # another model (checkpoint, shape): its runners cannot stand in
 
     def use(choice: Choice) -> ServedModel:
         now = serve_now_instead(choice, spec, store, mc.backend == "auto") if background \
             else None
-        if keeps is not None and deferred is not None and same_model and \
+        if keeps is not None and deferred is not None and \
                 current_runners_serve_on(choice, now, spec, store):
             deferred[mc.name] = Pending(choice, spec, engine=mc.engine)
             return keeps
