@@ -12,6 +12,7 @@ built from, so its answers are checked against the CPU's."""
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
@@ -222,4 +223,76 @@ def test_a_reload_that_changes_the_engine_serves_the_old_engine_while_the_new_on
     assert max(map(int, upgraded["after"]["compute_ms"])) == 4
     model = hello(d)
     assert model["max_batch"] == 4 and model["building"] is None
+    assert stop_by_pid(d) == 0
+
+
+def paused_for_batch_64(board, tmp_path: Path, **env: object) -> tuple[Daemon, Path]:
+    """A named TensorRT model with max_batch 4, served within a budget where batch 64's
+    runner (the simulated board's 8 MB a row: 512 MB) fits only with the old runners'
+    32 MB back (496 MB beside them once the new engine's 20 MB are loaded: batch 48 fits,
+    64 not; 528 MB in their place); its reload to max_batch 64 built but held."""
+    release = tmp_path / "release-build"
+    release.touch()  # the start's builds are not held
+    env_vars = board_env(tmp_path, slow_build_s=1, hold_build=release, **env)
+    config = MODEL.replace('precision = "fp16"\n',
+                           'precision = "fp16"\nbackend = "tensorrt"\nmax_batch = 4\n')
+    first = board(env_vars, memory_budget_mb=BUDGET_MB)
+    first.config_path.write_text(first.config_path.read_text().replace(MODEL, config))
+    ready(first)  # builds batch 4's engine; what it holds: its plan's total, the fixed part
+    plan = events(first, "memory_plan")[-1]
+    held_mb = plan["models"][0]["total_mb"] + plan["fixed_mb"]["tensorrt"]
+    assert stop_by_pid(first) == 0
+    d = board(env_vars, memory_budget_mb=640 + math.ceil(held_mb) + 516, build_attempts=1)
+    d.config_path.write_text(d.config_path.read_text().replace(MODEL, config))
+    ready(d)
+    assert hello(d)["max_batch"] == 4
+    release.unlink()
+    d.config_path.write_text(d.config_path.read_text().replace("max_batch = 4\n",
+                                                               "max_batch = 64\n"))
+    d.notify.skip_seen()
+    d.signal(signal.SIGHUP)
+    assert "reloaded" in d.notify.wait_for("READY", timeout=60, alive=d.running)["STATUS"]
+    assert hello(d)["building"]["backend"] == "tensorrt"
+    return d, release
+
+
+def test_an_engine_that_fits_only_where_the_old_runners_are_pauses_them_then_swaps(
+        board, tmp_path):
+    """The old runners go first: the camera's requests wait in the queue (the pause,
+    `upgrade_paused`), the new runners take it; every request is answered, and the new
+    runners serve every bucket within the plan."""
+    d, release = paused_for_batch_64(board, tmp_path)
+    with Camera(d.endpoint) as camera:
+        upgraded = released_and_swapped(d, release)
+    camera.check_served()
+    np.testing.assert_allclose(camera.logits[-1], camera.logits[0], atol=1e-3)
+    (paused,) = events(d, "upgrade_paused")
+    assert 64 not in paused["buckets_beside"] and paused["buckets_in_place"][-1] == 64
+    assert upgraded["paused_ms"] > 0 and max(map(int, upgraded["after"]["compute_ms"])) == 64
+    assert hello(d)["max_batch"] == 64 and hello(d)["building"] is None
+    plan = events(d, "memory_plan")[-1]  # the new runners' plan: batch 64 within it
+    assert plan["models"][0]["buckets"][-1] == 64 and plan["planned_mb"] <= plan["budget_mb"]
+    assert not events(d, "upgrade_failed")
+    assert stop_by_pid(d) == 0
+
+
+def test_new_runners_that_fail_in_the_pause_give_way_to_the_old_ones_made_again(board,
+                                                                                tmp_path):
+    """The board cannot make batch 64's context after all: the old engine's runners are
+    made again and take the queue, the upgrade is said failed (build_attempts 1: not tried
+    again), and the camera never sees an error."""
+    d, release = paused_for_batch_64(board, tmp_path, contexts_up_to=32)
+    with Camera(d.endpoint) as camera:
+        time.sleep(1.0)
+        release.touch()
+        (ended,) = wait_log(d, "upgrade_pause_ended", 240)
+        time.sleep(1.0)
+    camera.check_served()
+    (failed,) = events(d, "upgrade_failed")
+    assert "execution context" in failed["error"] and "not tried again" in failed["action"]
+    assert ended["paused_ms"] > 0 and ended["serving"]["backend"] == "tensorrt"
+    assert hello(d)["max_batch"] == 4 and hello(d)["building"] is None
+    assert not events(d, "model_upgraded")
+    with Client(d.endpoint) as client:
+        assert client.infer(WINDOW).label_name in ("normal", "shoplifting")
     assert stop_by_pid(d) == 0

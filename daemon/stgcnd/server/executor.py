@@ -55,6 +55,11 @@ def error_reply(job: Job, code: ErrorCode, message: str, outcome: str) -> Reply:
         code, message, reason=reason, appended=True if job.op == "push" else None))
 
 
+def shutting_down(job: Job) -> Reply:
+    return error_reply(job, ErrorCode.SHUTTING_DOWN,
+                       "the daemon is shutting down; retry on its restart", "shutting-down")
+
+
 def replies_for(jobs: Sequence[Job], logits: np.ndarray, labels: Sequence[str], model: str,
                 started: float, timings: dict[str, float]) -> list[Reply]:
     """One reply per job from its row of the batch's logits, in plain floats: with a handful
@@ -220,9 +225,7 @@ class Executor:
     def _sort(self, jobs: list[Job], now: float) -> tuple[list[Reply], list[Job]]:
         """(replies for jobs that must not run, the jobs to run)."""
         if self.drain_deadline is not None and now > self.drain_deadline:
-            message = "the daemon is shutting down; retry on its restart"
-            return [error_reply(j, ErrorCode.SHUTTING_DOWN, message, "shutting-down")
-                    for j in jobs], []
+            return [shutting_down(j) for j in jobs], []
         self._probe = False
         bucket = self._bucket_of[len(jobs)]  # the estimate's buckets are the runner's
         estimate_ms = self.estimate.ms(bucket)

@@ -60,6 +60,12 @@ class Placed:
         return self.loaded_bytes + self.runner_bytes * self.instances
 
 
+# What this process paid once per runtime (every plan's `fixed`): a later plan (a reload's,
+# an upgrade's) under memory_budget_mb, the process's whole figure, counts it as taken; its
+# own `fixed` measures only what its runners add.
+PAID_FIXED: dict[str, int] = {}
+
+
 # A model's cost: per runtime a fixed part paid once per process (`fixed`: kernel images,
 # library handles, measured as what its first runners took beyond its estimate), per model
 # what loading it took (never measured across a build), per runner a part that grows with its
@@ -85,13 +91,16 @@ class MemoryPlan:
 
     @classmethod
     def for_device(cls, budget_mb: int, reserve_mb: int,
-                   memory_info: Callable[[], tuple[int, int]]) -> MemoryPlan:
+                   memory_info: Callable[[], tuple[int, int]], taken: int = 0) -> MemoryPlan:
+        """`taken`: bytes the process holds already for what the plan will place (an
+        upgrade's runtime loaded before its runners' plan): free memory is net of them."""
         free, total = memory_info()
+        free += taken
         reserve = reserve_mb * MB
         budget = max(free - reserve, 0)
         if budget_mb:  # the process's whole figure (nvidia-smi's): the context's share first
             budget = min(budget, max(budget_mb * MB - CONTEXT_ALLOWANCE, 0))
-        return cls(budget, free, total, reserve, lambda: memory_info()[0])
+        return cls(budget, free, total, reserve, lambda: memory_info()[0] + taken)
 
     @property
     def used(self) -> int:
@@ -130,15 +139,10 @@ class MemoryPlan:
             loaded_bytes: int, scale: float = 1.0) -> list[int]:
         """The buckets of `name` that fit what is left (the largest dropped first), placed.
         `scale`: what the runners were measured to take against the runtime's estimate."""
-        def cost(kept: Sequence[int]) -> int:
-            return int(runtime.runner_bytes(kept) * scale)
-
-        kept = sorted(set(buckets))
+        kept = self.buckets_that_fit(runtime, buckets, instances, loaded_bytes, scale=scale)
         room = self.left - loaded_bytes
-        while kept and cost(kept) * instances > room:
-            kept.pop()
         if not kept:
-            need = loaded_bytes + cost([1]) * instances
+            need = loaded_bytes + int(runtime.runner_bytes([1]) * scale) * instances
             raise RuntimeFailed(runtime.info.name, "memory", self._no_room(name, need, 1))
         dropped = sorted(set(buckets) - set(kept))
         if dropped:
@@ -146,8 +150,20 @@ class MemoryPlan:
                         dropped_buckets=dropped, kept=kept, left_mb=room // MB,
                         hint="raise memory_budget_mb, lower memory_reserve_mb, or set "
                              "buckets/max_batch to what fits")
-        self.placed.append(Placed(name, runtime.info.name, kept, cost(kept), instances,
+        self.placed.append(Placed(name, runtime.info.name, kept,
+                                  int(runtime.runner_bytes(kept) * scale), instances,
                                   loaded_bytes, runtime.runner_bytes(kept)))
+        return kept
+
+    def buckets_that_fit(self, runtime: Runtime, buckets: Sequence[int], instances: int,
+                         loaded_bytes: int, freed: int = 0, scale: float = 1.0) -> list[int]:
+        """The buckets `fit` would keep (the largest dropped first; none: not even a batch
+        of one), placing nothing. `freed`: bytes that go back before the runners are made
+        (an upgrade's pause: the serving runners' share)."""
+        kept = sorted(set(buckets))
+        room = self.left + freed - loaded_bytes
+        while kept and int(runtime.runner_bytes(kept) * scale) * instances > room:
+            kept.pop()
         return kept
 
     def measured(self, took: int) -> float:
@@ -165,6 +181,7 @@ class MemoryPlan:
         if rt not in self.fixed:
             self.fixed[rt] = max(took - estimate, 0)
             self.first[rt] = (placed.model, took, estimate)
+            PAID_FIXED[rt] = max(PAID_FIXED.get(rt, 0), self.fixed[rt])
             per_bucket = min(took, estimate)
         else:
             per_bucket = took

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -63,6 +64,10 @@ class ServedModel:
     # The configuration (ModelConfig.engine) its runners were made for, as themselves or as
     # what serves at once instead: a reload keeps the model when it asks for this again.
     made_for: tuple[object, ...] = ()
+    loaded_bytes: int = 0    # of planned_bytes, its runtime's (weights, engine): the rest
+    #                          is its runners'
+    runtime_kept: bool = False  # an upgrade's pause (server/upgrade.py): retired runners
+    #                             whose runtime the model keeps; closing closes them only
 
     @property
     def name(self) -> str:
@@ -109,8 +114,9 @@ class ServedModel:
         """Free the runners (waiting for batches still running), then the runtime."""
         for ex in self.executors:
             ex.close()
-        self.runtime.close()
-        log.info("model_closed", model=self.name, generation=self.generation)
+        if not self.runtime_kept:
+            self.runtime.close()
+            log.info("model_closed", model=self.name, generation=self.generation)
 
     def describe(self, default: bool) -> dict[str, object]:
         info = self.runtime.info
@@ -250,15 +256,17 @@ class Planner:
     """The load's memory plan (server/memory_plan.py), made when a model first goes to the
     GPU: a CPU-only configuration never touches CUDA for it."""
 
-    def __init__(self, config: Config, keep: dict[str, ServedModel] | None) -> None:
+    def __init__(self, config: Config, keep: dict[str, ServedModel] | None,
+                 taken: int = 0) -> None:
         self.config = config
         # On a reload the kept models stay where they are: their bytes are already taken.
         self.kept_bytes = sum(m.planned_bytes for m in (keep or {}).values())
+        self.taken = taken  # (MemoryPlan.for_device)
         self.plan: MemoryPlan | None = None
 
     def for_gpu(self) -> MemoryPlan:
         if self.plan is None:
-            self.plan = memory_plan_for(self.config.server, self.kept_bytes)
+            self.plan = memory_plan_for(self.config.server, self.kept_bytes, self.taken)
         return self.plan
 
     def log(self) -> None:
@@ -266,19 +274,21 @@ class Planner:
             self.plan.log_plan()
 
 
-def memory_plan_for(server: ServerConfig, kept_bytes: int = 0) -> MemoryPlan:
+def memory_plan_for(server: ServerConfig, kept_bytes: int = 0, taken: int = 0) -> MemoryPlan:
     """The memory plan a start makes from [server]'s memory_reserve_mb and memory_budget_mb
     (`kept_bytes`: what a reload keeps), from free memory now: the one computation of the
     budget, made by the daemon and by `stgcnd doctor --config` alike."""
     from stgcnd.runtimes.free_memory import device_memory, reserve_mb
-    from stgcnd.server.memory_plan import MemoryPlan
+    from stgcnd.server.memory_plan import PAID_FIXED, MemoryPlan
 
     reserve = reserve_mb(server.memory_reserve_mb, Target.this_machine().jetson)
     budget = server.memory_budget_mb
     if budget:
+        if kept_bytes:  # what the kept models' runtimes paid once in this process, too
+            kept_bytes += sum(PAID_FIXED.values())
         budget = max(budget - kept_bytes // 2**20, 1)
     # Free memory the one way (stgcnd/runtimes/free_memory.py: MemAvailable on a Jetson).
-    return MemoryPlan.for_device(budget, reserve, device_memory)
+    return MemoryPlan.for_device(budget, reserve, device_memory, taken)
 
 
 def camera_rate_at_risk(mc: ModelConfig, compute_ms: dict[int, float]) -> dict[str, object]:
@@ -331,8 +341,15 @@ def _first_that_serves(mc: ModelConfig, store: EngineStore, generation: int,
 def _serve_with(mc: ModelConfig, choice: Choice, spec: ModelSpec, store: EngineStore,
                 generation: int, start: Callable[[ServedModel], None] | None,
                 planner: Planner) -> ServedModel:
-    gpu = choice.options.device == "cuda"
-    plan = planner.for_gpu() if gpu else None
+    runtime, loaded_bytes = _load_runtime(mc, choice, spec, store, planner)
+    return _place_and_start(mc, choice, runtime, loaded_bytes, generation, start, planner)
+
+
+def _load_runtime(mc: ModelConfig, choice: Choice, spec: ModelSpec, store: EngineStore,
+                  planner: Planner) -> tuple[Runtime, int]:
+    """`choice`'s artefact built or found, and loaded: the runtime, and the device bytes
+    loading it took (0 on a host runtime)."""
+    plan = planner.for_gpu() if choice.options.device == "cuda" else None
     free_before = [0]
     if plan is not None:
         plan.check_before_build(mc.name, choice.backend, spec, choice.options.precision,
@@ -352,21 +369,34 @@ def _serve_with(mc: ModelConfig, choice: Choice, spec: ModelSpec, store: EngineS
     except BaseException:
         runtime.close()
         raise
+    return runtime, max(free_before[0] - plan.free_now(), 0) if plan is not None else 0
+
+
+def _buckets(choice: Choice, runtime: Runtime) -> list[int]:
+    """The options' buckets (serving_plan: the one source), cut by what the artefact takes."""
     max_batch = min(choice.options.max_batch, int(runtime.info.max_batch))
-    # The options' buckets (serving_plan: the one source), cut by what the artefact takes.
-    buckets = [b for b in choice.options.buckets if b <= max_batch]
+    return [b for b in choice.options.buckets if b <= max_batch]
+
+
+def _place_and_start(mc: ModelConfig, choice: Choice, runtime: Runtime, loaded_bytes: int,
+                     generation: int, start: Callable[[ServedModel], None] | None,
+                     planner: Planner) -> ServedModel:
+    """The loaded `runtime`'s buckets placed in the memory plan, and its runners made and
+    warmed (`start`); the runtime is closed if that fails."""
+    plan = planner.for_gpu() if choice.options.device == "cuda" else None
+    buckets = _buckets(choice, runtime)
     planned = 0
     if plan is not None:
         try:
-            buckets = plan.fit(mc.name, runtime, buckets, mc.instances,
-                               loaded_bytes=max(free_before[0] - plan.free_now(), 0))
+            buckets = plan.fit(mc.name, runtime, buckets, mc.instances, loaded_bytes)
         except BaseException:
             runtime.close()
             raise
         planned = plan.placed[-1].total
     served = ServedModel(mc, runtime, labels_for(mc, runtime), demo=mc.checkpoint is None,
                          generation=generation, why=choice.why, buckets=tuple(buckets),
-                         planned_bytes=planned, max_batch=max(buckets), made_for=mc.engine)
+                         planned_bytes=planned, max_batch=max(buckets), made_for=mc.engine,
+                         loaded_bytes=loaded_bytes)
     if start is not None:
         try:
             runners_from = plan.free_now() if plan is not None else 0
@@ -381,12 +411,30 @@ def _serve_with(mc: ModelConfig, choice: Choice, spec: ModelSpec, store: EngineS
     return served
 
 
+@dataclass
+class Unplaced:
+    """An upgrade's runtime, loaded, whose runners fit in the plan only where the serving
+    runners are now: server/upgrade.py makes them after those are gone (the pause)."""
+
+    choice: Choice
+    runtime: Runtime
+    loaded_bytes: int
+    beside: list[int]   # the buckets that would fit beside the serving runners
+    alone: list[int]    # those that fit in their place
+
+    def close(self) -> None:
+        self.runtime.close()
+
+
 def load_upgrade(config: Config, served: ServedModel, start: Callable[[ServedModel], None],
-                 cancel: threading.Event, current: dict[str, ServedModel]) -> ServedModel:
+                 cancel: threading.Event, current: dict[str, ServedModel]
+                 ) -> ServedModel | Unplaced:
     """`served`'s pending upgrade, off the loop: its artefact built (in the build child, at
     idle priority) and validated, then loaded and its runners made and warmed, beside the
     serving ones (`current`'s memory is kept in the plan: memory_plan.py refuses what does
-    not fit beside it, the build first: a failed upgrade, tried again later)."""
+    not fit beside it, the build first: a failed upgrade, tried again later). Where fewer
+    of its buckets fit beside the serving runners than in their place, it is returned
+    `Unplaced`: its runners are made after the serving ones go (`place_upgrade`)."""
     pending = served.building
     assert pending is not None
     store = EngineStore(config.engines_dir, cancel=cancel,
@@ -399,8 +447,32 @@ def load_upgrade(config: Config, served: ServedModel, start: Callable[[ServedMod
             served.config.instances, choice.options.workspace_mb)
     at_idle_priority(lambda: store.prepare(pending.spec, choice.backend, choice.options))
     planner = Planner(config, current)
-    fresh = _serve_with(served.config, choice, pending.spec, store, served.generation, start,
-                        planner)
+    runtime, loaded = _load_runtime(served.config, choice, pending.spec, store, planner)
+    if planner.plan is not None and served.planned_bytes > served.loaded_bytes:
+        try:
+            fits = functools.partial(planner.plan.buckets_that_fit, runtime,
+                                     _buckets(choice, runtime), served.config.instances,
+                                     loaded)
+            beside, alone = fits(), fits(served.planned_bytes - served.loaded_bytes)
+        except BaseException:
+            runtime.close()
+            raise
+        if len(alone) > len(beside):
+            return Unplaced(choice, runtime, loaded, beside, alone)
+    fresh = _place_and_start(served.config, choice, runtime, loaded, served.generation,
+                             start, planner)
+    planner.log()
+    return fresh
+
+
+def place_upgrade(config: Config, served: ServedModel, unplaced: Unplaced,
+                  start: Callable[[ServedModel], None], current: dict[str, ServedModel]
+                  ) -> ServedModel:
+    """An `Unplaced` upgrade's runners made and warmed, off the loop, once `served`'s own
+    are gone (its `planned_bytes` then its runtime's only)."""
+    planner = Planner(config, current, taken=unplaced.loaded_bytes)  # loaded, charged again
+    fresh = _place_and_start(served.config, unplaced.choice, unplaced.runtime,
+                             unplaced.loaded_bytes, served.generation, start, planner)
     planner.log()
     return fresh
 

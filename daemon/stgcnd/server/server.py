@@ -4,6 +4,7 @@ executor, and sends every reply."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -28,17 +29,24 @@ from stgcnd.server.curve_policy import KeyHandler, curve_enabled
 from stgcnd.server.duties import Duties, Duty
 from stgcnd.server.errorlog import ClientErrorLog
 from stgcnd.server.event_hub import EventHub
+from stgcnd.server.executor import shutting_down
 from stgcnd.server.handshakes import Refusals, monitor_reporter
 from stgcnd.server.heap import CHECK_EVERY_S, RssWatch, give_back_free_memory
 from stgcnd.server.memory_policy import MemoryPolicy
-from stgcnd.server.models import ServedModel, in_thread, load_models, load_upgrade
+from stgcnd.server.models import (
+    ServedModel,
+    Unplaced,
+    in_thread,
+    load_models,
+    load_upgrade,
+    place_upgrade,
+)
 from stgcnd.server.notify import Notifier
 from stgcnd.server.requests import RequestPath
 from stgcnd.server.serve_now import Pending
 from stgcnd.server.transport import POLLIN, bind_router, make_router
-from stgcnd.server.upgrade import CHECK_EVERY_S as UPGRADE_CHECK_S
 from stgcnd.server.upgrade import CLOSE_WAIT_S as UPGRADE_CLOSE_WAIT_S
-from stgcnd.server.upgrade import Upgrades, describe_building
+from stgcnd.server.upgrade import Hooks, Upgrades, describe_building
 from stgcnd.server.wakeup import WakeTimer, Wakeup
 from stgcnd.telemetry.sampler import SystemSampler
 from stgcnd_client.protocol import Limits
@@ -95,9 +103,12 @@ class Server:
         self.started = time.monotonic()
         self.retiring: list[ServedModel] = []
         # Background builds started, and swapped in once built and warmed (server/upgrade.py).
-        self._upgrades = Upgrades(lambda: self.models, self._load_upgrade, self.retiring.append,
-                                  lambda: self.config.server.build_retry_after_s,
-                                  lambda: self.config.server.build_attempts)
+        self._upgrades = Upgrades(Hooks(
+            models=lambda: self.models, build=self._load_upgrade, place=self._place_upgrade,
+            remake=self._remake_runners, retire=self.retiring.append, fail=wakeup.fail,
+            reloading=lambda: self._reload is not None,
+            retry_after_s=lambda: self.config.server.build_retry_after_s,
+            attempts=lambda: self.config.server.build_attempts))
         self._reload: Future[Reloaded] | None = None  # done: it wakes the loop
         self._timer = WakeTimer()  # polled runners' next look (poll wakes on it)
         self._last_stats = time.monotonic()  # the latency lines' interval ends here
@@ -225,7 +236,7 @@ class Server:
                 self._fault("drive", exc)
                 drove = LOOP_TICK_MS
             timeout = 0 if receiver.discarding else drove
-            if wakeup.reload.is_set():
+            if wakeup.reload.is_set() and not self._upgrades.pausing:  # after the pause
                 wakeup.reload.clear()
                 guard("reload", self._begin_reload)
             if self._reload is not None and self._reload.done():
@@ -266,17 +277,30 @@ class Server:
             Duty("housekeeping", self._housekeep, lambda: self.config.server.stats_interval,
                  first=stats_s),
         ]
-        duties.append(Duty("upgrades", self._upgrades.check, lambda: UPGRADE_CHECK_S))
+        duties.append(Duty("upgrades", self._upgrades.check, self._upgrades.every))
         wd_interval = self.notifier.watchdog_interval
         if wd_interval:
             duties.append(Duty("watchdog", self._watchdog, lambda: wd_interval))
         return duties
 
-    def _load_upgrade(self, model: ServedModel) -> ServedModel:
+    def _load_upgrade(self, model: ServedModel) -> ServedModel | Unplaced:
         """A model's pending upgrade built, loaded and warmed (the upgrade's thread)."""
         config = self.config
         return load_upgrade(config, model, lambda m: self._start_model(m, config),
                             self.wakeup.stop, dict(self.models))
+
+    def _place_upgrade(self, model: ServedModel, unplaced: Unplaced) -> ServedModel:
+        """An upgrade's runners made where `model`'s were (the pause's thread)."""
+        config = self.config
+        return place_upgrade(config, model, unplaced, lambda m: self._start_model(m, config),
+                             dict(self.models))
+
+    def _remake_runners(self, model: ServedModel) -> ServedModel:
+        """`model`'s runtime's runners made again, as a model to swap in (the pause's thread,
+        when the upgrade's failed)."""
+        again = dataclasses.replace(model, executors=[], building=None)
+        self._start_model(again, self.config)
+        return again
 
     def _guard(self, duty: str, work: Callable[..., T], *args: Any) -> T | None:
         """One of the loop's duties; None when it raised. A bug met in a duty (the silent-camera
@@ -503,6 +527,9 @@ class Server:
                  reason="fatal device error" if self.wakeup.fatal else "signal")
         for model in everything:
             model.stop_accepting(deadline)
+            if not model.executors:  # paused for an upgrade (server/upgrade.py): none takes it
+                for job in model.scheduler.drain():
+                    requests.complete(shutting_down(job), time.monotonic())
         # Keep the loop's duties while executors drain: queued work is answered (or answered
         # shutting-down after the deadline), new requests are refused with shutting-down.
         while time.monotonic() < deadline + 1.0:
