@@ -168,7 +168,8 @@ def _alive(pid: int) -> bool:
 def board_env(tmp: Path, fail_at: str | None = None, jetpack: str = "5.1.2",
               cameras_gb: float = 0.5, cache_gb: float = 0.0, oom_builds: int = 0,
               slow_build_s: float | None = None, hold_build: Path | None = None,
-              contexts_up_to: int | None = None) -> dict[str, str]:
+              contexts_up_to: int | None = None, big_contexts_s: float = 0.0
+              ) -> dict[str, str]:
     """os.environ for a daemon on the simulated board: TensorRT fails at `fail_at` (None:
     it works), the cameras hold `cameras_gb`, the page cache `cache_gb`, and the first
     `oom_builds` TensorRT builds are killed by the out-of-memory killer (SIGKILL).
@@ -178,7 +179,8 @@ def board_env(tmp: Path, fail_at: str | None = None, jetpack: str = "5.1.2",
     CPU runs the ONNX it was built from, so it is validated against the fp32 reference as on
     a board and its outputs are right. Without it an engine answers zeros (NoopRunner).
     `contexts_up_to`: a serving runner whose largest bucket is larger fails (out of
-    memory; the build child's validation makes its runners)."""
+    memory; the build child's validation makes its runners), or with `big_contexts_s` takes
+    that long to make."""
     assert fail_at is None or fail_at in FAILURES, fail_at
     root = write_root(tmp / "board-root", jetpack)
     memory = Memory(root)
@@ -187,7 +189,7 @@ def board_env(tmp: Path, fail_at: str | None = None, jetpack: str = "5.1.2",
     spec = {"root": str(root), "fail_at": fail_at, "eager_mb": EAGER_MB[jetpack],
             "tensorrt": TENSORRT[jetpack], "slow_build_s": slow_build_s,
             "hold_build": str(hold_build) if hold_build else None,
-            "contexts_up_to": contexts_up_to}
+            "contexts_up_to": contexts_up_to, "big_contexts_s": big_contexts_s}
     paths = [str(HERE), str(REPO / "daemon"), str(REPO), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "BOARD_SIM": json.dumps(spec),
             "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
@@ -450,8 +452,10 @@ def install(spec: dict[str, Any]) -> None:
 
     def open_runner(self: Any, buckets: Any, lanes: int) -> Any:
         serving = multiprocessing.current_process().name != "stgcnd-build"  # not validating
-        if fail_at == "context" or (serving and max(buckets) > (spec.get("contexts_up_to")
-                                                               or 1 << 30)):
+        big = serving and max(buckets) > (spec.get("contexts_up_to") or 1 << 30)
+        if big and spec.get("big_contexts_s"):
+            time.sleep(spec["big_contexts_s"])
+        elif fail_at == "context" or big:
             raise RuntimeError("simulated: TensorRT could not create an execution context "
                                "(out of memory)")
         if getattr(self, "sim_session", None) is not None:

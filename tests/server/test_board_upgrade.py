@@ -296,3 +296,29 @@ def test_new_runners_that_fail_in_the_pause_give_way_to_the_old_ones_made_again(
     with Client(d.endpoint) as client:
         assert client.infer(WINDOW).label_name in ("normal", "shoplifting")
     assert stop_by_pid(d) == 0
+
+
+def test_a_stop_during_the_pause_answers_the_waiting_requests_shutting_down(board, tmp_path):
+    """SIGTERM while the new runners are being made (5 s here): the request waiting in the
+    paused model's queue is answered `shutting-down` (not lost), what the upgrade made is
+    closed, and the daemon exits 0."""
+    d, release = paused_for_batch_64(board, tmp_path, contexts_up_to=32, big_contexts_s=5.0)
+    release.touch()
+    wait_log(d, "upgrade_paused", 240)
+    answers: list[object] = []
+
+    def infer() -> None:
+        with Client(d.endpoint, timeout=20) as client:
+            try:
+                answers.append(client.infer(WINDOW))
+            except Exception as exc:  # the reply is the test
+                answers.append(exc)
+    waiting = threading.Thread(target=infer)
+    waiting.start()
+    time.sleep(0.5)
+    assert not answers and not events(d, "model_upgraded")  # queued in the pause
+    d.signal(signal.SIGTERM)
+    waiting.join(30)
+    assert len(answers) == 1 and "shutting" in str(answers[0]), answers
+    assert d.proc is not None and d.proc.wait(60) == 0
+    assert not events(d, "upgrade_not_closed") and "Traceback" not in d.log_path.read_text()
