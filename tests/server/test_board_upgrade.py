@@ -270,6 +270,7 @@ def test_an_engine_that_fits_only_where_the_old_runners_are_pauses_them_then_swa
     assert 64 not in paused["buckets_beside"] and paused["buckets_in_place"][-1] == 64
     assert upgraded["paused_ms"] > 0 and max(map(int, upgraded["after"]["compute_ms"])) == 64
     assert hello(d)["max_batch"] == 64 and hello(d)["building"] is None
+    assert "paused" not in hello(d)["serving"]
     plan = events(d, "memory_plan")[-1]  # the new runners' plan: batch 64 within it
     assert plan["models"][0]["buckets"][-1] == 64 and plan["planned_mb"] <= plan["budget_mb"]
     assert not events(d, "upgrade_failed")
@@ -317,6 +318,7 @@ def test_a_stop_during_the_pause_answers_the_waiting_requests_shutting_down(boar
     waiting.start()
     time.sleep(0.5)
     assert not answers and not events(d, "model_upgraded")  # queued in the pause
+    assert hello(d)["serving"]["paused"] is True
     d.signal(signal.SIGTERM)
     waiting.join(30)
     assert len(answers) == 1 and "shutting" in str(answers[0]), answers

@@ -124,7 +124,13 @@ class ServedModel:
                 "num_class": info.num_class, "labels": list(self.labels),
                 "backend": info.name, "precision": info.precision, "default": default,
                 "stride": self.config.stride, "demo": self.demo, "max_batch": self.max_batch,
-                "serving": serving(self.runtime), "building": self._building()}
+                "serving": self._serving(), "building": self._building()}
+
+    def _serving(self) -> dict[str, object]:
+        out = serving(self.runtime)
+        if not self.executors:  # an upgrade's pause (server/upgrade.py): the queue waits
+            out["paused"] = True
+        return out
 
     def _building(self) -> dict[str, object] | None:
         return self.building.describe() if self.building is not None else None
@@ -133,7 +139,7 @@ class ServedModel:
         info = self.runtime.info
         return {"backend": info.name, "precision": info.precision, "device": info.device,
                 "max_batch": self.max_batch, "queued": self.scheduler.pending,
-                "serving": serving(self.runtime), "building": self._building(),
+                "serving": self._serving(), "building": self._building(),
                 "executors": [ex.stats() for ex in self.executors]}
 
 
