@@ -115,9 +115,7 @@ class _Pause:
     model: ServedModel
     pending: Pending
     unplaced: Unplaced
-    retired: ServedModel          # its runners, draining
-    planned_bytes: int            # the model's place in the plan before
-    before: dict[str, object]
+    retired: ServedModel          # its runners, draining; as the model was before the pause
     since: float
     making: Future[ServedModel] | None = None
     restoring: bool = False       # `making` is the old runtime's runners again
@@ -176,8 +174,10 @@ class Upgrades:
         started, self._started = self._started, []
         futures: dict[Made, ServedModel] = {future: model for model, _, future in started}
         pause, self._pause = self._pause, None
-        if pause is not None:  # (a Future[ServedModel] is a Made: one type for `wait`)
-            futures[cast("Made", pause.making) or _done(pause.unplaced)] = pause.model
+        if pause is not None and pause.making is None:
+            pause.unplaced.close()  # loaded, never placed
+        elif pause is not None:  # (a Future[ServedModel] is a Made: one type for `wait`)
+            futures[cast("Made", pause.making)] = pause.model
         done, not_done = wait(futures, timeout=timeout_s)
         for future in done:
             if future.exception() is not None:  # a failed or cancelled one made nothing
@@ -233,10 +233,8 @@ class Upgrades:
 
     def _begin_pause(self, model: ServedModel, pending: Pending, unplaced: Unplaced) -> None:
         pending.started = True  # no second build while this one is placed
-        whole, before = model.planned_bytes, _described(model)
         retired = vacate(model)
-        self._pause = _Pause(model, pending, unplaced, retired, whole, before,
-                             since=time.monotonic())
+        self._pause = _Pause(model, pending, unplaced, retired, since=time.monotonic())
         self._hooks.retire(retired)
         log.info("upgrade_paused", model=model.name, queued=model.scheduler.pending,
                  buckets_beside=unplaced.beside, buckets_in_place=unplaced.alone,
@@ -274,12 +272,12 @@ class Upgrades:
         if p.restoring:  # the old runtime's runners again: nothing to retire
             building = p.model.building  # the upgrade, retried (unless given up)
             swap(p.model, made)
-            p.model.planned_bytes, p.model.building = p.planned_bytes, building
+            p.model.planned_bytes, p.model.building = p.retired.planned_bytes, building
             log.info("upgrade_pause_ended", model=p.model.name, paused_ms=paused_ms,
                      serving=_described(p.model))
             return
         self._hooks.retire(swap(p.model, made))  # the old runtime, closed when reaped
-        log.info("model_upgraded", model=p.model.name, before=p.before,
+        log.info("model_upgraded", model=p.model.name, before=_described(p.retired),
                  after=_described(p.model), attempts=p.pending.attempts + 1,
                  paused_ms=paused_ms)
 
@@ -288,13 +286,6 @@ def _described(model: ServedModel) -> dict[str, object]:
     info = model.runtime.info
     return {"backend": info.name, "precision": info.precision,
             "compute_ms": compute_by_bucket(model)}
-
-
-def _done(unplaced: Unplaced) -> Made:
-    """An Unplaced upgrade not yet handed to `place`, as a done future (closed at shutdown)."""
-    future: Made = Future()
-    future.set_result(unplaced)
-    return future
 
 
 def describe_building(model: ServedModel) -> dict[str, object] | None:
