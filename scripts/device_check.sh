@@ -197,8 +197,21 @@ EOF2
     fi
     grep -q '"upgrade_failed"' "$RAW/daemon-tune.log" && break
   done
-  grep '"torch_autotune_bucket"\|"model_upgraded"\|"upgrade_failed"\|"upgrade_started"' \
-    "$RAW/daemon-tune.log" | cut -c1-700 | tee -a "$OUT/summary-$TAG.txt"
+  grep '"torch_autotune_bucket"\|"model_upgraded"\|"upgrade_failed"\|"upgrade_started"\|"model_closed"' \
+    "$RAW/daemon-tune.log" | cut -c1-900 | tee -a "$OUT/summary-$TAG.txt"
+  python3 - "$RAW/daemon-tune.log" <<'EOF2' | tee -a "$OUT/summary-$TAG.txt"
+import json, sys
+from datetime import datetime
+at = lambda e: datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
+events = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+ready = next((at(e) for e in events if e.get("event") == "ready"), None)
+for e in events:
+    if ready is not None and e.get("event") in ("upgrade_started", "torch_autotune_bucket",
+            "model_upgraded", "model_closed", "upgrade_failed", "upgrade_paused"):
+        extra = {k: e[k] for k in ("bucket", "mode", "tuned_ms", "default_ms", "why", "ms", "paused_ms")
+                 if k in e}
+        print(f"{at(e) - ready:7.1f} s after READY: {e['event']} {extra}")
+EOF2
   stop
   t0=$(date +%s.%N)
   start tune "$NEW_PATH" 300 && {
