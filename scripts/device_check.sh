@@ -21,9 +21,10 @@
 #                                                 # while the buckets are tuned in the
 #                                                 # background, until two chunks after the swap
 #                                                 # (or TUNE_S, 1200), READY warm, then the
-#                                                 # bench (M=1, batch 64): ours tuned, ours
-#                                                 # default, a user's static max-autotune
-#                                                 # (NO_BENCH=1: none). BUCKETS, CHUNK_S,
+#                                                 # bench (M=1, batch 64): ours tuned and a
+#                                                 # user's static max-autotune (DEFAULT_ROW=1:
+#                                                 # ours default too; model_upgraded has both
+#                                                 # inside the daemon; NO_BENCH=1: none). BUCKETS, CHUNK_S,
 #                                                 # TUNE_PROCESSES x TUNE_CAMERAS: a smaller run.
 #                                                 # Longer than one device call: start it with
 #                                                 # setsid; $OUT/done marks its end
@@ -220,7 +221,7 @@ EOF2
     stop
   }
   [ -n "${NO_BENCH:-}" ] || BENCH_S=500 bench --store "$TMP/engines-tune" --backends \
-    torch-autotune-cudagraph torch-compile-cudagraph torch.compile-max-autotune --batch 64 \
+    torch-autotune-cudagraph torch.compile-max-autotune ${DEFAULT_ROW:+torch-compile-cudagraph} --batch 64 \
     --persons 1 --iterations 50
   touch "$OUT/done"
 fi
