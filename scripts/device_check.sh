@@ -194,7 +194,7 @@ print(f"chunk ending {time.time() - float(sys.argv[3]):.0f} s after READY: "
       f"{log.count('model_upgraded')}")
 EOF2
     if grep -q '"model_upgraded"' "$RAW/daemon-tune.log"; then
-      after=$((after + 1)); [ $after -ge 2 ] && break
+      after=$((after + 1)); [ $after -ge ${AFTER_CHUNKS:-2} ] && break
     fi
     grep -q '"upgrade_failed"' "$RAW/daemon-tune.log" && break
   done
