@@ -220,7 +220,11 @@ EOF2
       | tee -a "$OUT/summary-$TAG.txt"
     stop
   }
-  [ -n "${NO_BENCH:-}" ] || BENCH_S=500 bench --store "$TMP/engines-tune" --backends \
+  if [ -n "${BENCH_BY_S:-}" ] && [ $SECONDS -gt "$BENCH_BY_S" ]; then  # a device call's budget
+    echo "bench skipped: ${SECONDS} s in, past BENCH_BY_S=$BENCH_BY_S" | tee -a "$OUT/summary-$TAG.txt"
+    NO_BENCH=1
+  fi
+  [ -n "${NO_BENCH:-}" ] || BENCH_S=${BENCH_S:-500} bench --store "$TMP/engines-tune" --backends \
     torch-autotune-cudagraph torch.compile-max-autotune ${DEFAULT_ROW:+torch-compile-cudagraph} --batch 64 \
     --persons 1 --iterations 50
   touch "$OUT/done"
