@@ -25,7 +25,9 @@
 #                                                 # user's static max-autotune (DEFAULT_ROW=1:
 #                                                 # ours default too; model_upgraded has both
 #                                                 # inside the daemon; NO_BENCH=1: none). BUCKETS, CHUNK_S,
-#                                                 # TUNE_PROCESSES x TUNE_CAMERAS: a smaller run.
+#                                                 # TUNE_PROCESSES x TUNE_CAMERAS: a smaller run;
+#                                                 # COLD_DEFAULT_FIRST=1: READY cold with the
+#                                                 # default buckets first, alone.
 #                                                 # Longer than one device call: start it with
 #                                                 # setsid; $OUT/done marks its end
 #   OUT=dir bash scripts/device_check.sh peers    # #35: ours (torch fp16, compile auto in our
@@ -164,6 +166,15 @@ buckets = $BUCKETS}" ""
 fi
 
 if [ "$PART" = tune ]; then
+  if [ -n "${COLD_DEFAULT_FIRST:-}" ]; then  # READY with the default buckets on a cold store
+    config default "$MODEL_M1" ""            # alone, before a run with other BUCKETS
+    t0=$(date +%s.%N)
+    start default "$NEW_PATH" 300 && {
+      echo "READY cold, default buckets: $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s" \
+        | tee -a "$OUT/summary-$TAG.txt"
+      stop
+    }
+  fi
   config tune "$MODEL_M1${BUCKETS:+
 max_batch = $(echo "$BUCKETS" | tr -d '[] ' | tr ',' '\n' | sort -n | tail -1)
 buckets = $BUCKETS}" ""
