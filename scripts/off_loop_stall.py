@@ -5,9 +5,10 @@ three batch sizes (inductor's caches warm: what an upgrade or reload does in the
 
     PYTHONPATH=daemon:clients:tools python scripts/off_loop_stall.py [--trials 2] [--rate 200]
 
-Two ways to run the compile, alternated, each trial a fresh process: in a plain thread, and
-through `stgcnd.server.models.in_thread` (what the daemon runs off the loop with: full
-garbage collections held off, server/full_collections.py). Prints each trial's round trip
+Two ways to run the compile, alternated, each trial a fresh process, the loop's switch
+interval the daemon's: in a plain thread, and through `stgcnd.server.models.in_thread`
+(what the daemon runs beside the loop with: full garbage collections held off and a shorter
+switch interval meanwhile, server/beside_loop.py). Prints each trial's round trip
 (p50 / p99 / max, over the compile and the 3 s after it), the full collections during the
 compile and their longest pause, and those in the 3 s after. On a CPU
 torch.compile runs inductor's C++ kernels (a compiler is needed); the first, cold trial fills
@@ -33,6 +34,8 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 import zmq
+
+from stgcnd.server import beside_loop
 
 WINDOW = b"\0" * 59_400
 BATCHES = (1, 2, 4)
@@ -92,7 +95,7 @@ def trial(way: str, rate: float, device: str) -> dict[str, object]:
                            started[0]))
 
     gc.callbacks.append(on_gc)
-    sys.setswitchinterval(0.0005)  # the daemon's (server/server.py)
+    beside_loop.loop_serves()  # as the daemon's loop does: its switch interval
     run: Callable[[str, Callable[[], None]], Future[None]] = in_thread if way == "in_thread" \
         else _plain_thread
     endpoint = f"ipc://{tempfile.mkdtemp()}/echo.sock"

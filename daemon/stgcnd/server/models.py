@@ -19,7 +19,7 @@ from stgcnd.model.spec import ModelSpec, check_labels, default_labels
 from stgcnd.provision import first_that_serves
 from stgcnd.provision.load import Choice
 from stgcnd.runtimes.base import Runtime
-from stgcnd.server import full_collections
+from stgcnd.server import beside_loop
 from stgcnd.server.config import Config, ModelConfig, ServerConfig, check_event_classes
 from stgcnd.server.executor import Executor
 from stgcnd.server.scheduler import Job, Scheduler
@@ -171,7 +171,7 @@ def in_thread(name: str, work: Callable[[], T]) -> Future[T]:
     def run() -> None:
         future.set_running_or_notify_cancel()
         try:
-            with full_collections.held_off():  # no 100-300 ms stall of the loop meanwhile
+            with beside_loop.work():  # the loop first: no full collection meanwhile
                 result = work()
         except BaseException as exc:
             future.set_exception(exc)

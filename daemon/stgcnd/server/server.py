@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import sys
 import threading
 import time
 import traceback
@@ -21,6 +20,7 @@ from zmq.backend import zmq_poll
 
 from stgcnd import __version__, cpupower
 from stgcnd.log import configure_logging, debug_enabled, get_logger, logging_config
+from stgcnd.server import beside_loop
 from stgcnd.server.cameras import CameraTable
 from stgcnd.server.config import LOOP_TICK_MS, RESTART, SERVER_ENGINE, Config
 from stgcnd.server.config_checks import check_config
@@ -58,10 +58,6 @@ SHUTDOWN_QUIET_S = 0.1    # shutdown: the socket closes after this long without 
 SHUTDOWN_REFUSE_S = 1.0   # ...or after refusing for this long, whichever comes first
 CLOSE_LINGER_MS = 1000    # the last replies get this long to leave at close
 GROWTH_READ_PASSES = 4    # heap growth: read up to 4 bursts of waiting requests first
-# The I/O loop and the worker threads share one interpreter lock. Python's default 5 ms
-# switch interval would let a busy loop hold back a worker whose batch is done for up to
-# 5 ms; 0.5 ms bounds that hand-over at a cost of a few hundred extra switches per second.
-GIL_SWITCH_INTERVAL_S = 0.0005
 
 T = TypeVar("T")
 
@@ -199,7 +195,7 @@ class Server:
     def serve(self) -> int:
         """poll -> each ready socket's handler -> the executors -> the duties due; until a
         signal, then shutdown."""
-        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        beside_loop.loop_serves()  # the interpreter's switch interval
         router, requests, feed, wakeup = self._router, self.requests, self.events, self.wakeup
         receiver, monotonic = requests.receiver, time.monotonic
         handlers = self._socket_handlers()
