@@ -89,11 +89,13 @@ precision = "fp16"
 labels = ["normal", "shoplifting"]'
 
 start() {  # $1 name, $2 PYTHONPATH, $3 seconds to wait (120); sets DPID, waits for READY
+  # (a new one: a second start of $1 appends to the same log)
+  local before; before=$(cat "$RAW/daemon-$1.log" 2>/dev/null | grep -c '"event": "ready"')
   PYTHONPATH=$2 python3 -m stgcnd --log-format json serve --config "$TMP/$1.toml" \
     >>"$RAW/daemon-$1.log" 2>&1 &
   DPID=$!
   for _ in $(seq 1 $(( ${3:-120} * 2 ))); do
-    grep -q '"event": "ready"' "$RAW/daemon-$1.log" && return 0
+    [ "$(grep -c '"event": "ready"' "$RAW/daemon-$1.log")" -gt "$before" ] && return 0
     kill -0 $DPID 2>/dev/null || break
     sleep 0.5
   done

@@ -323,3 +323,19 @@ def test_an_artefact_built_by_this_store_is_not_announced_as_reused(tmp_path):
     assert describe(again).startswith("built onnxruntime fp32")
     later = EngineStore(store_root).prepare(demo_spec(), "onnxruntime", BuildOptions())
     assert later.reused and later.reason is None and describe(later).startswith("reused")
+
+
+def test_another_form_of_the_graph_never_replaces_the_served_models_export(store_root):
+    """The bench's baseline rows ask for the einsum form of the same model, against the same
+    store. On an H100 that re-exported the served model's ONNX under it, and the daemon's next
+    start found its tuned artefact stale and tuned it all over again. Each form is a model
+    directory of its own; the default's id is what it always was."""
+    store = EngineStore(store_root)
+    served, einsum = demo_spec(), demo_spec(graph_op="einsum")
+    _, _, onnx = paths(store_root)
+    before = sha(onnx)
+    assert store.model_dir(einsum) != store.model_dir(served)
+    store.prepare(einsum, "onnxruntime", BuildOptions())
+    assert sha(onnx) == before
+    assert store.find(served, "onnxruntime") is not None  # still current: nothing to rebuild
+    assert store.find(einsum, "onnxruntime") is not None

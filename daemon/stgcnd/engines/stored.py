@@ -24,6 +24,7 @@ from stgcnd.engines.retry import BuildRetry
 from stgcnd.errors import UserError
 from stgcnd.fsutil import file_sha256
 from stgcnd.log import get_logger
+from stgcnd.model.spec import DEFAULT_GRAPH_OP
 
 log = get_logger(__name__)
 
@@ -67,6 +68,11 @@ def model_id(spec: Any) -> str:
         source = {"checkpoint_sha256": checkpoint_sha256(spec)}
         stem = Path(spec.checkpoint).stem
     ident = {**source, "layout": spec.layout, "persons": spec.persons, "frames": spec.frames}
+    if spec.graph_op != DEFAULT_GRAPH_OP:
+        # Another form of the graph (bench's baseline rows ask for einsum) is a model of its
+        # own: exported into the served model's directory it would replace the ONNX that the
+        # served artefacts were built from, and the next start would rebuild (re-tune) them.
+        ident["graph_op"] = spec.graph_op
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip("-.")[:40] or "model"
     return f"{slug}-{key_digest(ident)[:10]}"
 
@@ -105,9 +111,9 @@ def onnx_sha(path: Path) -> str:
 #     <model-id>/.locks/                           flock files, one per artefact / ONNX
 #     timing-cache/tensorrt-<version>-<device>.cache           TensorRT timing caches
 #
-# The model id names the model's input and source (checkpoint path or demo, layout, persons,
-# frames), so several configured models live side by side; the checkpoint's *content* and the
-# export settings are in the ONNX's key, so an edited checkpoint re-exports in place.
+# The model id names the model's input and source (the checkpoint's content or the demo,
+# layout, persons, frames, a graph op other than the default), so several configured models
+# live side by side; the export settings are in the ONNX's key too.
 class StoreLookup:
     def __init__(self, root: Path | str, cancel: threading.Event | None = None,
                  retry: BuildRetry | None = None) -> None:

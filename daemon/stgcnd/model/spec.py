@@ -15,6 +15,7 @@ DEMO_SEED = 20261122
 # path, the CLI's argument parsing) can use them.
 MOTION_FORMULAS: tuple[str, ...] = ("first-difference", "second-difference")
 GRAPH_OPS: tuple[str, ...] = ("einsum", "matmul")
+DEFAULT_GRAPH_OP = "matmul"
 
 
 def default_labels(num_class: int) -> tuple[str, ...]:
@@ -54,7 +55,7 @@ class ModelSpec:
     seed: int = DEMO_SEED
     # How the graph step is written in the exported graph: matmul, which ONNX Runtime's CPU
     # kernels ran faster than einsum when it was chosen.
-    graph_op: str = "matmul"
+    graph_op: str = DEFAULT_GRAPH_OP
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
