@@ -26,10 +26,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -96,8 +95,9 @@ def trial(way: str, rate: float, device: str) -> dict[str, object]:
 
     gc.callbacks.append(on_gc)
     beside_loop.loop_serves()  # as the daemon's loop does: its switch interval
+    plain = ThreadPoolExecutor(1)  # a thread as the daemon's was before: nothing held off
     run: Callable[[str, Callable[[], None]], Future[None]] = in_thread if way == "in_thread" \
-        else _plain_thread
+        else lambda _name, work: plain.submit(work)
     endpoint = f"ipc://{tempfile.mkdtemp()}/echo.sock"
     router = zmq.Context.instance().socket(zmq.ROUTER)
     router.bind(endpoint)
@@ -132,21 +132,6 @@ def trial(way: str, rate: float, device: str) -> dict[str, object]:
             "longest_full_ms": round(max(full, default=0.0), 1),
             "longest_young_ms": round(max((ms for g, ms, _ in pauses if g < 2), default=0.0), 1),
             "full_after": [round(ms, 1) for ms in after]}
-
-
-def _plain_thread(name: str, work: Callable[[], None]) -> Future[None]:
-    future: Future[None] = Future()
-
-    def go() -> None:
-        try:
-            work()
-        except BaseException as exc:
-            future.set_exception(exc)
-        else:
-            future.set_result(None)
-
-    threading.Thread(target=go, name=name, daemon=True).start()
-    return future
 
 
 def main() -> None:
