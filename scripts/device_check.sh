@@ -27,7 +27,9 @@
 #                                                 # inside the daemon; NO_BENCH=1: none). BUCKETS, CHUNK_S,
 #                                                 # TUNE_PROCESSES x TUNE_CAMERAS: a smaller run;
 #                                                 # COLD_DEFAULT_FIRST=1: READY cold with the
-#                                                 # default buckets first, alone.
+#                                                 # default buckets first, alone (COLD_TREE:
+#                                                 # a folder of the tree holding another
+#                                                 # checkout, whose daemon that start runs).
 #                                                 # Longer than one device call: start it with
 #                                                 # setsid; $OUT/done marks its end
 #   OUT=dir bash scripts/device_check.sh peers    # #35: ours (torch fp16, compile auto in our
@@ -168,12 +170,15 @@ buckets = $BUCKETS}" ""
 fi
 
 if [ "$PART" = tune ]; then
+  # The libraries read once, so that no start below pays the first read of torch from disk.
+  python3 -c 'import torch, triton; torch.cuda.init()' 2>/dev/null
   if [ -n "${COLD_DEFAULT_FIRST:-}" ]; then  # READY with the default buckets on a cold store
-    config default "$MODEL_M1" ""            # alone, before a run with other BUCKETS
+    config default "$MODEL_M1" ""            # alone, before a run with other BUCKETS;
+    tree=$HERE/${COLD_TREE:-}                # COLD_TREE: another checkout's daemon (the old)
     t0=$(date +%s.%N)
-    start default "$NEW_PATH" 300 && {
-      echo "READY cold, default buckets: $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s" \
-        | tee -a "$OUT/summary-$TAG.txt"
+    start default "$tree/daemon:$tree/clients:$tree/tools:$tree:${PYTHONPATH:-}" 300 && {
+      echo "READY cold, default buckets${COLD_TREE:+ ($COLD_TREE)}:" \
+        "$(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s" | tee -a "$OUT/summary-$TAG.txt"
       stop
     }
   fi

@@ -6,6 +6,7 @@ The CUDA tests run on the GPU test machine (`pytest -m gpu tests/runtimes`)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -68,6 +69,64 @@ def test_compiled_buckets_match_the_reference(small_model, precision, cuda_graph
     assert np.max(np.abs(full - ref)) <= tol
     assert np.max(np.abs(three - ref[:3])) <= tol
     assert np.max(np.abs(one - ref[5:6])) <= tol
+
+
+def _graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                    reason="inductor's CPU kernels need a C compiler")
+def test_dynamic_batch_kernels_compile_a_few_graphs_for_many_batch_sizes(compile_cache,
+                                                                           monkeypatch):
+    """The mechanism the stand-in serving while buckets are tuned relies on (inductor's
+    kernels run the same way on the CPU; the daemon compiles only on CUDA)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(compile_cache))
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, (9, 1), padding=(4, 0)), torch.nn.ReLU(),
+                              torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                              torch.nn.Linear(8, 2)).eval()
+    batches = (1, 2, 4, 8, 12, 16, 24)
+    counts = {}
+    for dynamic in (True, False):
+        torch._dynamo.reset()
+        run = torch_compile.compiled(net, "reduce-overhead", static=True, dynamic_batch=dynamic)
+        before = _graphs_compiled()
+        with torch.inference_mode():
+            for b in batches:
+                x = torch.randn(b, 3, 30, 5)
+                assert torch.allclose(run(x), net(x), atol=1e-5)
+        counts[dynamic] = _graphs_compiled() - before
+    assert counts[False] == len(batches)  # static: a compile per batch size
+    assert counts[True] <= 3, counts      # batch 1, and kernels dynamic in the batch
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+@gpu_with_triton
+def test_dynamic_batch_kernels_in_our_graphs_match_the_reference(small_model, precision,
+                                                                 compile_cache):
+    """What serves at once while the buckets are tuned: fewer compiles than buckets, each
+    bucket's graph computing what the reference computes."""
+    spec = small_model.spec
+    x = synthetic_windows(16, spec.frames, spec.persons, spec.num_node, seed=7)
+    ref = reference_logits(small_model, x)
+    tol = parity_tol(precision, ref)
+    buckets = (1, 2, 4, 8, 12, 16)
+    torch._dynamo.reset()
+    before = _graphs_compiled()
+    with TorchRuntime(small_model, precision, "cuda", cuda_graph=True, max_batch=16,
+                      compile_mode="reduce-overhead", compile_cache=compile_cache,
+                      dynamic_kernels=True) as runtime, \
+            opened(runtime, buckets, lanes=2) as runner:
+        assert "dynamic-batch" in runtime.info.details["variant"]
+        outs = {n: runner.run(list(x[:n])) for n in (16, 11, 5, 2, 1)}
+    graphs = _graphs_compiled() - before
+    for n, out in outs.items():
+        assert np.max(np.abs(out - ref[:n])) <= tol, n
+    streams = 2 if runtime.parallel_streams else 1
+    assert graphs < streams * len(buckets), graphs
 
 
 @pytest.fixture

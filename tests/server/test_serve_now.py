@@ -30,8 +30,13 @@ def test_compile_auto_serves_the_default_kernels_while_the_buckets_are_tuned(tmp
     assert now is not None
     assert (now.backend, now.options.compile, now.options.device) == \
         ("torch", "reduce-overhead", "cuda")
+    assert now.options.dynamic_kernels  # a few compiles to READY, not one per bucket
     assert "autotuned" in now.why
     assert choice.options.compile == "max-autotune"  # what the background builds
+    assert not choice.options.dynamic_kernels       # the tuned runtime's buckets are static
+    # The same artefact (a runtime-only option): the stand-in's validation record is found.
+    assert now.options.key_dict("torch") == dataclasses.replace(
+        CUDA_AUTO, compile="reduce-overhead").key_dict("torch")
 
 
 def test_without_triton_auto_serves_the_default_kernels_and_tunes_nothing(tmp_path):

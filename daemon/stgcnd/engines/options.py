@@ -37,6 +37,9 @@ class BuildOptions:
     threads: int = 0
     cuda_graph: bool = False
     compile: str = "off"  # the torch runtime on CUDA: runtimes/torch_compile.py
+    # torch on CUDA: compiled kernels dynamic in the batch, not one compile per bucket (what
+    # serves at once while the buckets are tuned: server/serve_now.py).
+    dynamic_kernels: bool = False
     layer_info: bool = False
     int8_mode: str = "qdq"
     # Runners sharing the engine (the model's `instances`): TensorRT lets an optimization
@@ -82,8 +85,9 @@ class BuildOptions:
     def key_dict(self, backend: str | None = None) -> dict[str, Any]:
         """The options that change what gets built, for the cache key.
 
-        Runtime-only options (threads, cuda_graph, compile) are left out: changing them must
-        not rebuild; but torch's max-autotune, whose buckets are tried at build, is kept.
+        Runtime-only options (threads, cuda_graph, compile, dynamic_kernels) are left out:
+        changing them must not rebuild; but torch's max-autotune, whose buckets are tried at
+        build, is kept.
         With `backend`, options that backend ignores are left out too, so that e.g. a new
         --workspace-mb does not rebuild an ONNX Runtime model.
         """

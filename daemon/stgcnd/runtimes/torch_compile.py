@@ -76,15 +76,29 @@ def use_cache(root: Path, device: torch.device) -> Path:
     return path
 
 
-def compiled(module: torch.nn.Module, mode: str, static: bool
+def compiled(module: torch.nn.Module, mode: str, static: bool, dynamic_batch: bool = False
              ) -> Callable[[torch.Tensor], torch.Tensor]:
     """`module` compiled lazily: each new batch shape compiles at its first call (`static`),
-    or the second shape makes the kernels dynamic in the batch."""
-    # A submodule `import torch` leaves out (seconds); imported only when compiling.
+    or the second shape makes the kernels dynamic in the batch. `dynamic_batch`: kernels
+    dynamic in the batch from the first batch above 1 on, so that ten buckets cost two or
+    three compiles instead of ten (batch 1 torch always specializes; a kernel choice that
+    depends on the batch may add a range: dynamo's guards say which)."""
+    # Submodules `import torch` leaves out (seconds); imported only when compiling.
+    dynamo = importlib.import_module("torch._dynamo")
     config = importlib.import_module("torch._dynamo.config")
     for limit in ("cache_size_limit", "recompile_limit"):  # renamed in torch 2.6
         if hasattr(config, limit):
             setattr(config, limit, max(getattr(config, limit), _RECOMPILE_LIMIT))
     fn: Callable[[torch.Tensor], torch.Tensor] = torch.compile(
-        module, mode=_INDUCTOR_MODE[mode], dynamic=False if static else None)
-    return fn
+        module, mode=_INDUCTOR_MODE[mode],
+        dynamic=False if static and not dynamic_batch else None)
+    if not dynamic_batch:
+        return fn
+
+    def batch_dynamic(x: torch.Tensor) -> torch.Tensor:
+        # Marked at every call: a mark is an attribute of this tensor object, and a new
+        # shape's compile reads it (a guarded call that compiles nothing does not).
+        if x.shape[0] > 1:
+            dynamo.mark_dynamic(x, 0)
+        return fn(x)
+    return batch_dynamic

@@ -65,7 +65,8 @@ class TorchRuntime(Runtime):
                  cuda_graph: bool = False, max_batch: int = 64, optimized: bool = True,
                  threads: int = 0, form: Form = "channels_last", compile_mode: str = "off",
                  compile_cache: Path | None = None,
-                 tuned_batches: frozenset[int] | None = None) -> None:
+                 tuned_batches: frozenset[int] | None = None,
+                 dynamic_kernels: bool = False) -> None:
         if precision not in PRECISIONS:
             raise BackendUnavailable(f"the torch runtime runs fp32, fp16 (CUDA) or bf16 (CPU), "
                                      f"not {precision!r}; use tensorrt or onnxruntime for int8")
@@ -115,6 +116,9 @@ class TorchRuntime(Runtime):
         # (engines/builders/torch_autotune.py); the others run inductor's default kernels.
         # None: every batch size autotuned (the trial itself).
         self.tuned_batches = tuned_batches
+        # Compiled kernels dynamic in the batch (torch_compile.compiled): what serves at once
+        # while the buckets are tuned (server/serve_now.py), a few compiles instead of ten.
+        self.dynamic_kernels = dynamic_kernels
         self._runs: Runs = (self.module, ())
         self._tuned_runs: Runs = self._runs
         self._runs_mode = "off"           # what _runs were compiled with
@@ -135,6 +139,8 @@ class TorchRuntime(Runtime):
                 self._compile_failed(exc, mode)
         variant = (("optimized" if optimized else "eager")
                    + (f"+compile({self.compile_mode})" if self.compile_mode != "off" else "")
+                   + ("+dynamic-batch" if self.dynamic_kernels and self.compile_mode != "off"
+                      else "")
                    + ("+cudagraph" if self.cuda_graph else ""))
         self.classes = int(model.num_class)  # the checkpoint's classifier (model.info)
         self.info = RuntimeInfo(
@@ -161,7 +167,8 @@ class TorchRuntime(Runtime):
         module = self.module
 
         def as_run(m: torch.nn.Module) -> Run:
-            return m if mode == "off" else torch_compile.compiled(m, mode, static=self.cuda_graph)
+            return m if mode == "off" else torch_compile.compiled(
+                m, mode, static=self.cuda_graph, dynamic_batch=self.dynamic_kernels)
 
         if isinstance(module, FusedTwoStream) and self.parallel_streams:
             return as_run(module), (as_run(module.origin), as_run(module.motion))

@@ -129,7 +129,11 @@ def default_kernels_while_tuning(choice: Choice, spec: ModelSpec, store: EngineS
     choice.options = dataclasses.replace(now, compile="max-autotune")
     if store.find(spec, choice.backend, choice.options, quiet=True) is not None:
         return None
-    return Choice(choice.backend, dataclasses.replace(now, compile="reduce-overhead"),
+    # Kernels dynamic in the batch: two or three compiles instead of one per bucket (68.9 s
+    # to READY with ten static buckets on an H100, docs/performance.md); the tuned runtime's
+    # untuned buckets are static again.
+    return Choice(choice.backend, dataclasses.replace(now, compile="reduce-overhead",
+                                                      dynamic_kernels=True),
                   f"the default kernels serve while each bucket is autotuned ({choice.why})")
 
 

@@ -56,4 +56,4 @@ class TorchBuilder(Builder):
         return runtime_module("torch").TorchRuntime(
             model, o.precision, o.device, cuda_graph=o.cuda_graph, max_batch=o.max_batch,
             threads=o.threads, compile_mode=o.compile, compile_cache=cache,
-            tuned_batches=tuned)
+            tuned_batches=tuned, dynamic_kernels=o.dynamic_kernels)
