@@ -218,6 +218,11 @@ EOF2
   done
   grep '"torch_autotune_bucket"\|"model_upgraded"\|"upgrade_failed"\|"upgrade_started"\|"model_closed"' \
     "$RAW/daemon-tune.log" | cut -c1-900 | tee -a "$OUT/summary-$TAG.txt"
+  # What a trial spends timing kernel choices on the GPU it shares with the serving, a bucket
+  # at a time (inductor's own lines, on the trial's stderr).
+  grep 'AUTOTUNE benchmarking takes\|"torch_autotune_bucket"' "$RAW/daemon-tune.log" | awk \
+    '/AUTOTUNE/ {s += $5; n++} /torch_autotune_bucket/ {printf "trial: %d operations autotuned, their kernel choices timed in %.1f s\n", n, s; s = 0; n = 0}' \
+    | tee -a "$OUT/summary-$TAG.txt"
   python3 - "$RAW/daemon-tune.log" <<'EOF2' | tee -a "$OUT/summary-$TAG.txt"
 import json, sys
 from datetime import datetime
