@@ -25,7 +25,9 @@
 #                                                 # user's static max-autotune (DEFAULT_ROW=1:
 #                                                 # ours default too; model_upgraded has both
 #                                                 # inside the daemon; NO_BENCH=1: none). BUCKETS, CHUNK_S,
-#                                                 # TUNE_PROCESSES x TUNE_CAMERAS: a smaller run;
+#                                                 # TUNE_PROCESSES x TUNE_CAMERAS: a smaller run
+#                                                 # (TUNE_PROCESSES=0: no cameras, the trials
+#                                                 # alone: the tuned second start and the bench);
 #                                                 # COLD_DEFAULT_FIRST=1: READY cold with the
 #                                                 # default buckets first, alone (COLD_TREE:
 #                                                 # a folder of the tree holding another
@@ -192,6 +194,10 @@ buckets = $BUCKETS}" ""
   deadline=$(( SECONDS + ${TUNE_S:-1200} )); n=0; after=0
   while [ $SECONDS -lt $deadline ]; do
     n=$((n + 1))
+    if [ "${TUNE_PROCESSES:-8}" = 0 ]; then  # no cameras: the trials alone (a chunk's wait)
+      sleep ${CHUNK_S:-90}; echo "$SECONDS s in: buckets tried" \
+        "$(grep -c '"torch_autotune_bucket"' "$RAW/daemon-tune.log")" | tee -a "$OUT/summary-$TAG.txt"
+    else
     PYTHONPATH=$NEW_PATH timeout 150 python3 -m stgcnd loadtest --endpoint "ipc://$TMP/tune.sock" \
       --processes ${TUNE_PROCESSES:-8} --cameras ${TUNE_CAMERAS:-8} --rate 25 \
       --duration ${CHUNK_S:-90} --warmup 2 --model single \
@@ -211,6 +217,7 @@ print(f"chunk ending {time.time() - float(sys.argv[3]):.0f} s after READY: "
       f"buckets tried {log.count('torch_autotune_bucket')}, upgraded "
       f"{log.count('model_upgraded')}")
 EOF2
+    fi
     if grep -q '"model_upgraded"' "$RAW/daemon-tune.log"; then
       after=$((after + 1)); [ $after -ge ${AFTER_CHUNKS:-2} ] && break
     fi

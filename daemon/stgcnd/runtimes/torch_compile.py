@@ -76,6 +76,12 @@ def use_cache(root: Path, device: torch.device) -> Path:
     return path
 
 
+def marks_dynamic() -> bool:
+    """Whether kernels dynamic in the batch can be asked for: torch 2.0 has no mark_dynamic
+    (there every bucket compiles static kernels of its own)."""
+    return hasattr(importlib.import_module("torch._dynamo"), "mark_dynamic")
+
+
 def compiled(module: torch.nn.Module, mode: str, static: bool, dynamic_batch: bool = False
              ) -> Callable[[torch.Tensor], torch.Tensor]:
     """`module` compiled lazily: each new batch shape compiles at its first call (`static`),
@@ -89,16 +95,18 @@ def compiled(module: torch.nn.Module, mode: str, static: bool, dynamic_batch: bo
     for limit in ("cache_size_limit", "recompile_limit"):  # renamed in torch 2.6
         if hasattr(config, limit):
             setattr(config, limit, max(getattr(config, limit), _RECOMPILE_LIMIT))
+    dynamic_batch = dynamic_batch and marks_dynamic()
     fn: Callable[[torch.Tensor], torch.Tensor] = torch.compile(
         module, mode=_INDUCTOR_MODE[mode],
         dynamic=False if static and not dynamic_batch else None)
     if not dynamic_batch:
         return fn
+    mark = dynamo.mark_dynamic
 
     def batch_dynamic(x: torch.Tensor) -> torch.Tensor:
         # Marked at every call: a mark is an attribute of this tensor object, and a new
         # shape's compile reads it (a guarded call that compiles nothing does not).
         if x.shape[0] > 1:
-            dynamo.mark_dynamic(x, 0)
+            mark(x, 0)
         return fn(x)
     return batch_dynamic

@@ -140,7 +140,7 @@ class TorchRuntime(Runtime):
         variant = (("optimized" if optimized else "eager")
                    + (f"+compile({self.compile_mode})" if self.compile_mode != "off" else "")
                    + ("+dynamic-batch" if self.dynamic_kernels and self.compile_mode != "off"
-                      else "")
+                      and torch_compile.marks_dynamic() else "")
                    + ("+cudagraph" if self.cuda_graph else ""))
         self.classes = int(model.num_class)  # the checkpoint's classifier (model.info)
         self.info = RuntimeInfo(
