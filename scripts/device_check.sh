@@ -27,7 +27,8 @@
 #                                                 # inside the daemon; NO_BENCH=1: none). BUCKETS, CHUNK_S,
 #                                                 # TUNE_PROCESSES x TUNE_CAMERAS: a smaller run
 #                                                 # (TUNE_PROCESSES=0: no cameras, the trials
-#                                                 # alone: the tuned second start and the bench);
+#                                                 # alone: the tuned second start and the bench;
+#                                                 # TUNE_DELAY_US: the model's max_queue_delay_us);
 #                                                 # COLD_DEFAULT_FIRST=1: READY cold with the
 #                                                 # default buckets first, alone (COLD_TREE:
 #                                                 # a folder of the tree holding another
@@ -186,7 +187,8 @@ if [ "$PART" = tune ]; then
   fi
   config tune "$MODEL_M1${BUCKETS:+
 max_batch = $(echo "$BUCKETS" | tr -d '[] ' | tr ',' '\n' | sort -n | tail -1)
-buckets = $BUCKETS}" ""
+buckets = $BUCKETS}${TUNE_DELAY_US:+
+max_queue_delay_us = $TUNE_DELAY_US}" ""
   t0=$(date +%s.%N)
   start tune "$NEW_PATH" 300 || { touch "$OUT/done"; exit 1; }
   ready=$(date +%s.%N)
