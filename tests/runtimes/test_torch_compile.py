@@ -82,8 +82,8 @@ def _reset_dynamo() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
-                    reason="inductor's CPU kernels need a C compiler")
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None,
+                    reason="inductor's CPU kernels need a C++ compiler (g++, or $CXX)")
 def test_dynamic_batch_kernels_compile_a_few_graphs_for_many_batch_sizes(compile_cache,
                                                                            monkeypatch):
     """The mechanism the stand-in serving while buckets are tuned relies on (inductor's

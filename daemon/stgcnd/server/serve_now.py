@@ -129,9 +129,9 @@ def default_kernels_while_tuning(choice: Choice, spec: ModelSpec, store: EngineS
     choice.options = dataclasses.replace(now, compile="max-autotune")
     if store.find(spec, choice.backend, choice.options, quiet=True) is not None:
         return None
-    # Kernels dynamic in the batch: two or three compiles instead of one per bucket (68.9 s
-    # to READY with ten static buckets on an H100, docs/performance.md); the tuned runtime's
-    # untuned buckets are static again.
+    # Kernels dynamic in the batch: two or three compiles instead of one per bucket (READY
+    # with the ten default buckets 33.3 s against 70.2 s static on an H100, as fast a batch:
+    # docs/performance.md); the tuned runtime's buckets are static, as their trials were.
     return Choice(choice.backend, dataclasses.replace(now, compile="reduce-overhead",
                                                       dynamic_kernels=True),
                   f"the default kernels serve while each bucket is autotuned ({choice.why})")
