@@ -89,8 +89,7 @@ def compiled(module: torch.nn.Module, mode: str, static: bool, dynamic_batch: bo
     dynamic in the batch from the first batch above 1 on, so that ten buckets cost two or
     three compiles instead of ten (batch 1 torch always specializes; a kernel choice that
     depends on the batch may add a range: dynamo's guards say which)."""
-    # Submodules `import torch` leaves out (seconds); imported only when compiling.
-    dynamo = importlib.import_module("torch._dynamo")
+    # A submodule `import torch` leaves out (seconds); imported only when compiling.
     config = importlib.import_module("torch._dynamo.config")
     for limit in ("cache_size_limit", "recompile_limit"):  # renamed in torch 2.6
         if hasattr(config, limit):
@@ -101,7 +100,7 @@ def compiled(module: torch.nn.Module, mode: str, static: bool, dynamic_batch: bo
         dynamic=False if static and not dynamic_batch else None)
     if not dynamic_batch:
         return fn
-    mark = dynamo.mark_dynamic
+    mark = importlib.import_module("torch._dynamo").mark_dynamic
 
     def batch_dynamic(x: torch.Tensor) -> torch.Tensor:
         # Marked at every call: a mark is an attribute of this tensor object, and a new
