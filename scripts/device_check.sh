@@ -200,12 +200,25 @@ max_queue_delay_us = $TUNE_DELAY_US}" ""
       sleep ${CHUNK_S:-90}; echo "$SECONDS s in: buckets tried" \
         "$(grep -c '"torch_autotune_bucket"' "$RAW/daemon-tune.log")" | tee -a "$OUT/summary-$TAG.txt"
     else
+    # The machine's CPU and the GPU's use over the chunk: whether a trial beside the serving
+    # contends for the cores or for the GPU.
+    cpu0=$(head -1 /proc/stat)
+    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 500 \
+      >"$RAW/gpu-tune-$n.txt" 2>/dev/null & smi=$!
     PYTHONPATH=$NEW_PATH timeout 150 python3 -m stgcnd loadtest --endpoint "ipc://$TMP/tune.sock" \
       --processes ${TUNE_PROCESSES:-8} --cameras ${TUNE_CAMERAS:-8} --rate 25 \
       --duration ${CHUNK_S:-90} --warmup 2 --model single \
       --json "$RAW/lt-tune-$n.json" >"$RAW/lt-tune-$n.txt" 2>&1
-    python3 - "$RAW/lt-tune-$n.json" "$RAW/daemon-tune.log" "$ready" <<'EOF2' | tee -a "$OUT/summary-$TAG.txt"
-import json, sys, time
+    kill $smi 2>/dev/null; wait $smi 2>/dev/null
+    CPU0=$cpu0 CPU1=$(head -1 /proc/stat) python3 - "$RAW/lt-tune-$n.json" "$RAW/daemon-tune.log" \
+      "$ready" "$RAW/gpu-tune-$n.txt" <<'EOF2' | tee -a "$OUT/summary-$TAG.txt"
+import json, os, sys, time
+ticks = [[int(v) for v in os.environ[k].split()[1:]] for k in ("CPU0", "CPU1")]
+delta = [b - a for a, b in zip(*ticks)]
+busy = 100 * (1 - (delta[3] + delta[4]) / max(1, sum(delta)))  # idle and iowait
+gpu = [int(v) for v in open(sys.argv[4]).read().split() if v.isdigit()]
+print(f"chunk: machine CPU busy {busy:.0f}% of {os.cpu_count()} cores, GPU utilization "
+      f"mean {sum(gpu) / len(gpu) if gpu else float('nan'):.0f}% ({len(gpu)} samples)")
 try:
     r = json.load(open(sys.argv[1]))
 except Exception as exc:
