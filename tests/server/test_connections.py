@@ -86,8 +86,8 @@ def setup(tmp_path):
     peers = Peers(ctx, endpoint)
     made: list[Connections] = []
 
-    def make(cap: int) -> Connections:
-        c = Connections(ctx, router, cap)
+    def make(cap: int, **options: bool) -> Connections:
+        c = Connections(ctx, router, cap, **options)
         made.append(c)
         if len(made) == 1:
             router.bind(endpoint)  # after the monitor, as the daemon does
@@ -287,6 +287,23 @@ def test_memory_pressure_sheds_silent_and_quiet_connections_only(setup, monkeypa
     assert conns.shed_quiet(now) == 3
     settle(conns, 1)
     talker.send(b"served")
+    assert router.poll(5000)
+
+
+def test_memory_pressure_spares_a_subscriber_quiet_by_nature(setup):
+    """On the events socket (quiet_gives_way=False) a subscriber that subscribed and is quiet
+    since stays (its events are bounded, and a cut could abort it: shed_quiet); one that
+    never subscribed goes."""
+    make, peers, router = setup
+    conns = make(cap=10, quiet_gives_way=False)
+    subscriber = peers.open(1)[0]
+    peers.open(1)
+    settle(conns, 2)
+    subscriber.send(b"\x01topic")  # its subscription, then nothing
+    request(router, conns)
+    assert conns.shed_quiet(time.monotonic() + 60.0) == 1  # the one that never subscribed
+    settle(conns, 1)
+    subscriber.send(b"\x01another")
     assert router.poll(5000)
 
 

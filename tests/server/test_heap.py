@@ -67,3 +67,20 @@ def test_a_trim_follows_a_settled_rise_and_chains_only_while_it_gives_back(monke
     w.sample(2.6)
     assert w.trim_due(2.6)
     assert w.trims == 2
+
+
+def test_own_growth_is_counted_and_settles_once_after_the_last_making():
+    own = heap.OwnGrowth()
+    assert not own.active and not own.settled()
+    with own.during():
+        with own.during():  # two models' upgrades made at once
+            assert own.active
+        assert own.active and not own.settled()  # one still making
+    assert not own.active
+    assert own.settled() and not own.settled()  # once: the limit is rebased once
+    try:
+        with own.during():
+            raise RuntimeError("a making that fails still ends")
+    except RuntimeError:
+        pass
+    assert not own.active and own.settled()

@@ -22,6 +22,7 @@ import pytest
 import zmq
 
 from stgcnd.model.synthetic import synthetic_windows
+from stgcnd.server.event_publisher import HEARTBEAT_TOPIC
 from stgcnd.server.serve_now import at_idle_priority
 from stgcnd_client.wire import decode_reply, encode_request
 from tests.server.daemon_harness import FRAMES, Daemon, stop_by_pid
@@ -378,4 +379,56 @@ def test_h_a_reload_back_to_what_serves_calls_the_upgrade_off(tmp_path):
         assert _hello_model(d)["serving"]["precision"] == "fp32"
         assert stop_by_pid(d) == 0
     finally:
+        stop_by_pid(d)
+
+
+def _no_reconnect(ctx: zmq.Context, kind: int, endpoint: str) -> zmq.Socket:
+    """A socket that stays cut once the daemon cuts it (a camera or subscriber would come
+    back, having lost what was sent meanwhile)."""
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.RECONNECT_IVL, -1)
+    sock.setsockopt(zmq.LINGER, 0)
+    if kind == zmq.SUB:
+        sock.setsockopt(zmq.SUBSCRIBE, HEARTBEAT_TOPIC)
+    sock.connect(endpoint)
+    return sock
+
+
+@pytest.mark.slow
+def test_i_runners_made_past_the_memory_limit_cut_no_quiet_camera_or_subscriber(tmp_path):
+    """The upgrade's runners are made in the daemon, growing its heap past the limit set at
+    READY (its size + 512 MB; torch's ten tuned buckets grew it by 2.1 GB on an H100): a
+    camera quiet meanwhile and an event subscriber stay connected, nothing is reported as
+    memory pressure, and the limit is based on the new size once they are made."""
+    path = os.pathsep.join([str(SITE), os.environ.get("PYTHONPATH", "")])
+    env = {"PYTHONPATH": path, "UPGRADE_NORMAL_PRIORITY": "1", "GROW_MAKING_MB": "700"}
+    events = f"ipc://{tmp_path / 'ev.sock'}"
+    d = Daemon(tmp_path, models=_models(), env=env, build_retry_after_s=2.0,
+               events_endpoint=events, events_heartbeat_s=0.5).start()
+    ctx = zmq.Context()
+    camera = _no_reconnect(ctx, zmq.DEALER, d.endpoint)
+    subscriber = _no_reconnect(ctx, zmq.SUB, events)
+    try:
+        camera.send_multipart(encode_request("infer", 1, "quiet", None, [WINDOW]))
+        assert camera.poll(30_000) and decode_reply(camera.recv_multipart()).error is None
+        assert subscriber.poll(10_000), "no heartbeat: not subscribed"
+        _wait_log(d, "model_upgraded", 240)
+        time.sleep(2.0)  # the old runners closed
+        lines = d.log_events()
+        limit = next(e["limit_mb"] for e in lines if e.get("event") == "memory_limit")
+        rss = [e["rss_mb"] for e in lines if e.get("event") == "system" and "rss_mb" in e]
+        assert max(rss) > limit, (limit, rss)  # the making did go past the limit
+        pressure = [e for e in lines if e.get("event") == "memory_pressure"]
+        assert not pressure, pressure[:3]
+        camera.send_multipart(encode_request("infer", 2, "quiet", None, [WINDOW]))
+        assert camera.poll(30_000), "the quiet camera was cut"
+        assert decode_reply(camera.recv_multipart()).error is None
+        # (last: libzmq 4.3.5 aborted this process in a cut subscriber's recv)
+        while subscriber.poll(0):
+            subscriber.recv_multipart()
+        assert subscriber.poll(5_000), "the subscriber was cut"
+    finally:
+        camera.close()
+        subscriber.close()
+        ctx.term()
         stop_by_pid(d)

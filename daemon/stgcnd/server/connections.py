@@ -364,7 +364,12 @@ class Connections:
         a camera's request waiting there is read within one check (cutting an idle camera
         loses the request it sends meanwhile); whatever the cap; how many were closed. A
         connection owed a reply stays (a camera waiting for it would lose it), and so do
-        those accepted within `spare_new_s`: a camera's first request may be on its way."""
+        those accepted within `spare_new_s`: a camera's first request may be on its way.
+        A subscriber (not `quiet_gives_way`) is quiet by nature and its queue of events is
+        bounded (SNDHWM): it goes only while sending, whatever `sending` says. Cutting one
+        can also end its process: a SUB cut while events flowed to it aborted in libzmq
+        4.3.5's recv ("Assertion failed: !_more (src/fq.cpp:80)", libzmq issue 2163)."""
+        sending = sending or not self.quiet_gives_way
         quiet_before = now - quiet_s if quiet_s is not None else 0.0
         new_after = now - spare_new_s
         quiet = [c for c in self.by_fd.values()

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 # Ten checks a second (docs/hardening.md, "What a huge message still costs").
 CHECK_EVERY_S = 0.1
@@ -153,3 +155,37 @@ class RssWatch:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+class OwnGrowth:
+    """Runners being made in this process beside the loop (an upgrade's, in its thread): the
+    heap grows by design meanwhile, by gigabytes where torch compiles ten buckets (2.1 GB on
+    an H100), which is no peer's message (server/memory_policy.py). Counted: two models'
+    upgrades may be made at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._making = 0
+        self._ended = False   # the last making ended since settled() was asked
+
+    @contextmanager
+    def during(self) -> Iterator[None]:
+        with self._lock:
+            self._making += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._making -= 1
+                self._ended = self._making == 0
+
+    @property
+    def active(self) -> bool:
+        return self._making > 0
+
+    def settled(self) -> bool:
+        """True once after the last making ended: the runners it made (or what a failed one
+        left) are the daemon's memory from then on, and the limit is based on it."""
+        with self._lock:
+            ended, self._ended = self._ended and self._making == 0, False
+        return ended

@@ -38,10 +38,12 @@ class MemoryPolicy:
         self._growth_deferred = 0  # checks in a row that put a growth cut off (_may_cut)
         self._was_discarding = False
 
-    def check(self, now: float, trim_asked: bool = False, reloading: bool = False) -> None:
+    def check(self, now: float, trim_asked: bool = False, own_growth: bool = False) -> None:
         """One check. `trim_asked`: an oversized message or a reply was dropped (trim once
-        due). `reloading`: a reload's new models grow the heap as fast as a peer's message,
-        and are not a peer's."""
+        due). `own_growth`: the daemon makes models or runners of its own (a reload's, an
+        upgrade's: heap.OwnGrowth), growing the heap as fast as a peer's message and past the
+        limit: neither is a peer's, so only what a peer's message arriving looks like is cut
+        meanwhile, never an idle camera or subscriber, and nothing is trimmed."""
         watch = self.watch
         discarding = self._discarding()
         if discarding and not self._was_discarding:
@@ -54,24 +56,28 @@ class MemoryPolicy:
         if trim_asked:
             watch.trim_soon()
         over = watch.over(rss)
-        if over and now >= self._next_trim:  # what is merely free goes back first (once a second)
+        # What is merely free goes back first (once a second); not while the daemon's own
+        # making grows the heap: a trim walks all of it on the loop, to give back little.
+        if over and now >= self._next_trim and not own_growth:
             self._next_trim = now + TRIM_EVERY_S
             watch.trim(now)
             over = watch.over()
-        grown = watch.growing() if not over and not reloading else 0
+        grown = watch.growing() if not over and not own_growth else 0
         if grown and not self._may_cut(now):
             return  # still reading what is waiting: the next check decides
         if over or grown:
-            # Growth alone is also what a batch's own allocations look like: then a
-            # connection goes only while it sends what it has not delivered for
-            # GROWTH_QUIET_S (a message still arriving, whatever was sent before it), never
-            # one owed a reply; and while a message is dropped, only one that never
-            # delivered: the requests queued behind it cannot be read meanwhile.
+            # Growth alone is also what a batch's own allocations look like (and being over
+            # the limit what the daemon's own making does): then a connection goes only while
+            # it sends what it has not delivered for GROWTH_QUIET_S (a message still
+            # arriving, whatever was sent before it), never one owed a reply; and while a
+            # message is dropped, only one that never delivered: the requests queued behind
+            # it cannot be read meanwhile.
+            like_a_message = bool(grown) or own_growth
             quiet_s = None if discarding else GROWTH_QUIET_S
             closed = sum(c.shed_quiet(now, quiet_s, GROWTH_SPARES_NEW_S, sending=True)
-                         if grown else c.shed_quiet(now, CLOSE_IDLE_S)
+                         if like_a_message else c.shed_quiet(now, CLOSE_IDLE_S)
                          for c in self._connections())
-            if over or closed:
+            if (over and not own_growth) or closed:
                 self._errors.report("memory-pressure", event="memory_pressure",
                                     rss_mb=round((over or rss) / 2**20, 1),
                                     limit_mb=round(watch.limit / 2**20, 1),

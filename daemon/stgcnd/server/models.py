@@ -22,6 +22,7 @@ from stgcnd.runtimes.base import Runtime
 from stgcnd.server import beside_loop
 from stgcnd.server.config import Config, ModelConfig, ServerConfig, check_event_classes
 from stgcnd.server.executor import Executor
+from stgcnd.server.heap import OwnGrowth
 from stgcnd.server.scheduler import Job, Scheduler
 from stgcnd.server.serve_now import (
     Pending,
@@ -440,14 +441,15 @@ class Unplaced:
 
 
 def load_upgrade(config: Config, served: ServedModel, start: Callable[[ServedModel], None],
-                 cancel: threading.Event, current: dict[str, ServedModel]
+                 cancel: threading.Event, current: dict[str, ServedModel], own: OwnGrowth
                  ) -> ServedModel | Unplaced:
     """`served`'s pending upgrade, off the loop: its artefact built (in the build child, at
     idle priority) and validated, then loaded and its runners made and warmed, beside the
     serving ones (`current`'s memory is kept in the plan: memory_plan.py refuses what does
     not fit beside it, the build first: a failed upgrade, tried again later). Where fewer
     of its buckets fit beside the serving runners than in their place, it is returned
-    `Unplaced`: its runners are made after the serving ones go (`place_upgrade`)."""
+    `Unplaced`: its runners are made after the serving ones go (`place_upgrade`). What is
+    made in this process is made `own.during()` (the loop's memory policy: heap.py)."""
     pending = served.building
     assert pending is not None
     store = EngineStore(config.engines_dir, cancel=cancel,
@@ -459,23 +461,24 @@ def load_upgrade(config: Config, served: ServedModel, start: Callable[[ServedMod
             served.name, choice.backend, pending.spec, choice.options.precision,
             served.config.instances, choice.options.workspace_mb)
     at_idle_priority(lambda: store.prepare(pending.spec, choice.backend, choice.options))
-    planner = Planner(config, current)
-    runtime, loaded = _load_runtime(served.config, choice, pending.spec, store, planner)
-    if planner.plan is not None and served.planned_bytes > served.loaded_bytes:
-        try:
-            fits = functools.partial(planner.plan.buckets_that_fit, runtime,
-                                     _buckets(choice, runtime), served.config.instances,
-                                     loaded)
-            beside, alone = fits(), fits(served.planned_bytes - served.loaded_bytes)
-        except BaseException:
-            runtime.close()
-            raise
-        if len(alone) > len(beside):
-            return Unplaced(choice, runtime, loaded, beside, alone)
-    fresh = _place_and_start(served.config, choice, runtime, loaded, served.generation,
-                             start, planner)
-    planner.log()
-    return fresh
+    with own.during():
+        planner = Planner(config, current)
+        runtime, loaded = _load_runtime(served.config, choice, pending.spec, store, planner)
+        if planner.plan is not None and served.planned_bytes > served.loaded_bytes:
+            try:
+                fits = functools.partial(planner.plan.buckets_that_fit, runtime,
+                                         _buckets(choice, runtime), served.config.instances,
+                                         loaded)
+                beside, alone = fits(), fits(served.planned_bytes - served.loaded_bytes)
+            except BaseException:
+                runtime.close()
+                raise
+            if len(alone) > len(beside):
+                return Unplaced(choice, runtime, loaded, beside, alone)
+        fresh = _place_and_start(served.config, choice, runtime, loaded, served.generation,
+                                 start, planner)
+        planner.log()
+        return fresh
 
 
 def place_upgrade(config: Config, served: ServedModel, unplaced: Unplaced,

@@ -31,7 +31,7 @@ from stgcnd.server.errorlog import ClientErrorLog
 from stgcnd.server.event_hub import EventHub
 from stgcnd.server.executor import shutting_down
 from stgcnd.server.handshakes import Refusals, monitor_reporter
-from stgcnd.server.heap import CHECK_EVERY_S, RssWatch, give_back_free_memory
+from stgcnd.server.heap import CHECK_EVERY_S, OwnGrowth, RssWatch, give_back_free_memory
 from stgcnd.server.memory_policy import MemoryPolicy
 from stgcnd.server.models import (
     ServedModel,
@@ -98,6 +98,7 @@ class Server:
         self.generation = 1
         self.started = time.monotonic()
         self.retiring: list[ServedModel] = []
+        self._own_growth = OwnGrowth()  # upgrades' runners being made (the memory check)
         # Background builds started, and swapped in once built and warmed (server/upgrade.py).
         self._upgrades = Upgrades(Hooks(
             models=lambda: self.models, build=self._load_upgrade, place=self._place_upgrade,
@@ -283,19 +284,21 @@ class Server:
         """A model's pending upgrade built, loaded and warmed (the upgrade's thread)."""
         config = self.config
         return load_upgrade(config, model, lambda m: self._start_model(m, config),
-                            self.wakeup.stop, dict(self.models))
+                            self.wakeup.stop, dict(self.models), self._own_growth)
 
     def _place_upgrade(self, model: ServedModel, unplaced: Unplaced) -> ServedModel:
         """An upgrade's runners made where `model`'s were (the pause's thread)."""
         config = self.config
-        return place_upgrade(config, model, unplaced, lambda m: self._start_model(m, config),
-                             dict(self.models))
+        with self._own_growth.during():
+            return place_upgrade(config, model, unplaced,
+                                 lambda m: self._start_model(m, config), dict(self.models))
 
     def _remake_runners(self, model: ServedModel) -> ServedModel:
         """`model`'s runtime's runners made again, as a model to swap in (the pause's thread,
         when the upgrade's failed)."""
         again = dataclasses.replace(model, executors=[], building=None)
-        self._start_model(again, self.config)
+        with self._own_growth.during():
+            self._start_model(again, self.config)
         return again
 
     def _guard(self, duty: str, work: Callable[..., T], *args: Any) -> T | None:
@@ -384,7 +387,10 @@ class Server:
         bursts leave behind goes back to the system (server/memory_policy.py)."""
         requests = self.requests
         trim_asked, requests.trim_due = requests.trim_due, False
-        self._memory.check(now, trim_asked, reloading=self._reload is not None)
+        own = self._own_growth
+        if own.settled():  # the runners just made are the daemon's memory, not a peer's
+            self._rss.rebase()
+        self._memory.check(now, trim_asked, own_growth=self._reload is not None or own.active)
 
     def _read_waiting(self, now: float) -> bool:
         """Read the requests and subscriptions already complete in the sockets' queues, up to
