@@ -63,7 +63,8 @@ class MemoryPolicy:
             watch.trim(now)
             over = watch.over()
         grown = watch.growing() if not over and not own_growth else 0
-        if grown and not self._may_cut(now):
+        like_a_message = bool(grown) or bool(over and own_growth)
+        if like_a_message and not self._may_cut(now):
             return  # still reading what is waiting: the next check decides
         if over or grown:
             # Growth alone is also what a batch's own allocations look like (and being over
@@ -72,7 +73,6 @@ class MemoryPolicy:
             # arriving, whatever was sent before it), never one owed a reply; and while a
             # message is dropped, only one that never delivered: the requests queued behind
             # it cannot be read meanwhile.
-            like_a_message = bool(grown) or own_growth
             quiet_s = None if discarding else GROWTH_QUIET_S
             closed = sum(c.shed_quiet(now, quiet_s, GROWTH_SPARES_NEW_S, sending=True)
                          if like_a_message else c.shed_quiet(now, CLOSE_IDLE_S)
