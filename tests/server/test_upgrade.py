@@ -415,9 +415,12 @@ def test_i_runners_made_past_the_memory_limit_cut_no_quiet_camera_or_subscriber(
         _wait_log(d, "model_upgraded", 240)
         time.sleep(2.0)  # the old runners closed
         lines = d.log_events()
-        limit = next(e["limit_mb"] for e in lines if e.get("event") == "memory_limit")
+        limits = [e for e in lines if e.get("event") == "memory_limit"]
+        limit = limits[0]["limit_mb"]  # READY's
         rss = [e["rss_mb"] for e in lines if e.get("event") == "system" and "rss_mb" in e]
         assert max(rss) > limit, (limit, rss)  # the making did go past the limit
+        made = next(e for e in limits if e.get("reason") == "runners made")
+        assert made["limit_mb"] > limit + 600, (limit, made)  # based on the size with them
         pressure = [e for e in lines if e.get("event") == "memory_pressure"]
         assert not pressure, pressure[:3]
         camera.send_multipart(encode_request("infer", 2, "quiet", None, [WINDOW]))

@@ -389,8 +389,16 @@ class Server:
         trim_asked, requests.trim_due = requests.trim_due, False
         own = self._own_growth
         if own.settled():  # the runners just made are the daemon's memory, not a peer's
-            self._rss.rebase()
+            self._rebase_memory("runners made")
         self._memory.check(now, trim_asked, own_growth=self._reload is not None or own.active)
+
+    def _rebase_memory(self, reason: str) -> None:
+        """The auto limit from the size now; said where it moved (at READY: memory_limit)."""
+        before = self._rss.limit
+        self._rss.rebase()
+        if self._rss.limit != before:
+            log.info("memory_limit", rss_mb=round(self._rss.rss() / 2**20, 1),
+                     limit_mb=round(self._rss.limit / 2**20, 1), reason=reason)
 
     def _read_waiting(self, now: float) -> bool:
         """Read the requests and subscriptions already complete in the sockets' queues, up to
@@ -504,7 +512,7 @@ class Server:
             if models.get(name) is not model:
                 model.stop_accepting(time.monotonic() + RETIRE_TIMEOUT_S)
                 self.retiring.append(model)
-        self._rss.rebase()  # the new models' memory is theirs, not a peer's
+        self._rebase_memory("reloaded")  # the new models' memory is theirs, not a peer's
         log.info("reload", phase="done", models=list(models), generation=self.generation,
                  loaded=[n for n, m in models.items() if old.get(n) is not m])
 
@@ -515,7 +523,7 @@ class Server:
                 model.close()
                 if not self.retiring:
                     give_back_free_memory()  # a model's weights and buffers went back
-                    self._rss.rebase()
+                    self._rebase_memory("runners closed")
 
     # -- shutdown --------------------------------------------------------------------------
     def shutdown(self) -> int:
